@@ -1,0 +1,1 @@
+"""GitHub: webhook app, event → request, queue, PyGithub client, commands, publishing, report rendering."""

@@ -1,0 +1,41 @@
+"""The ``drift-audit`` console script. Each package registers its own subcommands."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# Packages that contribute subcommands through ``register(subparsers)`` in their cli module.
+# Those modules stay import-light: heavy imports (torch, triton, git) happen inside the handlers.
+_SUBCOMMAND_MODULES = ("bot.review_cli", "checks.cli", "runner.cli", "engine.cli", "kernels.cli", "bot.serve_cli")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="drift-audit", description="Cross-file drift audits for LLM inference-engine pull requests."
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name in _SUBCOMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name == name:
+                continue  # that package has no commands yet
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.handler(args) or 0)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

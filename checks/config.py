@@ -1,0 +1,401 @@
+"""The repo config, ``.github/drift-audit.toml``, always read from the base commit.
+
+Reading it from the base means a PR cannot weaken its own audit. Validation
+errors name the file, the line and the fix, because the person reading them is
+editing TOML, not Python.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+
+CONFIG_PATH = ".github/drift-audit.toml"
+DEFAULT_SOURCE = "built-in default (checks/default.toml)"
+
+SEVERITIES = ("error", "warning", "note")
+SUITE_KINDS = ("parity", "decode", "unit")
+FACT_LANGS = ("python", "c", "cpp", "cuda", "regex")
+
+
+class ConfigError(ValueError):
+    """A config problem, already phrased as ``file:line: what is wrong; the fix``."""
+
+
+@dataclass
+class Pillar:
+    id: str
+    title: str
+    paths: list[str] = field(default_factory=list)
+    symbols: list[str] = field(default_factory=list)  # "path-glob::qualified-name-pattern"
+
+
+@dataclass
+class Fact:
+    """Rows pulled out of code. Kind-specific keys stay in ``options`` for checks/facts.py."""
+
+    id: str
+    lang: str
+    files: list[str]
+    query: str | None = None  # tree-sitter query (lang python/c/cpp/cuda)
+    regex: str | None = None  # regex (lang regex, or any lang)
+    options: dict[str, Any] = field(default_factory=dict)
+    line: int = 0
+
+
+@dataclass
+class Rule:
+    id: str
+    kind: str
+    facts: list[str] = field(default_factory=list)
+    pillar: str = "other"
+    severity: str = "error"
+    message: str | None = None
+    options: dict[str, Any] = field(default_factory=dict)  # kind-specific, validated by the kind
+    line: int = 0
+
+
+@dataclass
+class Suite:
+    id: str
+    kind: str
+    command: str
+    runners: list[str] = field(default_factory=lambda: ["cpu"])
+    paths: list[str] = field(default_factory=list)
+    pillars: list[str] = field(default_factory=list)
+    symbols: list[str] = field(default_factory=list)
+    requires: str | None = None  # e.g. "cc >= 12.0"
+    timeout: float = 900.0
+    golden: str | None = None  # decode suites: golden JSONL to compare the command's output with
+    line: int = 0
+
+
+@dataclass
+class Settings:
+    run_all: list[str] = field(default_factory=list)  # path globs that select every suite
+    import_graph: bool = True  # select pytest files whose imports reach a changed module
+    test_paths: list[str] = field(default_factory=lambda: ["tests/**/test_*.py"])
+    packs: list[str] = field(default_factory=list)  # built-in rule packs to include
+
+
+@dataclass
+class Config:
+    pillars: list[Pillar]
+    facts: list[Fact] = field(default_factory=list)
+    rules: list[Rule] = field(default_factory=list)
+    suites: list[Suite] = field(default_factory=list)
+    settings: Settings = field(default_factory=Settings)
+    source: str = DEFAULT_SOURCE
+
+    def pillar(self, pillar_id: str) -> Pillar | None:
+        return next((p for p in self.pillars if p.id == pillar_id), None)
+
+
+# --------------------------------------------------------------------------- parsing
+
+_TOP_KEYS = {"pillar", "fact", "rule", "suite", "settings"}
+
+
+class _Lines:
+    """Finds the line of the n-th ``[[table]]`` and of keys inside it, for error messages."""
+
+    def __init__(self, text: str):
+        self.lines = text.splitlines()
+        self.headers: dict[str, list[int]] = {}
+        for i, raw in enumerate(self.lines, 1):
+            m = re.match(r"\s*\[\[\s*([\w.-]+)\s*\]\]", raw) or re.match(r"\s*\[\s*([\w.-]+)\s*\]", raw)
+            if m:
+                self.headers.setdefault(m.group(1), []).append(i)
+
+    def table(self, name: str, index: int) -> int:
+        found = self.headers.get(name, [])
+        return found[index] if index < len(found) else 0
+
+    def key(self, name: str, index: int, key: str) -> int:
+        start = self.table(name, index)
+        if not start:
+            return 0
+        for i in range(start, len(self.lines)):  # lines[start] is the line after the header
+            if re.match(r"\s*\[", self.lines[i]):
+                break
+            if re.match(rf"\s*{re.escape(key)}\s*=", self.lines[i]):
+                return i + 1
+        return start
+
+
+def _closest(word: str, options: list[str] | tuple[str, ...]) -> str:
+    import difflib
+
+    match = difflib.get_close_matches(word, list(options), n=1)
+    return f"did you mean '{match[0]}'?" if match else f"use one of: {', '.join(options)}"
+
+
+class _Reader:
+    def __init__(self, source: str, text: str):
+        self.source = source
+        self.where = _Lines(text)
+
+    def fail(self, table: str, index: int, key: str | None, problem: str, fix: str) -> None:
+        line = self.where.key(table, index, key) if key else self.where.table(table, index)
+        at = f"{self.source}:{line}" if line else self.source
+        entry = f"[[{table}]] #{index + 1}" + (f", key '{key}'" if key else "")
+        raise ConfigError(f"{at}: {entry}: {problem}; {fix}")
+
+    def str_list(self, table: str, index: int, entry: dict, key: str, required: bool = False) -> list[str]:
+        value = entry.get(key, [])
+        if isinstance(value, str):
+            value = [value]
+        if required and not value:
+            self.fail(table, index, key, f"'{key}' is missing or empty", f'add {key} = ["..."]')
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            self.fail(table, index, key, f"'{key}' must be a list of strings", f'write {key} = ["a", "b"]')
+        return value
+
+    def string(self, table: str, index: int, entry: dict, key: str, required: bool = True) -> str | None:
+        value = entry.get(key)
+        if value is None:
+            if required:
+                self.fail(table, index, None, f"missing required key '{key}'", f'add {key} = "..."')
+            return None
+        if not isinstance(value, str) or (required and not value.strip()):
+            self.fail(table, index, key, f"'{key}' must be a non-empty string", f'write {key} = "..."')
+        return value
+
+    def entries(self, data: dict, name: str) -> list[dict]:
+        value = data.get(name, [])
+        if isinstance(value, dict) and name != "settings":
+            raise ConfigError(f"{self.source}: '{name}' must be an array of tables; write [[{name}]], not [{name}]")
+        return value
+
+
+def parse_config(text: str, source: str = CONFIG_PATH, *, include_default_pillars: bool = False) -> Config:
+    """Parse and validate config text. Raises ConfigError naming file, line and fix."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{source}: invalid TOML: {exc}; fix the syntax at that position") from None
+    r = _Reader(source, text)
+    for key in data:
+        if key not in _TOP_KEYS:
+            raise ConfigError(
+                f"{source}:{r.where.table(key, 0) or 1}: unknown top-level key '{key}'; {_closest(key, sorted(_TOP_KEYS))}"
+            )
+
+    pillars: list[Pillar] = []
+    for i, e in enumerate(r.entries(data, "pillar")):
+        pid = r.string("pillar", i, e, "id")
+        pillars.append(
+            Pillar(
+                id=pid,
+                title=r.string("pillar", i, e, "title", required=False) or pid,
+                paths=r.str_list("pillar", i, e, "paths"),
+                symbols=r.str_list("pillar", i, e, "symbols"),
+            )
+        )
+        for s in pillars[-1].symbols:
+            if "::" not in s:
+                r.fail("pillar", i, "symbols", f"symbol pattern '{s}' has no '::'", 'write "path-glob::qualified.name*"')
+        unknown = set(e) - {"id", "title", "paths", "symbols"}
+        if unknown:
+            k = sorted(unknown)[0]
+            r.fail("pillar", i, k, f"unknown key '{k}'", _closest(k, ["id", "title", "paths", "symbols"]))
+    if not pillars or include_default_pillars:
+        pillars = (pillars or []) + [p for p in default_config().pillars if p.id not in {q.id for q in pillars}]
+    if not any(p.id == "other" for p in pillars):
+        pillars.append(Pillar(id="other", title="Other", paths=[]))
+    _unique(r, "pillar", [p.id for p in pillars])
+    pillar_ids = [p.id for p in pillars]
+
+    facts: list[Fact] = []
+    for i, e in enumerate(r.entries(data, "fact")):
+        fid = r.string("fact", i, e, "id")
+        lang = r.string("fact", i, e, "lang", required=False) or ("regex" if "regex" in e else "")
+        if lang not in FACT_LANGS:
+            r.fail("fact", i, "lang", f"unknown lang '{lang}'", _closest(lang, FACT_LANGS))
+        query = r.string("fact", i, e, "query", required=False)
+        regex = r.string("fact", i, e, "regex", required=False)
+        if not query and not regex:
+            r.fail("fact", i, None, "a fact needs 'query' (tree-sitter) or 'regex'", 'add query = "(...) @key"')
+        if lang == "regex" and not regex:
+            r.fail("fact", i, "lang", "lang 'regex' needs a 'regex' key", 'add regex = "..." or set lang to the language')
+        if regex:
+            try:
+                re.compile(regex, re.M)
+            except re.error as exc:
+                r.fail("fact", i, "regex", f"regex does not compile: {exc}", "fix the pattern (Python re syntax)")
+        known = {"id", "lang", "files", "query", "regex"}
+        facts.append(
+            Fact(
+                id=fid,
+                lang=lang,
+                files=r.str_list("fact", i, e, "files", required=True),
+                query=query,
+                regex=regex,
+                options={k: v for k, v in e.items() if k not in known},
+                line=r.where.table("fact", i),
+            )
+        )
+    _unique(r, "fact", [f.id for f in facts])
+    fact_ids = [f.id for f in facts]
+
+    rules: list[Rule] = []
+    for i, e in enumerate(r.entries(data, "rule")):
+        rid = r.string("rule", i, e, "id")
+        kind = r.string("rule", i, e, "kind")
+        kinds = _rule_kinds()
+        if kinds and kind not in kinds:
+            r.fail("rule", i, "kind", f"unknown rule kind '{kind}'", _closest(kind, sorted(kinds)))
+        used = r.str_list("rule", i, e, "facts")
+        for f in used:
+            if f not in fact_ids:
+                r.fail("rule", i, "facts", f"fact '{f}' is not defined", _closest(f, fact_ids) if fact_ids else "add a [[fact]] with that id")
+        pillar = r.string("rule", i, e, "pillar", required=False) or "other"
+        if pillar not in pillar_ids:
+            r.fail("rule", i, "pillar", f"unknown pillar '{pillar}'", _closest(pillar, pillar_ids))
+        severity = r.string("rule", i, e, "severity", required=False) or "error"
+        if severity not in SEVERITIES:
+            r.fail("rule", i, "severity", f"unknown severity '{severity}'", _closest(severity, SEVERITIES))
+        known = {"id", "kind", "facts", "pillar", "severity", "message"}
+        rule = Rule(
+            id=rid,
+            kind=kind,
+            facts=used,
+            pillar=pillar,
+            severity=severity,
+            message=r.string("rule", i, e, "message", required=False),
+            options={k: v for k, v in e.items() if k not in known},
+            line=r.where.table("rule", i),
+        )
+        problem = _validate_rule(rule)
+        if problem:
+            key, text, fix = problem
+            r.fail("rule", i, key, text, fix)
+        rules.append(rule)
+    _unique(r, "rule", [x.id for x in rules])
+
+    suites: list[Suite] = []
+    for i, e in enumerate(r.entries(data, "suite")):
+        sid = r.string("suite", i, e, "id")
+        kind = r.string("suite", i, e, "kind")
+        if kind not in SUITE_KINDS:
+            r.fail("suite", i, "kind", f"unknown suite kind '{kind}'", _closest(kind, SUITE_KINDS))
+        runners = r.str_list("suite", i, e, "runners") or ["cpu"]
+        for lbl in runners:
+            if not re.fullmatch(r"cpu|sm\d{2,3}[a-z]?", lbl):
+                r.fail("suite", i, "runners", f"unknown runner label '{lbl}'", "use cpu, sm90, sm100 or sm120")
+        pls = r.str_list("suite", i, e, "pillars")
+        for p in pls:
+            if p not in pillar_ids:
+                r.fail("suite", i, "pillars", f"unknown pillar '{p}'", _closest(p, pillar_ids))
+        timeout = e.get("timeout", 900)
+        if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or timeout <= 0:
+            r.fail("suite", i, "timeout", "timeout must be a positive number of seconds", "write timeout = 600")
+        requires = r.string("suite", i, e, "requires", required=False)
+        if requires and not re.fullmatch(r"\s*cc\s*(>=|<=|==|>|<)\s*\d+(\.\d+)?\s*", requires):
+            r.fail("suite", i, "requires", f"cannot read requirement '{requires}'", 'write requires = "cc >= 12.0"')
+        unknown = set(e) - {"id", "kind", "command", "runners", "paths", "pillars", "symbols", "requires", "timeout", "golden"}
+        if unknown:
+            k = sorted(unknown)[0]
+            r.fail("suite", i, k, f"unknown key '{k}'", "remove it or check the spelling")
+        suites.append(
+            Suite(
+                id=sid,
+                kind=kind,
+                command=r.string("suite", i, e, "command"),
+                runners=runners,
+                paths=r.str_list("suite", i, e, "paths"),
+                pillars=pls,
+                symbols=r.str_list("suite", i, e, "symbols"),
+                requires=requires,
+                timeout=float(timeout),
+                golden=r.string("suite", i, e, "golden", required=False),
+                line=r.where.table("suite", i),
+            )
+        )
+    _unique(r, "suite", [s.id for s in suites])
+
+    raw = data.get("settings", {})
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: 'settings' must be a table; write [settings]")
+    settings = Settings()
+    for key, value in raw.items():
+        if not hasattr(settings, key):
+            line = r.where.key("settings", 0, key)
+            raise ConfigError(f"{source}:{line}: [settings] unknown key '{key}'; {_closest(key, list(vars(settings)))}")
+        if type(value) is not type(getattr(settings, key)):
+            line = r.where.key("settings", 0, key)
+            raise ConfigError(
+                f"{source}:{line}: [settings] '{key}' must be {type(getattr(settings, key)).__name__}; fix its value"
+            )
+        setattr(settings, key, value)
+    config = Config(pillars=pillars, facts=facts, rules=rules, suites=suites, settings=settings, source=source)
+    return _with_packs(config)
+
+
+def _unique(r: _Reader, table: str, ids: list[str]) -> None:
+    seen: set[str] = set()
+    for i, x in enumerate(ids):
+        if x in seen:
+            r.fail(table, i, "id", f"duplicate id '{x}'", "give each entry its own id")
+        seen.add(x)
+
+
+def _rule_kinds() -> set[str]:
+    """Rule kinds the checks registry knows; empty while the registry is not importable."""
+    try:
+        from checks.rules import REGISTRY
+    except ImportError:
+        return set()
+    return set(REGISTRY)
+
+
+def _validate_rule(rule: Rule) -> tuple[str | None, str, str] | None:
+    """Ask the rule kind to validate its own options: (key, problem, fix), or None."""
+    try:
+        from checks.rules import REGISTRY
+    except ImportError:
+        return None
+    kind = REGISTRY.get(rule.kind)
+    validate = getattr(kind, "validate", None)
+    return validate(rule) if validate else None
+
+
+def _with_packs(config: Config) -> Config:
+    """Merge the built-in rule packs named in [settings] packs (checks/packs/<name>.toml)."""
+    for name in config.settings.packs:
+        try:
+            text = resources.files("checks.packs").joinpath(f"{name}.toml").read_text()
+        except (FileNotFoundError, ModuleNotFoundError):
+            raise ConfigError(f"{config.source}: [settings] packs: unknown rule pack '{name}'; see docs/rules.md") from None
+        pack = parse_config(text, f"rule pack '{name}'")
+        known = {f.id for f in config.facts}
+        config.facts += [f for f in pack.facts if f.id not in known]
+        known = {x.id for x in config.rules}
+        config.rules += [x for x in pack.rules if x.id not in known and x.pillar in {p.id for p in config.pillars}]
+    return config
+
+
+def default_config() -> Config:
+    text = resources.files("checks").joinpath("default.toml").read_text()
+    cfg = parse_config(text, DEFAULT_SOURCE)
+    cfg.source = DEFAULT_SOURCE
+    return cfg
+
+
+def load_config(repo: Any, commit: str) -> Config:
+    """Read the config from ``commit``'s git objects (a git.Repo and a sha), or the built-in default."""
+    try:
+        blob = repo.commit(commit).tree / CONFIG_PATH
+    except KeyError:
+        return default_config()
+    raw = blob.data_stream.read()
+    short = repo.commit(commit).hexsha[:12]
+    source = f"{CONFIG_PATH}@{short}"
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{source}: not UTF-8 (byte {exc.start}); save the file as UTF-8") from None
+    return parse_config(text, source)

@@ -1,0 +1,114 @@
+"""Resolve an AuditRequest to a Checkout and read files from git objects, never a work tree.
+
+Reading blobs straight from the object database means the base config and the
+base side of every check are exactly what was committed, whatever the work tree
+holds, and lets parses be cached by blob SHA.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import git
+from git.exc import BadName, GitCommandError, InvalidGitRepositoryError, NoSuchPathError
+
+from checks.model import AuditRequest, Checkout
+
+
+class WorkspaceError(RuntimeError):
+    """Not a repository, or a revision that does not resolve: a user error, not a crash."""
+
+
+def open_repo(path: str | Path) -> git.Repo:
+    try:
+        return git.Repo(path, search_parent_directories=True)
+    except (InvalidGitRepositoryError, NoSuchPathError):
+        raise WorkspaceError(f"{path}: not a git repository (run inside a repo or pass its path)") from None
+
+
+def resolve(repo: git.Repo, rev: str) -> str:
+    try:
+        return repo.commit(rev).hexsha
+    except (BadName, ValueError, GitCommandError):
+        raise WorkspaceError(f"unknown revision '{rev}' in {repo.working_dir}") from None
+
+
+def default_base(repo: git.Repo, head: str = "HEAD") -> str:
+    """The merge-base with the default branch when head is off it, else head's first parent."""
+    head_sha = resolve(repo, head)
+    for name in ("origin/HEAD", "origin/main", "origin/master", "main", "master"):
+        try:
+            branch_sha = repo.commit(name).hexsha
+        except (BadName, ValueError, GitCommandError):
+            continue
+        if branch_sha != head_sha:
+            bases = repo.merge_base(branch_sha, head_sha)
+            if bases and bases[0].hexsha != head_sha:
+                return bases[0].hexsha
+        break
+    parents = repo.commit(head_sha).parents
+    if not parents:
+        raise WorkspaceError(f"{head} is a root commit and no default branch differs from it; pass --base")
+    return parents[0].hexsha
+
+
+def checkout(request: AuditRequest) -> Checkout:
+    repo = open_repo(request.repo)
+    head = resolve(repo, request.head)
+    base = resolve(repo, request.base) if request.base else default_base(repo, head)
+    bases = repo.merge_base(base, head)
+    merge_base = bases[0].hexsha if bases else base
+    return Checkout(repo=str(repo.working_dir or repo.git_dir), base_sha=base, head_sha=head, merge_base_sha=merge_base)
+
+
+@dataclass(frozen=True)
+class Tree:
+    """One side of a change, for checks: list paths and read blobs, with a per-blob cache."""
+
+    repo_path: str
+    sha: str
+
+    @property
+    def repo(self) -> git.Repo:
+        return _repo(self.repo_path)
+
+    def paths(self) -> list[str]:
+        return _paths(self.repo_path, self.sha)
+
+    def blob_sha(self, path: str) -> str | None:
+        return _blob_index(self.repo_path, self.sha).get(path)
+
+    def read(self, path: str) -> bytes | None:
+        sha = self.blob_sha(path)
+        return read_blob(self.repo_path, sha) if sha else None
+
+
+@lru_cache(maxsize=8)
+def _repo(path: str) -> git.Repo:
+    return git.Repo(path)
+
+
+@lru_cache(maxsize=16)
+def _blob_index(repo_path: str, sha: str) -> dict[str, str]:
+    """path → blob sha for a whole tree, in one `git ls-tree -r` call."""
+    out = _repo(repo_path).git.ls_tree("-r", "-z", "--full-tree", sha)
+    index: dict[str, str] = {}
+    for entry in out.split("\0"):
+        if not entry:
+            continue
+        meta, path = entry.split("\t", 1)
+        mode, kind, blob = meta.split()
+        if kind == "blob":
+            index[path] = blob
+    return index
+
+
+def _paths(repo_path: str, sha: str) -> list[str]:
+    return sorted(_blob_index(repo_path, sha))
+
+
+@lru_cache(maxsize=4096)
+def read_blob(repo_path: str, blob_sha: str) -> bytes:
+    return _repo(repo_path).odb.stream(bytes.fromhex(blob_sha)).read()

@@ -1,0 +1,1 @@
+"""The bundled reference engine: DeepSeek-V3-family model, weight loading, KV cache, greedy decode, goldens."""

@@ -1,0 +1,1 @@
+"""Findings + pillars → test plan → results: selection, local executor, Actions dispatch, the GPU-side entry point."""
