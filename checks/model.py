@@ -121,12 +121,13 @@ class ChangeSet:
 
 @dataclass
 class Touch:
-    """One reason a pillar was touched: a path glob or a symbol pattern matched."""
+    """Why a pillar was touched in one file: a path glob or a symbol pattern matched."""
 
     path: str
-    reason: str  # e.g. "path 'engine/**'" or "symbol 'python/**::*_layer'"
-    symbol: str | None = None  # qualified name of the enclosing symbol, when known
-    lines: list[int] = field(default_factory=list)  # first changed line of each matching hunk
+    reason: Literal["path", "symbol", "fallback"]
+    pattern: str = ""  # the glob or "path-glob::name-pattern" that matched
+    symbols: list[str] = field(default_factory=list)  # qualified names of the touched definitions
+    lines: list[int] = field(default_factory=list)  # first changed line of each matching hunk or symbol
 
 
 @dataclass
@@ -142,8 +143,9 @@ class PillarHit:
 class HunkPillars:
     path: str
     hunk: int  # index into FileChange.hunks
-    symbol: str | None
+    symbol: str | None  # the first of ``symbols``
     pillars: list[str]
+    symbols: list[str] = field(default_factory=list)  # innermost definitions the hunk's lines fall in
 
 
 @dataclass

@@ -1,0 +1,97 @@
+"""One audit: every trigger (webhook, /audit, merge queue, CLI) runs these stages in this order.
+
+Each stage is a plain function from one typed object to the next; this module
+only times them and threads the objects through, so any stage can be run,
+tested or cached on its own.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable
+from contextlib import contextmanager
+
+from checks.config import load_config
+from checks.diff import build_changeset
+from checks.model import Audit, AuditRequest, Findings
+from checks.pillars import map_pillars
+from checks.workspace import Tree, checkout, open_repo
+
+Progress = Callable[[str], None]
+
+
+def audit_id_for(request: AuditRequest, head_sha: str) -> str:
+    """Stable id for (repo, head, trigger): the artifact and details-page name."""
+    digest = hashlib.sha256(f"{request.repo}\0{head_sha}\0{request.pr}\0{request.trigger}".encode()).hexdigest()
+    return f"da-{head_sha[:12]}-{digest[:8]}"
+
+
+@contextmanager
+def _stage(timings: dict[str, float], name: str, progress: Progress | None):
+    if progress:
+        progress(name)
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        timings[name] = round(time.perf_counter() - start, 4)
+
+
+def run_audit(request: AuditRequest, *, progress: Progress | None = None, render: bool = True,
+              blob_url: str | None = None, details_url: str | None = None, dispatch=None) -> Audit:
+    """Run every stage. ``dispatch`` (plan → Results) replaces local execution, e.g. Actions runners."""
+    timings: dict[str, float] = {}
+    with _stage(timings, "checkout", progress):
+        co = checkout(request)
+        config = load_config(open_repo(co.repo), co.base_sha)
+    with _stage(timings, "diff", progress):
+        changes = build_changeset(co)
+    with _stage(timings, "pillars", progress):
+        pillars = map_pillars(co, config, changes)
+    audit = Audit(request=request, checkout=co, config_source=config.source, changes=changes, pillars=pillars,
+                  timings=timings)
+
+    with _stage(timings, "checks", progress):
+        audit.findings = _run_checks(co, config, changes)
+
+    select = _optional("runner.select", "select_tests")
+    if select is not None:
+        with _stage(timings, "select", progress):
+            audit.plan = select(config, changes, pillars, audit.findings, request.options, Tree(co.repo, co.head_sha),
+                                audit_id_for(request, co.head_sha))
+    if audit.plan is not None and (request.options.run or request.options.suites or request.options.all_suites):
+        with _stage(timings, "dispatch", progress):
+            audit.results = dispatch(audit.plan) if dispatch else _run_locally(co, audit, request, progress)
+
+    if render:
+        from bot.report import render as render_report
+
+        with _stage(timings, "report", progress):
+            audit.report = render_report(audit, blob_url=blob_url, details_url=details_url)
+    return audit
+
+
+def _optional(module: str, name: str):
+    import importlib
+
+    try:
+        return getattr(importlib.import_module(module), name)
+    except ModuleNotFoundError as exc:
+        if exc.name == module:
+            return None
+        raise
+
+
+def _run_checks(co, config, changes) -> Findings:
+    run_checks = _optional("checks.audit", "run_checks")
+    return run_checks(co, config, changes) if run_checks else Findings()
+
+
+def _run_locally(co, audit: Audit, request: AuditRequest, progress: Progress | None):
+    from runner.local import run_plan
+    from runner.worktree import head_worktree
+
+    with head_worktree(co.repo, co.head_sha) as tree_dir:
+        labels = [request.options.runner] if request.options.runner else None
+        return run_plan(audit.plan, tree_dir, labels=labels, progress=progress)

@@ -1,0 +1,141 @@
+"""Checkout → ChangeSet: the merge-base diff of base..head, as ``git diff --merge-base`` shows it.
+
+Two git calls: ``--raw -z`` for exact metadata (status, modes, blob SHAs,
+rename pairs, robust to any path bytes), and a zero-context patch parsed with
+unidiff for hunks. Zero context keeps each hunk to the lines that changed, so a
+hunk maps to the symbol that really changed rather than to its neighbours.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from unidiff import PatchSet
+from unidiff.errors import UnidiffParseError
+
+from checks.model import ChangeSet, Checkout, FileChange, Hunk
+from checks.workspace import open_repo
+
+_STATUS = {"A": "added", "M": "modified", "D": "deleted", "R": "renamed", "C": "copied", "T": "modified"}
+_NULL_SHA = "0" * 40
+
+
+class DiffError(RuntimeError):
+    """The diff could not be read; names the range and git's own words."""
+
+
+@dataclass
+class _Raw:
+    status: str
+    path: str
+    old_path: str | None
+    old_mode: str | None
+    new_mode: str | None
+    old_blob: str | None
+    new_blob: str | None
+
+
+def _decode(raw: bytes) -> str:
+    return raw.decode("utf-8", "replace")
+
+
+def _parse_raw(out: bytes) -> list[_Raw]:
+    """Parse ``git diff --raw -z``: ':old new osha nsha S\\0path\\0[path2\\0]'."""
+    parts = out.split(b"\0")
+    rows: list[_Raw] = []
+    i = 0
+    while i < len(parts):
+        meta = parts[i]
+        if not meta.startswith(b":"):
+            i += 1
+            continue
+        old_mode, new_mode, old_sha, new_sha, status = _decode(meta[1:]).split()
+        letter = status[0]
+        if letter in "RC":
+            old_path, path = _decode(parts[i + 1]), _decode(parts[i + 2])
+            i += 3
+        else:
+            old_path, path = None, _decode(parts[i + 1])
+            i += 2
+        rows.append(
+            _Raw(
+                status=_STATUS.get(letter, "modified"),
+                path=path,
+                old_path=old_path,
+                old_mode=None if old_mode == "000000" else old_mode,
+                new_mode=None if new_mode == "000000" else new_mode,
+                old_blob=None if old_sha == _NULL_SHA else old_sha,
+                new_blob=None if new_sha == _NULL_SHA else new_sha,
+            )
+        )
+    return rows
+
+
+def _strip_prefix(name: str | None) -> str | None:
+    if name is None or name == "/dev/null":
+        return None
+    return name[2:] if name[:2] in ("a/", "b/") else name
+
+
+def _hunks(pf) -> list[Hunk]:
+    hunks = []
+    for h in pf:
+        added = [ln.target_line_no for ln in h if ln.is_added]
+        removed = [ln.source_line_no for ln in h if ln.is_removed]
+        hunks.append(
+            Hunk(
+                old_start=h.source_start,
+                old_lines=h.source_length,
+                new_start=h.target_start,
+                new_lines=h.target_length,
+                section=h.section_header or "",
+                added=added,
+                removed=removed,
+            )
+        )
+    return hunks
+
+
+def build_changeset(checkout: Checkout) -> ChangeSet:
+    repo = open_repo(checkout.repo)
+    repo.git.set_persistent_git_options(c="core.quotepath=false")  # UTF-8 paths verbatim in patch headers
+    a, b = checkout.merge_base_sha, checkout.head_sha
+    common = ["--no-color", "--no-ext-diff", "-M", "--full-index"]
+    try:
+        raw = repo.git.diff(a, b, "--raw", "-z", "--no-abbrev", *common, stdout_as_string=False)
+        patch = repo.git.diff(a, b, "-U0", "--src-prefix=a/", "--dst-prefix=b/", *common, stdout_as_string=False)
+    except Exception as exc:  # GitCommandError: range or object missing
+        raise DiffError(f"git diff {a[:12]}..{b[:12]} failed: {exc}") from None
+    meta = _parse_raw(raw)
+    try:
+        patched = PatchSet(_decode(patch))
+    except UnidiffParseError as exc:
+        raise DiffError(f"cannot parse the diff {a[:12]}..{b[:12]}: {exc}") from None
+
+    by_path = {}
+    for pf in patched:
+        path = _strip_prefix(pf.target_file) or _strip_prefix(pf.source_file)
+        by_path[path] = pf
+
+    files = []
+    for row in meta:
+        pf = by_path.get(row.path)
+        binary = bool(pf is not None and pf.is_binary_file)
+        hunks = [] if pf is None or binary else _hunks(pf)
+        files.append(
+            FileChange(
+                path=row.path,
+                status=row.status,
+                old_path=row.old_path,
+                binary=binary or (row.new_mode or row.old_mode) == "160000",
+                old_mode=row.old_mode,
+                new_mode=row.new_mode,
+                old_blob=row.old_blob,
+                new_blob=row.new_blob,
+                additions=sum(len(h.added) for h in hunks),
+                deletions=sum(len(h.removed) for h in hunks),
+                hunks=hunks,
+            )
+        )
+    return ChangeSet(base_sha=checkout.base_sha, head_sha=checkout.head_sha,
+                     merge_base_sha=checkout.merge_base_sha, files=files)
