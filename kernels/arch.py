@@ -1,0 +1,41 @@
+"""Where a kernel runs decides a few code paths; they are keyed on compute capability, never on a GPU name,
+so an untested part (sm120) takes the path its capability supports."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+
+def interpreting() -> bool:
+    """True under the Triton CPU interpreter (``TRITON_INTERPRET=1``)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def capability(device: torch.device | str | None = None) -> tuple[int, int] | None:
+    """Compute capability of a CUDA device, or None on CPU / under the interpreter."""
+    dev = torch.device(device) if device is not None else None
+    if interpreting() or (dev is not None and dev.type != "cuda") or not torch.cuda.is_available():
+        return None
+    return torch.cuda.get_device_capability(dev)
+
+
+def fp8_hw_cast(cap: tuple[int, int] | None) -> bool:
+    """Whether to cast to e4m3 with the hardware convert (sm89+: Ada, Hopper, Blackwell incl. sm120).
+
+    Older parts have no e4m3 convert, and the interpreter's cast misrounds ties and binade edges (124.9
+    becomes 64), so both encode the byte in integer arithmetic instead (``fp8_quant._e4m3_bits``)."""
+    return cap is not None and cap >= (8, 9)
+
+
+def rows_per_program(n_rows: int, row_bytes: int, cap: tuple[int, int] | None, sm_count: int = 132) -> int:
+    """Rows per program for a row-wise memory-bound kernel: enough bytes in flight per program to hide
+    latency when rows are short, but at least ~4 waves of programs over the SMs when rows are many."""
+    if cap is None:
+        return 1
+    target = 16384  # bytes per program
+    r = 1
+    while r * row_bytes < target and n_rows // (r * 2) >= sm_count * 4:
+        r *= 2
+    return r
