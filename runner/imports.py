@@ -1,0 +1,172 @@
+"""A static Python import graph over one git tree: which test files reach a changed module.
+
+Built from the blobs of the head commit, never by importing anything: a test
+may import torch, or code that does not even run. ``ast`` reads each file;
+files it cannot parse (a syntax error in the PR) fall back to tree-sitter,
+which still finds the import statements around the error.
+
+Importing ``a.b.c`` runs ``a/__init__.py``, ``a/b/__init__.py`` and
+``a/b/c.py``, so all three are edges. Modules resolve against the repo root,
+the usual source roots (``src/``, ``python/``, ``lib/``) and the importing
+file's own directory (pytest's rootdir-relative imports).
+"""
+
+from __future__ import annotations
+
+import ast
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
+from typing import Callable, Iterable
+
+SOURCE_ROOTS = ("", "src/", "python/", "lib/")
+
+
+@dataclass(frozen=True)
+class Import:
+    module: str  # dotted name, absolute after resolving relative imports
+    names: tuple[str, ...] = ()  # for "from module import names"
+
+
+def module_names(path: str) -> list[str]:
+    """Dotted names ``path`` is importable as, one per source root it sits under."""
+    p = PurePosixPath(path)
+    if p.suffix != ".py":
+        return []
+    parts = list(p.with_suffix("").parts)
+    if parts and parts[-1] == "__init__":
+        parts = parts[:-1]
+    names = []
+    for root in SOURCE_ROOTS:
+        rparts = list(PurePosixPath(root).parts) if root else []
+        if parts[: len(rparts)] == rparts and len(parts) > len(rparts):
+            names.append(".".join(parts[len(rparts) :]))
+    return names
+
+
+def _package_of(path: str) -> list[str]:
+    p = PurePosixPath(path)
+    parts = list(p.parent.parts)
+    return parts
+
+
+def parse_imports(path: str, data: bytes) -> list[Import]:
+    try:
+        tree = ast.parse(data, filename=path)
+    except (SyntaxError, ValueError):
+        return _imports_tree_sitter(path, data)
+    out: list[Import] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.extend(Import(a.name) for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = _absolute(path, node.module, node.level)
+            if base is not None:
+                out.append(Import(base, tuple(a.name for a in node.names)))
+    return out
+
+
+def _absolute(path: str, module: str | None, level: int) -> str | None:
+    if not level:
+        return module
+    pkg = _package_of(path)
+    if level - 1 > len(pkg):
+        return None
+    base = pkg[: len(pkg) - (level - 1)]
+    parts = base + (module.split(".") if module else [])
+    return ".".join(parts) if parts else None
+
+
+def _imports_tree_sitter(path: str, data: bytes) -> list[Import]:
+    from checks.syntax import parse, text
+
+    tree = parse("python", data)
+    out: list[Import] = []
+    stack = [tree.root_node]
+    while stack:
+        node = stack.pop()
+        if node.type == "import_statement":
+            for child in node.named_children:
+                target = child.child_by_field_name("name") if child.type == "aliased_import" else child
+                if target is not None and target.type == "dotted_name":
+                    out.append(Import(text(target)))
+        elif node.type == "import_from_statement":
+            mod = node.child_by_field_name("module_name")
+            if mod is not None:
+                raw = text(mod)
+                level = len(raw) - len(raw.lstrip("."))
+                base = _absolute(path, raw.lstrip(".") or None, level)
+                names = []
+                for child in node.children_by_field_name("name"):
+                    target = child.child_by_field_name("name") if child.type == "aliased_import" else child
+                    if target is not None:
+                        names.append(text(target))
+                if base:
+                    out.append(Import(base, tuple(names)))
+        stack.extend(node.children)
+    return out
+
+
+@dataclass
+class ImportGraph:
+    """Lazily parsed: only the files reachable from the tests asked about are read."""
+
+    paths: Iterable[str]
+    read: Callable[[str], bytes | None]
+    extra_paths: Iterable[str] = ()  # modules gone from the tree (deleted) that imports may still name
+    _index: dict[str, str] = field(default_factory=dict, init=False)
+    _edges: dict[str, list[str]] = field(default_factory=dict, init=False)
+
+    def __post_init__(self) -> None:
+        for path in list(self.paths) + list(self.extra_paths):
+            for name in module_names(path):
+                self._index.setdefault(name, path)
+
+    def resolve(self, name: str, importer: str) -> list[str]:
+        """Files executed by importing ``name`` from ``importer``: the module and its packages."""
+        out: list[str] = []
+        parts = name.split(".")
+        local_dir = list(PurePosixPath(importer).parent.parts)
+        for i in range(1, len(parts) + 1):
+            dotted = ".".join(parts[:i])
+            hit = self._index.get(dotted)
+            if hit is None and local_dir:
+                hit = self._index.get(".".join(local_dir + parts[:i]))
+            if hit is not None and hit not in out:
+                out.append(hit)
+        return out
+
+    def edges(self, path: str) -> list[str]:
+        if path not in self._edges:
+            data = self.read(path)
+            targets: list[str] = []
+            if data is not None:
+                for imp in parse_imports(path, data):
+                    found = self.resolve(imp.module, path)
+                    for name in imp.names:  # "from pkg import mod" imports pkg/mod.py
+                        if name != "*":
+                            found += self.resolve(f"{imp.module}.{name}", path)
+                    targets += [t for t in found if t != path and t not in targets]
+            self._edges[path] = targets
+        return self._edges[path]
+
+    def chain_to(self, start: str, targets: set[str]) -> list[str] | None:
+        """Shortest import chain from ``start`` to any of ``targets`` (inclusive), or None."""
+        if start in targets:
+            return [start]
+        parent: dict[str, str | None] = {start: None}
+        queue = deque([start])
+        while queue:
+            cur = queue.popleft()
+            for nxt in self.edges(cur):
+                if nxt in parent:
+                    continue
+                parent[nxt] = cur
+                if nxt in targets:
+                    chain = [nxt]
+                    while parent[chain[-1]] is not None:
+                        chain.append(parent[chain[-1]])  # type: ignore[arg-type]
+                    return chain[::-1]
+                if nxt.endswith(".py"):
+                    queue.append(nxt)
+        return None

@@ -1,0 +1,259 @@
+"""Run a TestPlan's suites as subprocesses on this machine and read their results back.
+
+Each suite runs in its own process group with its output going to a file (a
+pipe can fill up, and a grandchild holding it open would block the reader). At
+the timeout the whole group gets SIGTERM, then SIGKILL, so nothing a suite
+started outlives it and a wedged GPU test becomes a ``timeout`` result, never a
+hang. How a suite ended (signal, exit code, a CUDA error in its output) maps to
+one of the distinct outcomes the report shows.
+
+Imports only the standard library and runner/compat, so the same code runs on
+a bare GPU image.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from runner import device, metrics
+from runner.compat import model
+
+TAIL_LINES = 60
+TAIL_CHARS = 4000
+KILL_GRACE_S = 5.0
+
+_PYTEST = re.compile(r"(?:^|[\s;&|(])(?:\S*/)?(?:pytest|py\.test)(?:\s|$)|python[\d.]*\s+-m\s+pytest\b")
+_CUDA_ERROR = re.compile(
+    r"CUDA error|cudaError\w*|CUDA_ERROR_\w+|illegal memory access|device-side assert triggered"
+    r"|unspecified launch failure|misaligned address|CUDA out of memory|OutOfMemoryError: CUDA"
+)
+_SIGNAL_OUTCOME = {
+    signal.SIGSEGV: "segfault",
+    signal.SIGBUS: "segfault",
+    signal.SIGILL: "segfault",
+    signal.SIGFPE: "segfault",
+    signal.SIGABRT: "abort",
+}
+
+Progress = Callable[[str], Any]
+
+
+def is_pytest(command: str) -> bool:
+    return bool(_PYTEST.search(command))
+
+
+def run_plan(
+    plan,
+    repo_dir: str,
+    *,
+    labels: list[str] | None = None,
+    capability: Any = None,
+    progress: Progress | None = None,
+):
+    """Run ``plan``'s suites (those for ``labels``, or all) in ``repo_dir``, the head tree.
+
+    ``capability`` is None to detect this machine's GPU, ``"cpu"`` for none, or
+    ``"9.0"`` / ``(9, 0)`` to state it. Suites whose runner label or
+    ``requires`` this machine cannot satisfy are skipped with the reason.
+    """
+    m = model()
+    root = Path(repo_dir)
+    if not root.is_dir():
+        raise ValueError(f"{repo_dir}: not a directory; pass the directory holding the head tree")
+    gpu = _resolve_gpu(capability)
+    cap = gpu.capability if gpu else None
+    fp = device.fingerprint(labels[0] if labels and len(labels) == 1 else None, gpu)
+    results = m.Results(audit_id=plan.audit_id, head_sha=plan.head_sha, devices=[fp])
+    suites = [s for s in plan.suites if labels is None or s.runner in labels]
+    for i, suite in enumerate(suites, 1):
+        unmet = device.label_unmet(suite.runner, cap, gpu.name if gpu else None) or device.requires_unmet(
+            suite.requires, cap
+        )
+        if unmet:
+            results.suites.append(m.SuiteResult(suite=suite.id, runner=suite.runner, outcome="skipped", reason=unmet))
+            _say(progress, f"[{i}/{len(suites)}] {suite.id} on {suite.runner}: skipped ({unmet})")
+            continue
+        _say(progress, f"[{i}/{len(suites)}] {suite.id} on {suite.runner}: running")
+        result = run_suite(suite, str(root))
+        results.suites.append(result)
+        _say(progress, f"[{i}/{len(suites)}] {suite.id} on {suite.runner}: {result.outcome} in {result.duration:.1f} s")
+    return results
+
+
+def _say(progress: Progress | None, text: str) -> None:
+    if progress is not None:
+        progress(text)
+
+
+def _resolve_gpu(capability: Any) -> device.Gpu | None:
+    if capability is None:
+        return device.detect_gpu()
+    if capability in ("cpu", "none", False):
+        return None
+    if isinstance(capability, device.Gpu):
+        return capability
+    cap = device.parse_capability(capability)
+    return device.Gpu(name=f"cc {cap[0]}.{cap[1]} (stated)", capability=cap)
+
+
+def run_suite(suite, repo_dir: str):
+    """Run one PlannedSuite in ``repo_dir`` and turn whatever happened into a SuiteResult."""
+    m = model()
+    with tempfile.TemporaryDirectory(prefix="drift-audit-suite-") as tmp:
+        junit = os.path.join(tmp, "junit.xml")
+        metrics_path = os.path.join(tmp, "metrics.jsonl")
+        golden_out = os.path.join(tmp, "golden-out.jsonl")
+        log_path = os.path.join(tmp, "output.log")
+        env = _suite_env(suite, repo_dir, junit, metrics_path, golden_out)
+        start = time.monotonic()
+        timed_out = False
+        with open(log_path, "wb") as log:
+            try:
+                proc = subprocess.Popen(
+                    ["/bin/bash", "-c", suite.command],
+                    cwd=repo_dir,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            except OSError as exc:
+                return m.SuiteResult(suite.id, suite.runner, "error", 0.0, f"could not start: {exc}")
+            try:
+                rc = proc.wait(timeout=suite.timeout)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                rc = _kill_group(proc)
+            finally:
+                _reap_group(proc.pid)
+        duration = time.monotonic() - start
+        tail = _tail(log_path)
+
+        cases: list[metrics.Case] = []
+        notes: list[str] = []
+        if os.path.exists(junit):
+            try:
+                cases = metrics.read_junit(junit)
+            except metrics.JUnitError as exc:
+                notes.append(str(exc))
+        records, suite_metrics, bad = metrics.read_metrics_lines(metrics_path)
+        cases = metrics.merge(cases, records, "passed" if rc == 0 and not timed_out else "error")
+        if bad:
+            notes.append(f"{bad} malformed line(s) in $DRIFT_AUDIT_METRICS ignored")
+
+        outcome, reason = classify(rc, timed_out, suite.timeout, tail, cases, is_pytest(suite.command))
+        if suite.golden and outcome == "passed":
+            outcome, reason, golden_metrics = _check_golden(suite.golden, repo_dir, golden_out)
+            suite_metrics = {**golden_metrics, **suite_metrics}
+        if notes:
+            reason = "; ".join([reason, *notes]) if reason else "; ".join(notes)
+        return m.SuiteResult(
+            suite=suite.id,
+            runner=suite.runner,
+            outcome=outcome,
+            duration=round(duration, 3),
+            reason=reason,
+            output_tail="" if outcome in ("passed", "skipped") else tail,
+            cases=[
+                m.CaseResult(c.name, c.outcome, round(c.duration, 4), c.message, c.metrics) for c in cases
+            ],
+            metrics=metrics.headline(cases, suite_metrics),
+        )
+
+
+def _suite_env(suite, repo_dir: str, junit: str, metrics_path: str, golden_out: str) -> dict[str, str]:
+    env = dict(os.environ)
+    # The head tree's packages come first, ahead of any installed copy of the same project.
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (repo_dir, env.get("PYTHONPATH", "")) if p)
+    env["DRIFT_AUDIT_METRICS"] = metrics_path
+    env["DRIFT_AUDIT_GOLDEN_OUT"] = golden_out
+    env["DRIFT_AUDIT_SUITE"] = suite.id
+    env["DRIFT_AUDIT_RUNNER"] = suite.runner
+    env["PYTHONFAULTHANDLER"] = "1"
+    if is_pytest(suite.command):
+        extra = f"--junitxml={shlex.quote(junit)} -o junit_family=xunit1"
+        env["PYTEST_ADDOPTS"] = f"{env.get('PYTEST_ADDOPTS', '')} {extra}".strip()
+    return env
+
+
+def _kill_group(proc: subprocess.Popen) -> int:
+    for sig, wait in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, None)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+        try:
+            return proc.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            continue
+    return proc.returncode if proc.returncode is not None else -signal.SIGKILL
+
+
+def _reap_group(pgid: int) -> None:
+    """Kill anything the suite left running in its group (a server, a stuck worker)."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _tail(path: str) -> str:
+    size = os.path.getsize(path)
+    with open(path, "rb") as fh:
+        fh.seek(max(0, size - TAIL_CHARS * 4))
+        data = fh.read().decode("utf-8", "replace")
+    lines = data.splitlines()[-TAIL_LINES:]
+    return "\n".join(lines)[-TAIL_CHARS:]
+
+
+def _signal_of(rc: int) -> int | None:
+    if rc < 0:
+        return -rc
+    if rc > 128 and (rc - 128) in {int(s) for s in signal.Signals}:
+        return rc - 128  # the shell reports a child killed by signal N as 128 + N
+    return None
+
+
+def classify(
+    rc: int, timed_out: bool, timeout: float, tail: str, cases: list[metrics.Case], pytest: bool
+) -> tuple[str, str]:
+    """(outcome, reason) for a finished suite."""
+    if timed_out:
+        return "timeout", f"killed after the {timeout:g} s timeout"
+    failed = [c for c in cases if c.outcome in ("failed", "error", "segfault", "abort", "cuda-error", "timeout")]
+    if rc != 0:
+        hit = _CUDA_ERROR.search(tail)
+        if hit:
+            line = next((ln for ln in tail.splitlines() if hit.group(0) in ln), hit.group(0))
+            return "cuda-error", line.strip()[:300]
+        sig = _signal_of(rc)
+        if sig is not None:
+            name = signal.Signals(sig).name
+            if sig in _SIGNAL_OUTCOME:
+                return _SIGNAL_OUTCOME[sig], f"killed by {name}"
+            return "error", f"killed by {name}" + (" (out of memory?)" if sig == signal.SIGKILL else "")
+        if pytest and rc == 5:
+            return "error", "pytest collected no tests (exit 5)"
+        if failed or (pytest and rc == 1):
+            return "failed", f"{len(failed)} of {len(cases)} test(s) failed" if cases else f"exit code {rc}"
+        return "error", f"exit code {rc}"
+    if failed:
+        return "failed", f"{len(failed)} of {len(cases)} case(s) reported failure (exit code 0)"
+    if cases and all(c.outcome == "skipped" for c in cases):
+        return "skipped", cases[0].message or "every test skipped"
+    return "passed", ""
+
+
+def _check_golden(golden: str, repo_dir: str, produced: str) -> tuple[str, str, dict[str, Any]]:
+    from runner import golden as golden_check
+
+    return golden_check.compare_files(os.path.join(repo_dir, golden), produced, golden)

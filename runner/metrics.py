@@ -1,0 +1,165 @@
+"""Read what a suite reports about itself: pytest JUnit XML and a metrics JSON-lines file.
+
+The contract for suites (documented in docs/runners.md):
+
+* pytest commands get ``--junitxml`` (through ``PYTEST_ADDOPTS``); per-test
+  ``record_property("max_abs", x)`` values arrive as JUnit ``<property>``s.
+* Any command may append JSON lines to the file named by ``DRIFT_AUDIT_METRICS``.
+  A line with a ``name`` is a case, shaped like ``CaseResult``:
+  ``{"name", "outcome", "duration", "message", "metrics": {...}}``; it merges into
+  the JUnit case of the same name or adds a case. A line without a name carries
+  suite-level ``metrics``.
+
+The suite's headline metrics are the worst over its cases, so the comment can
+show one row per suite.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+from typing import Any
+
+OUTCOMES = ("passed", "failed", "error", "skipped", "timeout", "segfault", "abort", "cuda-error", "not-run")
+
+# metric → how cases combine into the suite's headline value
+WORST = {"max_abs": max, "rel": max, "cos_diff": max, "first_divergence": min, "near_tie_margin": min}
+KEY_METRICS = tuple(WORST)
+
+
+@dataclass
+class Case:
+    name: str
+    outcome: str
+    duration: float = 0.0
+    message: str = ""
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+
+def _number(text: str) -> Any:
+    try:
+        value = int(text)
+    except ValueError:
+        try:
+            value = float(text)
+        except ValueError:
+            return text
+    return value
+
+
+class JUnitError(ValueError):
+    pass
+
+
+def read_junit(path: str) -> list[Case]:
+    """Cases from a JUnit XML file (pytest's xunit1/xunit2, or any JUnit producer)."""
+    try:
+        root = ET.parse(path).getroot()
+    except ET.ParseError as exc:
+        raise JUnitError(f"{path}: malformed JUnit XML: {exc}") from None
+    cases: list[Case] = []
+    for tc in root.iter("testcase"):
+        classname = tc.get("classname") or ""
+        name = tc.get("name") or "?"
+        full = f"{classname}::{name}" if classname else name
+        try:
+            duration = float(tc.get("time") or 0.0)
+        except ValueError:
+            duration = 0.0
+        outcome, message = "passed", ""
+        for tag in ("failure", "error", "skipped"):
+            el = tc.find(tag)
+            if el is not None:
+                outcome = {"failure": "failed", "error": "error", "skipped": "skipped"}[tag]
+                message = (el.get("message") or (el.text or "")).strip()
+                break
+        metrics = {}
+        for prop in tc.iter("property"):
+            if prop.get("name"):
+                metrics[prop.get("name")] = _number(prop.get("value") or "")
+        cases.append(Case(full, outcome, duration, message[:2000], metrics))
+    return cases
+
+
+def read_metrics_lines(path: str) -> tuple[list[tuple], dict[str, Any], int]:
+    """(case records, suite-level metrics, number of malformed lines) from a JSON-lines file."""
+    records: list[tuple] = []
+    suite: dict[str, Any] = {}
+    bad = 0
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            lines = fh.readlines()
+    except FileNotFoundError:
+        return [], {}, 0
+    for line in lines:
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            bad += 1
+            continue
+        if not isinstance(rec, dict):
+            bad += 1
+            continue
+        metrics = rec.get("metrics", {})
+        if not isinstance(metrics, dict):
+            bad += 1
+            continue
+        if "name" not in rec:
+            suite.update(metrics)
+            continue
+        outcome = rec.get("outcome")
+        if outcome is not None and outcome not in OUTCOMES:
+            bad += 1
+            continue
+        try:
+            duration = float(rec.get("duration") or 0.0)
+        except (TypeError, ValueError):
+            bad += 1
+            continue
+        records.append((str(rec["name"]), outcome, duration, str(rec.get("message") or ""), metrics))
+    return records, suite, bad
+
+
+def merge(cases: list[Case], records: list[tuple], default_outcome: str) -> list[Case]:
+    """Fold metric records into JUnit cases by name (exact, or the part after '::')."""
+    by_name: dict[str, Case] = {}
+    for c in cases:
+        by_name.setdefault(c.name, c)
+        by_name.setdefault(c.name.rsplit("::", 1)[-1], c)
+    for name, outcome, duration, message, metrics in records:
+        hit = by_name.get(name)
+        if hit is None:
+            hit = Case(name, outcome or default_outcome, duration, message, {})
+            cases.append(hit)
+            by_name[name] = hit
+        else:
+            # JUnit decides pass/fail; a harness may only make a case worse.
+            if outcome and outcome not in ("passed", "skipped") and hit.outcome == "passed":
+                hit.outcome = outcome
+            if message and not hit.message:
+                hit.message = message
+        hit.metrics.update(metrics)
+    return cases
+
+
+def headline(cases: list[Case], explicit: dict[str, Any]) -> dict[str, Any]:
+    """Suite metrics: what the suite said about itself, else the worst value over its cases."""
+    out = dict(explicit)
+    for key, pick in WORST.items():
+        if key in out:
+            continue
+        values = [
+            c.metrics[key]
+            for c in cases
+            if isinstance(c.metrics.get(key), (int, float))
+            and not isinstance(c.metrics.get(key), bool)
+            and not math.isnan(c.metrics[key])
+        ]
+        if values:
+            out[key] = pick(values)
+    return out
