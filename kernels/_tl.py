@@ -1,0 +1,50 @@
+"""Triton helpers shared by the kernels: exact rounding that the CPU interpreter gets wrong.
+
+The interpreter truncates fp32→bf16 and misrounds fp32→e4m3 (ties, and binade edges: 124.9 → 64), while
+GPUs round to nearest even. Kernels pass ``EXACT=kernels.arch.interpreting()`` so the interpreter rounds in
+integer arithmetic (bit-identical to the GPU's convert) and the GPU keeps its single convert instruction.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def cast_rne(y, dtype: tl.constexpr, EXACT: tl.constexpr):
+    """``y`` (fp32) to ``dtype`` rounding to nearest even, also under the interpreter."""
+    if EXACT:
+        if dtype == tl.bfloat16:
+            b = y.to(tl.uint32, bitcast=True)
+            b = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
+            y = b.to(tl.float32, bitcast=True)
+    return y.to(dtype)
+
+
+@triton.jit
+def round_e4m3(y):
+    """``y`` (fp32, |y| ≤ 448) rounded to the nearest-even float8_e4m3fn value, still in fp32.
+
+    Adding ``1.5·2^(e+20)`` puts the e4m3 ulp (2^(e−3), exponent floored at −6 for subnormals) at the fp32
+    ulp, so the fp32 add itself rounds to nearest even; a carry into the next binade comes out right."""
+    a = tl.abs(y)
+    e = ((a.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+    e = tl.maximum(e, -6)
+    c = ((e + 20 + 127) << 23).to(tl.float32, bitcast=True) * 1.5
+    r = (a + c) - c
+    return tl.where(y < 0, -r, r)
+
+
+@triton.jit
+def e4m3_bits(y):
+    """The float8_e4m3fn byte (as int32) of ``y`` (fp32, |y| ≤ 448), rounded to nearest even, in integer
+    arithmetic: for the interpreter and for parts without an e4m3 convert (< sm89)."""
+    r = tl.abs(round_e4m3(y))
+    rb = r.to(tl.int32, bitcast=True)
+    e = ((rb >> 23) & 0xFF) - 127
+    normal = ((e + 7) << 3) | ((rb >> 20) & 7)
+    sub = (r * 512.0).to(tl.int32)  # r is k·2^-9, k < 8
+    code = tl.where(e >= -6, normal, sub)
+    sign = (y.to(tl.int32, bitcast=True) >> 24) & 0x80
+    return code | sign
