@@ -1,0 +1,1 @@
+from tests.ghstub.fixtures import ghstub  # noqa: F401  (fixture)

@@ -1,0 +1,258 @@
+"""What the GitHub stand-in knows: a plain object tests seed before and inspect after.
+
+Every mutation goes through ``lock`` because the server runs in its own thread.
+Records are plain dicts shaped like GitHub's JSON so handlers can return them
+almost as they are.
+"""
+
+from __future__ import annotations
+
+import io
+import random
+import secrets
+import threading
+import time
+import zipfile
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Callable
+
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+
+
+def iso(ts: float | None = None) -> str:
+    return datetime.fromtimestamp(time.time() if ts is None else ts, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+_KEY_CACHE: dict[str, Any] = {}
+
+
+def app_private_key() -> tuple[str, Any]:
+    """One RSA key per test process (generation is the slow part); PEM text and public key."""
+    if "pem" not in _KEY_CACHE:
+        key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        _KEY_CACHE["pem"] = key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        ).decode()
+        _KEY_CACHE["public"] = key.public_key()
+    return _KEY_CACHE["pem"], _KEY_CACHE["public"]
+
+
+@dataclass
+class Fault:
+    """Replace a fraction of responses with GitHub's 5xx or secondary-rate-limit 403.
+
+    Faults are injected *before* the request is applied, so a retried POST never
+    double-applies; ``paths`` (substrings) limits which requests may fail.
+    """
+
+    rate: float = 0.0
+    kinds: tuple[int, ...] = (500, 502, 503, 403)
+    retry_after: int = 0
+    seed: int = 0
+    paths: tuple[str, ...] = ()
+    rng: random.Random = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.rng = random.Random(self.seed)
+
+    def pick(self, path: str) -> int | None:
+        if self.rate <= 0 or (self.paths and not any(p in path for p in self.paths)):
+            return None
+        if self.rng.random() < self.rate:
+            return self.rng.choice(self.kinds)
+        return None
+
+
+@dataclass
+class StubState:
+    app_id: int = 4242
+    app_slug: str = "drift-audit"
+    token_ttl: float = 3600.0  # seconds an installation token lives
+    token_length: int = 0  # 0: a random length each time, to catch length assumptions
+    rate_limit: int = 5000
+    lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
+
+    installations: dict[int, dict] = field(default_factory=dict)
+    tokens: dict[str, dict] = field(default_factory=dict)  # token -> {installation_id, expires_at}
+    repos: dict[str, dict] = field(default_factory=dict)  # "owner/name" -> repo json (+ "_installation")
+    pulls: dict[tuple[str, int], dict] = field(default_factory=dict)
+    pull_files: dict[tuple[str, int], list[dict]] = field(default_factory=dict)
+    pull_diffs: dict[tuple[str, int], str] = field(default_factory=dict)
+    comments: dict[int, dict] = field(default_factory=dict)  # id -> comment json (+ "_repo", "_issue")
+    reactions: dict[int, list[dict]] = field(default_factory=dict)  # comment id -> reactions
+    check_runs: dict[int, dict] = field(default_factory=dict)  # id -> check run json (+ "_repo")
+    annotations: dict[int, list[dict]] = field(default_factory=dict)  # check run id -> annotations
+    permissions: dict[tuple[str, str], str] = field(default_factory=dict)  # (repo, login) -> admin|write|...
+    workflows: dict[tuple[str, str], dict] = field(default_factory=dict)  # (repo, file) -> workflow json
+    dispatches: list[dict] = field(default_factory=list)
+    runs: dict[int, dict] = field(default_factory=dict)  # run id -> workflow run json (+ "_repo")
+    artifacts: dict[int, dict] = field(default_factory=dict)  # id -> artifact json (+ "_repo", "_run", "_zip")
+    blobs: dict[str, int] = field(default_factory=dict)  # signed download key -> artifact id
+    requests: list[tuple[str, str, int]] = field(default_factory=list)  # (method, path, status) served
+    fault: Fault = field(default_factory=Fault)
+    faults_injected: int = 0
+    on_dispatch: Callable[[StubState, dict], None] | None = None  # e.g. seed a run for each dispatch
+    _ids: int = 1000
+    _remaining: dict[str, int] = field(default_factory=dict)
+
+    # ------------------------------------------------------------------ seeding helpers
+    def next_id(self) -> int:
+        with self.lock:
+            self._ids += 1
+            return self._ids
+
+    @property
+    def private_key(self) -> str:
+        return app_private_key()[0]
+
+    def add_installation(self, installation_id: int = 1, account: str = "octo-org") -> dict:
+        with self.lock:
+            inst = {
+                "id": installation_id,
+                "app_id": self.app_id,
+                "app_slug": self.app_slug,
+                "account": {"login": account, "id": 1, "type": "Organization"},
+                "target_type": "Organization",
+                "repository_selection": "selected",
+                "permissions": {"checks": "write", "pull_requests": "write", "issues": "write",
+                                "contents": "read", "actions": "write", "metadata": "read"},
+                "events": ["pull_request", "issue_comment", "check_run", "merge_group", "workflow_run"],
+                "created_at": iso(), "updated_at": iso(),
+            }
+            self.installations[installation_id] = inst
+            return inst
+
+    def add_repo(self, full_name: str, clone_url: str = "", *, installation_id: int = 1,
+                 default_branch: str = "main", private: bool = False) -> dict:
+        """Register a repo; ``clone_url`` may be a local path or file:// URL of a real git repo."""
+        owner, name = full_name.split("/")
+        with self.lock:
+            if installation_id not in self.installations:
+                self.add_installation(installation_id, owner)
+            repo = {
+                "id": self.next_id(), "node_id": f"R_{name}", "name": name, "full_name": full_name,
+                "owner": {"login": owner, "id": 1, "type": "Organization"},
+                "private": private, "fork": False, "default_branch": default_branch,
+                "clone_url": clone_url, "html_url": f"https://github.example/{full_name}",
+                "_installation": installation_id,
+            }
+            self.repos[full_name] = repo
+            return repo
+
+    def add_pull(self, repo: str, number: int, *, head_sha: str, base_sha: str, head_ref: str = "feature",
+                 base_ref: str = "main", user: str = "octocat", title: str = "A change", body: str = "",
+                 draft: bool = False, head_repo: str | None = None, author_association: str = "MEMBER",
+                 files: list[dict] | None = None, diff: str = "") -> dict:
+        with self.lock:
+            r = self.repos[repo]
+            hr = dict(r, full_name=head_repo or repo, fork=bool(head_repo and head_repo != repo))
+            pr = {
+                "id": self.next_id(), "number": number, "state": "open", "title": title, "body": body,
+                "draft": draft, "user": {"login": user, "id": abs(hash(user)) % 10**6, "type": "User"},
+                "author_association": author_association,
+                "head": {"sha": head_sha, "ref": head_ref, "label": f"x:{head_ref}", "repo": hr},
+                "base": {"sha": base_sha, "ref": base_ref, "label": f"x:{base_ref}", "repo": r},
+                "created_at": iso(), "updated_at": iso(), "merged": False, "mergeable": True,
+            }
+            self.pulls[(repo, number)] = pr
+            self.pull_files[(repo, number)] = files or []
+            self.pull_diffs[(repo, number)] = diff
+            return pr
+
+    def set_permission(self, repo: str, login: str, permission: str) -> None:
+        with self.lock:
+            self.permissions[(repo, login)] = permission
+
+    def add_workflow(self, repo: str, file: str = "drift-audit-gpu.yml", name: str = "Drift Audit GPU",
+                     inputs: list[str] | None = None) -> dict:
+        """``inputs``: declared workflow_dispatch inputs; others are refused like GitHub does."""
+        with self.lock:
+            wf = {"id": self.next_id(), "node_id": "W", "name": name, "path": f".github/workflows/{file}",
+                  "state": "active", "created_at": iso(), "updated_at": iso(), "_inputs": inputs, "_repo": repo}
+            self.workflows[(repo, file)] = wf
+            return wf
+
+    def add_run(self, repo: str, *, head_sha: str, workflow: str = "drift-audit-gpu.yml",
+                status: str = "completed", conclusion: str | None = "success", event: str = "workflow_dispatch",
+                head_branch: str = "main", inputs: dict | None = None) -> dict:
+        """Seed a workflow run (as if a dispatch had started one)."""
+        with self.lock:
+            wf = self.workflows.get((repo, workflow)) or self.add_workflow(repo, workflow)
+            rid = self.next_id()
+            run = {"id": rid, "name": wf["name"], "node_id": f"WR_{rid}", "head_sha": head_sha,
+                   "head_branch": head_branch, "path": wf["path"], "run_number": rid, "run_attempt": 1,
+                   "event": event, "status": status, "conclusion": conclusion if status == "completed" else None,
+                   "workflow_id": wf["id"], "created_at": iso(), "updated_at": iso(),
+                   "display_title": wf["name"], "_repo": repo, "_inputs": inputs or {}}
+            self.runs[rid] = run
+            return run
+
+    def complete_run(self, run_id: int, conclusion: str = "success") -> dict:
+        with self.lock:
+            run = self.runs[run_id]
+            run.update(status="completed", conclusion=conclusion, updated_at=iso())
+            return run
+
+    def add_artifact(self, run_id: int, name: str, files: dict[str, bytes | str] | None = None, *,
+                     raw_zip: bytes | None = None, expired: bool = False) -> dict:
+        """Attach an artifact to a run: ``files`` are zipped like actions/upload-artifact does."""
+        if raw_zip is None:
+            buf = io.BytesIO()
+            with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
+                for fname, data in (files or {}).items():
+                    zf.writestr(fname, data.encode() if isinstance(data, str) else data)
+            raw_zip = buf.getvalue()
+        with self.lock:
+            run = self.runs[run_id]
+            aid = self.next_id()
+            art = {"id": aid, "node_id": f"A_{aid}", "name": name, "size_in_bytes": len(raw_zip),
+                   "expired": expired, "created_at": iso(), "updated_at": iso(), "expires_at": iso(time.time() + 86400),
+                   "workflow_run": {"id": run_id, "head_sha": run["head_sha"], "head_branch": run["head_branch"]},
+                   "digest": "", "_repo": run["_repo"], "_run": run_id, "_zip": raw_zip}
+            self.artifacts[aid] = art
+            return art
+
+    # ------------------------------------------------------------------ inspection helpers
+    def comments_on(self, repo: str, number: int) -> list[dict]:
+        with self.lock:
+            return [c for c in self.comments.values() if c["_repo"] == repo and c["_issue"] == number]
+
+    def add_comment(self, repo: str, number: int, body: str, user: str = "octocat") -> dict:
+        with self.lock:
+            cid = self.next_id()
+            c = {"id": cid, "node_id": f"IC_{cid}", "body": body, "user": {"login": user, "id": 7, "type": "User"},
+                 "created_at": iso(), "updated_at": iso(), "author_association": "MEMBER",
+                 "_repo": repo, "_issue": number}
+            self.comments[cid] = c
+            return c
+
+    def check_runs_for(self, repo: str, head_sha: str | None = None, name: str | None = None) -> list[dict]:
+        with self.lock:
+            return [c for c in self.check_runs.values() if c["_repo"] == repo
+                    and (head_sha is None or c["head_sha"] == head_sha) and (name is None or c["name"] == name)]
+
+    def count(self, method: str, fragment: str, status: int | None = None) -> int:
+        with self.lock:
+            return sum(1 for m, p, s in self.requests if m == method and fragment in p
+                       and (status is None or s == status))
+
+    # ------------------------------------------------------------------ used by the app
+    def mint_token(self, installation_id: int) -> dict:
+        n = self.token_length or random.randint(40, 120)
+        token = ("ghs_" + secrets.token_urlsafe(n))[: max(n, 8)]
+        exp = time.time() + self.token_ttl
+        with self.lock:
+            self.tokens[token] = {"installation_id": installation_id, "expires_at": exp}
+        return {"token": token, "expires_at": iso(exp), "permissions": self.installations[installation_id]["permissions"],
+                "repository_selection": "selected"}
+
+    def consume(self, key: str) -> tuple[int, int, int]:
+        with self.lock:
+            left = self._remaining.get(key, self.rate_limit) - 1
+            self._remaining[key] = max(left, 0)
+            return self.rate_limit, max(left, 0), int(time.time() // 3600 * 3600 + 3600)
+
+    def public_key(self):
+        return app_private_key()[1]
