@@ -1,0 +1,79 @@
+"""Prefill, then greedy decode with the KV cache, for a batch of prompts of different lengths.
+
+Prompts are right-padded into one prefill. Each sequence's cache row is indexed by its own absolute
+positions, so a short prompt's pad slots (which no valid query can see) are overwritten as it decodes.
+Every step also records the top-1 − top-2 logit margin, which goldens use to tell a near-tie from a break.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.model import DeepseekV3
+
+
+@dataclass
+class Generation:
+    prompt: list[int]
+    tokens: list[int] = field(default_factory=list)
+    margins: list[float] = field(default_factory=list)  # top-1 minus top-2 logit at each generated step
+
+
+def _check_prompts(model: DeepseekV3, prompts: list[list[int]]) -> None:
+    if not prompts:
+        raise ValueError("no prompts given")
+    v = model.cfg.vocab_size
+    for i, p in enumerate(prompts):
+        if not p:
+            raise ValueError(f"prompt {i} is empty")
+        bad = [t for t in p if not 0 <= int(t) < v]
+        if bad:
+            raise ValueError(f"prompt {i} has token id(s) {bad[:5]} outside the vocabulary [0, {v})")
+
+
+@torch.inference_mode()
+def generate(model: DeepseekV3, prompts: list[list[int]], max_new_tokens: int, *, mla: str = "naive",
+             eos_token_id: int | None = None) -> list[Generation]:
+    """Greedy continuations of ``prompts``; ties go to the lowest token id (``argmax``'s rule)."""
+    _check_prompts(model, prompts)
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    device = model.rope_cos.device
+    b = len(prompts)
+    lens = torch.tensor([len(p) for p in prompts], device=device)
+    s = int(lens.max())
+    model.setup_cache(b, s + max_new_tokens, mla)
+    tokens = torch.zeros(b, s, dtype=torch.long, device=device)
+    for i, p in enumerate(prompts):
+        tokens[i, : len(p)] = torch.tensor(p, dtype=torch.long)
+    pos = torch.arange(s, device=device).unsqueeze(0).expand(b, s)
+    logits = model(tokens, pos, last=lens - 1)
+    outs = [Generation(prompt=list(map(int, p))) for p in prompts]
+    done = torch.zeros(b, dtype=torch.bool, device=device)
+    for step in range(max_new_tokens):
+        top2 = logits.topk(2, dim=-1).values
+        nxt = logits.argmax(dim=-1)
+        margin = (top2[:, 0] - top2[:, 1]).tolist()
+        for i, (t, m) in enumerate(zip(nxt.tolist(), margin)):
+            if not done[i]:
+                outs[i].tokens.append(t)
+                outs[i].margins.append(m)
+        if eos_token_id is not None:
+            done |= nxt == eos_token_id
+            if bool(done.all()):
+                break
+        if step + 1 == max_new_tokens:
+            break
+        logits = model(nxt.unsqueeze(1), (lens + step).unsqueeze(1))
+    return outs
+
+
+@torch.inference_mode()
+def prefill_logits(model: DeepseekV3, tokens: torch.Tensor, mla: str = "naive") -> torch.Tensor:
+    """fp32 logits at every position of an unpadded batch ``tokens[B, S]`` (for parity checks)."""
+    b, s = tokens.shape
+    model.setup_cache(b, s, mla)
+    pos = torch.arange(s, device=tokens.device).unsqueeze(0).expand(b, s)
+    return model.head(model.hidden(tokens, pos))

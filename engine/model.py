@@ -1,0 +1,439 @@
+"""DeepSeek-V3-family transformer: MLA (naive or absorbed), dense MLP then MoE with the noaux_tc gate, MTP.
+
+Module and parameter names follow the HF checkpoint (``model.layers.3.self_attn.kv_b_proj.weight``), so the
+loader copies tensors by name and a reader can hold both side by side. The one exception is the routed
+experts: they are stacked per layer (``mlp.experts.gate_proj[E, I, H]``) so a grouped-GEMM kernel can
+consume them directly; the loader stacks ``mlp.experts.<e>.gate_proj.weight`` into them.
+
+Hot ops (norm, rope, SiLU·mul, routing, experts, fp8 GEMM, latent decode) go through :class:`OpSet`, so
+each can run on torch (the oracle) or Triton. Tensor parallelism follows ``engine.sharding``: a model built
+with ``tp=TP(rank, world, ...)`` holds its rank's shard and calls ``tp.all_reduce`` after row-parallel
+layers.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.absorb import absorb_o, absorb_q, split_kv_b
+from engine.config import ModelConfig
+from engine.ops import OpSet
+from engine.sharding import local_size
+
+MLA_MODES = ("naive", "absorbed")
+
+
+def _identity(x: torch.Tensor) -> torch.Tensor:
+    return x
+
+
+@dataclass
+class TP:
+    """This process's place in a tensor-parallel group and the collectives the model needs."""
+
+    rank: int = 0
+    world: int = 1
+    all_reduce: Callable[[torch.Tensor], torch.Tensor] = _identity  # sum over ranks
+    all_gather: Callable[[torch.Tensor], torch.Tensor] = _identity  # concat over ranks on the last dim
+
+
+def _param(*shape: int, dtype: torch.dtype | None = None) -> nn.Parameter:
+    return nn.Parameter(torch.empty(*shape, dtype=dtype), requires_grad=False)
+
+
+class Linear(nn.Module):
+    """``y = x W^T``. An fp8 ``weight`` carries ``weight_scale_inv`` (one fp32 per 128×128 block) and runs
+    as a w8a8 block GEMM; anything else runs as a plain matmul in the activation dtype."""
+
+    def __init__(self, in_features: int, out_features: int, ops: OpSet, dtype: torch.dtype | None = None):
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.weight = _param(out_features, in_features, dtype=dtype)
+        self.weight_scale_inv: torch.Tensor | None = None
+        self.ops = ops
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.weight.dtype == torch.float8_e4m3fn:
+            lead = x.shape[:-1]
+            xq, xs = self.ops.act_quant(x.reshape(-1, x.shape[-1]))
+            y = self.ops.fp8_gemm(xq, xs, self.weight, self.weight_scale_inv, out_dtype=x.dtype)
+            return y.view(*lead, self.out_features)
+        return F.linear(x, self.weight)
+
+    def dense_weight(self, dtype: torch.dtype) -> torch.Tensor:
+        """The weight as a plain tensor (dequantised if fp8), for absorption."""
+        if self.weight.dtype == torch.float8_e4m3fn:
+            from kernels.fp8_quant import weight_dequant_ref
+
+            return weight_dequant_ref(self.weight, self.weight_scale_inv, out_dtype=dtype)
+        return self.weight.to(dtype)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float, ops: OpSet):
+        super().__init__()
+        self.weight = _param(dim)
+        self.eps = eps
+        self.ops = ops
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.ops.rmsnorm(x, self.weight, self.eps)
+
+
+def softmax_scale(cfg: ModelConfig) -> float:
+    """``qk_head_dim^-0.5``, times YaRN's ``mscale(factor, mscale_all_dim)^2`` when the context is extended."""
+    scale = cfg.qk_head_dim ** -0.5
+    if cfg.yarn is not None and cfg.yarn.mscale_all_dim:
+        from kernels.rope import yarn_mscale
+
+        m = yarn_mscale(cfg.yarn.factor, cfg.yarn.mscale_all_dim)
+        scale *= m * m
+    return scale
+
+
+def rope_tables(cfg: ModelConfig, max_pos: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 ``(cos, sin)`` of shape ``[max_pos, rope_dim/2]``. With YaRN, the cos/sin magnitude carries
+    ``mscale(factor, mscale)/mscale(factor, mscale_all_dim)`` as HF does (1 for DeepSeek-V3's own config)."""
+    from kernels.rope import yarn_freqs, yarn_mscale
+
+    y = cfg.yarn
+    if y is None:
+        return yarn_freqs(cfg.qk_rope_head_dim, max_pos, cfg.rope_theta)
+    cos, sin = yarn_freqs(cfg.qk_rope_head_dim, max_pos, cfg.rope_theta, y.factor,
+                          y.original_max_position_embeddings, y.beta_fast, y.beta_slow)
+    if y.mscale and y.mscale_all_dim:
+        mag = yarn_mscale(y.factor, y.mscale) / yarn_mscale(y.factor, y.mscale_all_dim)
+    else:
+        mag = yarn_mscale(y.factor)
+    return cos * mag, sin * mag
+
+
+class MLA(nn.Module):
+    """Multi-head latent attention.
+
+    ``naive`` expands the latent through ``kv_b_proj`` into per-head K and V and caches those;
+    ``absorbed`` caches the normalised latent ``[kv_lora_rank]`` and the rope key ``[qk_rope_head_dim]``
+    and folds ``kv_b_proj`` into q and o (see ``engine.absorb``).
+    """
+
+    def __init__(self, cfg: ModelConfig, ops: OpSet, tp: TP, dtype: torch.dtype | None):
+        super().__init__()
+        self.cfg, self.ops, self.tp = cfg, ops, tp
+        self.n_heads = local_size(cfg.num_attention_heads, tp.world, "num_attention_heads")
+        h, nh = cfg.hidden_size, self.n_heads
+        if cfg.q_lora_rank is None:
+            self.q_proj = Linear(h, nh * cfg.qk_head_dim, ops, dtype)
+        else:
+            self.q_a_proj = Linear(h, cfg.q_lora_rank, ops, dtype)
+            self.q_a_layernorm = RMSNorm(cfg.q_lora_rank, cfg.rms_norm_eps, ops)
+            self.q_b_proj = Linear(cfg.q_lora_rank, nh * cfg.qk_head_dim, ops, dtype)
+        self.kv_a_proj_with_mqa = Linear(h, cfg.kv_lora_rank + cfg.qk_rope_head_dim, ops, dtype)
+        self.kv_a_layernorm = RMSNorm(cfg.kv_lora_rank, cfg.rms_norm_eps, ops)
+        self.kv_b_proj = Linear(cfg.kv_lora_rank, nh * (cfg.qk_nope_head_dim + cfg.v_head_dim), ops, dtype)
+        self.o_proj = Linear(nh * cfg.v_head_dim, h, ops, dtype)
+        self.softmax_scale = softmax_scale(cfg)
+        self.mode = "naive"
+        self._absorbed: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.k_cache = self.v_cache = self.kv_cache = self.pe_cache = None
+
+    def setup_cache(self, batch: int, max_len: int, mode: str, dtype: torch.dtype, device) -> None:
+        if mode not in MLA_MODES:
+            raise ValueError(f"mla mode must be one of {MLA_MODES}, got {mode!r}")
+        self.mode = mode
+        c = self.cfg
+        if mode == "naive":
+            self.k_cache = torch.zeros(batch, max_len, self.n_heads, c.qk_head_dim, dtype=dtype, device=device)
+            self.v_cache = torch.zeros(batch, max_len, self.n_heads, c.v_head_dim, dtype=dtype, device=device)
+            self.kv_cache = self.pe_cache = None
+        else:
+            self.kv_cache = torch.zeros(batch, max_len, c.kv_lora_rank, dtype=dtype, device=device)
+            self.pe_cache = torch.zeros(batch, max_len, c.qk_rope_head_dim, dtype=dtype, device=device)
+            self.k_cache = self.v_cache = None
+            self._absorbed = None
+
+    def absorbed_weights(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._absorbed is None or self._absorbed[0].dtype != dtype:
+            c = self.cfg
+            self._absorbed = split_kv_b(self.kv_b_proj.dense_weight(dtype), self.n_heads,
+                                        c.qk_nope_head_dim, c.v_head_dim)
+        return self._absorbed
+
+    def forward(self, x: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """``x[B, S, H]`` at positions ``pos[B, S]``; ``cos``/``sin`` already gathered at ``pos``."""
+        c, nh = self.cfg, self.n_heads
+        b, s, _ = x.shape
+        q = self.q_proj(x) if c.q_lora_rank is None else self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
+        q = q.view(b, s, nh, c.qk_head_dim)
+        q_nope, q_pe = q.split([c.qk_nope_head_dim, c.qk_rope_head_dim], dim=-1)
+        cs, sn = cos.unsqueeze(2), sin.unsqueeze(2)  # [B, S, 1, R/2] against [B, S, heads, R]
+        q_pe = self.ops.rope(q_pe, cs, sn)
+        kv, k_pe = self.kv_a_proj_with_mqa(x).split([c.kv_lora_rank, c.qk_rope_head_dim], dim=-1)
+        kv = self.kv_a_layernorm(kv)
+        k_pe = self.ops.rope(k_pe.unsqueeze(2), cs, sn).squeeze(2)
+        rows = torch.arange(b, device=x.device).unsqueeze(1).expand(b, s)
+        end = int(pos.max()) + 1
+        visible = torch.arange(end, device=x.device).view(1, 1, end) <= pos.unsqueeze(-1)  # [B, S, T]
+        visible = visible.unsqueeze(2)  # [B, S, 1, T]
+
+        if self.mode == "naive":
+            kv_full = self.kv_b_proj(kv).view(b, s, nh, c.qk_nope_head_dim + c.v_head_dim)
+            k_nope, v = kv_full.split([c.qk_nope_head_dim, c.v_head_dim], dim=-1)
+            k = torch.cat([k_nope, k_pe.unsqueeze(2).expand(b, s, nh, c.qk_rope_head_dim)], dim=-1)
+            self.k_cache[rows, pos] = k.to(self.k_cache.dtype)
+            self.v_cache[rows, pos] = v.to(self.v_cache.dtype)
+            qf = torch.cat([q_nope, q_pe], dim=-1)
+            scores = torch.einsum("bshd,bthd->bsht", qf, self.k_cache[:, :end]).float() * self.softmax_scale
+            p = scores.masked_fill(~visible, float("-inf")).softmax(dim=-1).to(x.dtype)
+            o = torch.einsum("bsht,bthd->bshd", p, self.v_cache[:, :end])
+        else:
+            self.kv_cache[rows, pos] = kv.to(self.kv_cache.dtype)
+            self.pe_cache[rows, pos] = k_pe.to(self.pe_cache.dtype)
+            w_uk, w_uv = self.absorbed_weights(x.dtype)
+            q_lat = absorb_q(q_nope, w_uk)  # [B, S, heads, C]
+            if s == 1:
+                o_lat, _ = self.ops.mla_decode(q_lat[:, 0], q_pe[:, 0], self.kv_cache[:, :end],
+                                               self.pe_cache[:, :end], pos[:, 0] + 1, self.softmax_scale)
+                o_lat = o_lat.unsqueeze(1)
+            else:
+                kvc, pec = self.kv_cache[:, :end], self.pe_cache[:, :end]
+                scores = (torch.einsum("bshc,btc->bsht", q_lat, kvc)
+                          + torch.einsum("bshr,btr->bsht", q_pe, pec)).float() * self.softmax_scale
+                p = scores.masked_fill(~visible, float("-inf")).softmax(dim=-1).to(x.dtype)
+                o_lat = torch.einsum("bsht,btc->bshc", p, kvc)
+            o = absorb_o(o_lat, w_uv)
+        return self.tp.all_reduce(self.o_proj(o.reshape(b, s, nh * c.v_head_dim)))
+
+
+class MLP(nn.Module):
+    """SwiGLU MLP: the dense layers and the shared experts."""
+
+    def __init__(self, hidden: int, inter: int, ops: OpSet, tp: TP, dtype: torch.dtype | None, reduce: bool = True):
+        super().__init__()
+        inter = local_size(inter, tp.world, "intermediate size")
+        self.gate_proj = Linear(hidden, inter, ops, dtype)
+        self.up_proj = Linear(hidden, inter, ops, dtype)
+        self.down_proj = Linear(inter, hidden, ops, dtype)
+        self.ops, self.tp, self.reduce = ops, tp, reduce
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.down_proj(self.ops.silu_mul(torch.cat([self.gate_proj(x), self.up_proj(x)], dim=-1)))
+        return self.tp.all_reduce(y) if self.reduce else y
+
+
+class Gate(nn.Module):
+    """noaux_tc router. Logits are computed in fp32 from an fp32 weight (HF keeps ``gate.weight`` and
+    ``e_score_correction_bias`` in fp32 too), so a bf16 model routes exactly like an fp32 one would."""
+
+    def __init__(self, cfg: ModelConfig, ops: OpSet):
+        super().__init__()
+        self.cfg, self.ops = cfg, ops
+        self.weight = _param(cfg.n_routed_experts, cfg.hidden_size, dtype=torch.float32)
+        self.e_score_correction_bias = _param(cfg.n_routed_experts, dtype=torch.float32)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        c = self.cfg
+        logits = F.linear(x.float(), self.weight.float())
+        return self.ops.moe_route(logits, self.e_score_correction_bias, c.num_experts_per_tok, c.n_group,
+                                  c.topk_group, c.norm_topk_prob, c.routed_scaling_factor)
+
+
+class Experts(nn.Module):
+    """The routed experts of one layer, stacked: ``gate_proj``/``up_proj`` ``[E, I, H]``, ``down_proj``
+    ``[E, H, I]`` (HF's per-expert ``experts.<e>.*.weight`` rows, in expert order)."""
+
+    def __init__(self, cfg: ModelConfig, tp: TP, dtype: torch.dtype | None):
+        super().__init__()
+        e, h = cfg.n_routed_experts, cfg.hidden_size
+        i = local_size(cfg.moe_intermediate_size, tp.world, "moe_intermediate_size")
+        self.gate_proj = _param(e, i, h, dtype=dtype)
+        self.up_proj = _param(e, i, h, dtype=dtype)
+        self.down_proj = _param(e, h, i, dtype=dtype)
+        self.gate_proj_scale_inv = self.up_proj_scale_inv = self.down_proj_scale_inv = None
+
+    def dense(self, name: str, dtype: torch.dtype) -> torch.Tensor:
+        w = getattr(self, name)
+        if w.dtype != torch.float8_e4m3fn:
+            return w
+        from kernels.fp8_quant import weight_dequant_ref
+
+        s = getattr(self, name + "_scale_inv")
+        return torch.stack([weight_dequant_ref(w[e], s[e], out_dtype=dtype) for e in range(w.shape[0])])
+
+
+class MoE(nn.Module):
+    def __init__(self, cfg: ModelConfig, ops: OpSet, tp: TP, dtype: torch.dtype | None):
+        super().__init__()
+        self.gate = Gate(cfg, ops)
+        self.experts = Experts(cfg, tp, dtype)
+        self.shared_experts = (MLP(cfg.hidden_size, cfg.moe_intermediate_size * cfg.n_shared_experts, ops, tp,
+                                   dtype, reduce=False) if cfg.n_shared_experts else None)
+        self.ops, self.tp = ops, tp
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x = x.reshape(-1, shape[-1])
+        weights, ids = self.gate(x)
+        ex = self.experts
+        y = self.ops.moe_experts(x, weights, ids, ex.dense("gate_proj", x.dtype), ex.dense("up_proj", x.dtype),
+                                 ex.dense("down_proj", x.dtype))
+        if self.shared_experts is not None:
+            y = y + self.shared_experts(x)
+        return self.tp.all_reduce(y).view(shape)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_id: int, ops: OpSet, tp: TP, dtype: torch.dtype | None):
+        super().__init__()
+        self.self_attn = MLA(cfg, ops, tp, dtype)
+        self.mlp = MoE(cfg, ops, tp, dtype) if cfg.is_moe_layer(layer_id) else MLP(
+            cfg.hidden_size, cfg.intermediate_size, ops, tp, dtype)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops)
+
+    def forward(self, x, pos, cos, sin):
+        x = x + self.self_attn(self.input_layernorm(x), pos, cos, sin)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class SharedHead(nn.Module):
+    def __init__(self, cfg: ModelConfig, ops: OpSet):
+        super().__init__()
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops)
+
+
+class MTPLayer(DecoderLayer):
+    """Multi-token prediction: ``eh_proj(enorm(embed(t_{i+1})) ‖ hnorm(h_i))`` through one decoder block,
+    then the model's own embedding and output head (the checkpoint's copies of those are not loaded)."""
+
+    def __init__(self, cfg: ModelConfig, layer_id: int, ops: OpSet, tp: TP, dtype: torch.dtype | None):
+        super().__init__(cfg, layer_id, ops, tp, dtype)
+        self.enorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops)
+        self.hnorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops)
+        self.eh_proj = Linear(2 * cfg.hidden_size, cfg.hidden_size, ops, dtype)
+        self.shared_head = SharedHead(cfg, ops)
+
+
+class Embedding(nn.Module):
+    """Vocab-parallel embedding: each rank holds a slice of rows and the partial lookups are summed."""
+
+    def __init__(self, vocab: int, dim: int, tp: TP, dtype: torch.dtype | None):
+        super().__init__()
+        self.part = local_size(vocab, tp.world, "vocab_size")
+        self.start = tp.rank * self.part
+        self.weight = _param(self.part, dim, dtype=dtype)
+        self.tp = tp
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.tp.world == 1:
+            return F.embedding(ids, self.weight)
+        local = ids - self.start
+        outside = (local < 0) | (local >= self.part)
+        y = F.embedding(local.masked_fill(outside, 0), self.weight).masked_fill(outside.unsqueeze(-1), 0)
+        return self.tp.all_reduce(y)
+
+
+class Body(nn.Module):
+    def __init__(self, cfg: ModelConfig, ops: OpSet, tp: TP, dtype: torch.dtype | None):
+        super().__init__()
+        self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size, tp, dtype)
+        layers: list[nn.Module] = [DecoderLayer(cfg, i, ops, tp, dtype) for i in range(cfg.num_hidden_layers)]
+        layers += [MTPLayer(cfg, cfg.num_hidden_layers + j, ops, tp, dtype)
+                   for j in range(cfg.num_nextn_predict_layers)]
+        self.layers = nn.ModuleList(layers)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops)
+
+
+class DeepseekV3(nn.Module):
+    """The whole model. ``model.layers[num_hidden_layers:]`` hold the optional MTP layer(s)."""
+
+    def __init__(self, cfg: ModelConfig, *, dtype: torch.dtype | None = None, backend: str | dict = "torch",
+                 tp: TP | None = None, max_positions: int | None = None):
+        super().__init__()
+        self.cfg = cfg
+        self.tp = tp or TP()
+        self.ops = OpSet(backend)
+        self.model = Body(cfg, self.ops, self.tp, dtype)
+        self.lm_head = Linear(cfg.hidden_size, local_size(cfg.vocab_size, self.tp.world, "vocab_size"),
+                              self.ops, dtype)
+        self.max_positions = max_positions or cfg.max_position_embeddings
+        self.register_buffer("rope_cos", torch.empty(0), persistent=False)
+        self.register_buffer("rope_sin", torch.empty(0), persistent=False)
+        self.init_rope()
+        self.mla_mode = "naive"
+
+    def init_rope(self, device=None) -> None:
+        """(Re)compute the fp32 rope tables, e.g. after materialising a model built on the meta device."""
+        device = torch.device(device) if device is not None else self.rope_cos.device
+        cos, sin = rope_tables(self.cfg, self.max_positions)
+        if cos.device.type == "meta" or device.type == "meta":
+            self.rope_cos, self.rope_sin = cos.to("meta"), sin.to("meta")
+        else:
+            self.rope_cos, self.rope_sin = cos.to(device), sin.to(device)
+
+    @property
+    def decoder_layers(self) -> list[DecoderLayer]:
+        return list(self.model.layers[: self.cfg.num_hidden_layers])
+
+    @property
+    def mtp_layers(self) -> list[MTPLayer]:
+        return list(self.model.layers[self.cfg.num_hidden_layers:])
+
+    def setup_cache(self, batch: int, max_len: int, mla: str = "naive") -> None:
+        """Allocate (and zero) every layer's KV cache for ``batch`` sequences of up to ``max_len`` tokens."""
+        if max_len > self.rope_cos.shape[0]:
+            raise ValueError(f"max_len {max_len} exceeds the {self.rope_cos.shape[0]} rope positions of this model")
+        dtype = self.model.embed_tokens.weight.dtype
+        for layer in self.model.layers:
+            layer.self_attn.setup_cache(batch, max_len, mla, dtype, self.rope_cos.device)
+        self.mla_mode = mla
+
+    def hidden(self, tokens: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """Pre-final-norm hidden states ``[B, S, H]`` of ``tokens[B, S]`` at positions ``pos[B, S]``,
+        reading and extending the KV cache."""
+        cos, sin = self.rope_cos[pos], self.rope_sin[pos]
+        x = self.model.embed_tokens(tokens)
+        for layer in self.decoder_layers:
+            x = layer(x, pos, cos, sin)
+        return x
+
+    def head(self, h: torch.Tensor) -> torch.Tensor:
+        """fp32 logits of pre-norm hidden states."""
+        logits = self.lm_head(self.model.norm(h)).float()
+        return self.tp.all_gather(logits)
+
+    def forward(self, tokens: torch.Tensor, pos: torch.Tensor, last: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits ``[B, V]`` at index ``last[b]`` of each row (default: the last column)."""
+        h = self.hidden(tokens, pos)
+        if last is None:
+            return self.head(h[:, -1])
+        return self.head(h[torch.arange(h.shape[0], device=h.device), last])
+
+    def mtp_logits(self, h: torch.Tensor, next_tokens: torch.Tensor, pos: torch.Tensor, depth: int = 0) -> torch.Tensor:
+        """Logits ``[B, S, V]`` for the token after ``next_tokens``, from the main model's pre-norm ``h`` at
+        the same positions (``next_tokens[:, i]`` is the token that followed position ``i``)."""
+        if depth >= len(self.mtp_layers):
+            raise ValueError(f"this checkpoint has {len(self.mtp_layers)} MTP layer(s); depth {depth} requested")
+        mtp = self.mtp_layers[depth]
+        e = self.model.embed_tokens(next_tokens)
+        x = mtp.eh_proj(torch.cat([mtp.enorm(e), mtp.hnorm(h)], dim=-1))
+        x = DecoderLayer.forward(mtp, x, pos, self.rope_cos[pos], self.rope_sin[pos])
+        return self.tp.all_gather(self.lm_head(mtp.shared_head.norm(x)).float())
+
+
+def dtype_of(name: str) -> torch.dtype:
+    table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+             "float16": torch.float16, "fp16": torch.float16}
+    try:
+        return table[name]
+    except KeyError:
+        raise ValueError(f"unknown dtype {name!r}; choose one of {', '.join(table)}") from None
+
+
+def param_count(model: nn.Module) -> int:
+    return sum(math.prod(p.shape) for p in model.parameters())
