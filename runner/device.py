@@ -161,26 +161,15 @@ def fingerprint(label: str | None = None, gpu: Gpu | None | bool = True):
     from runner.compat import model
 
     found = detect_gpu() if gpu is True else (gpu or None)
-    torch_cuda = None
-    if found is not None and found.cuda is None:
-        torch_cuda = _torch_cuda_version()
     return model().DeviceFingerprint(
         label=label or label_for(found.capability if found else None),
         host=socket.gethostname(),
         gpu=found.name if found else None,
         compute_capability=f"{found.capability[0]}.{found.capability[1]}" if found else None,
         driver=found.driver if found else None,
-        cuda=(found.cuda or torch_cuda) if found else None,
+        cuda=found.cuda if found else None,
         torch=_version("torch"),
         triton=_version("triton"),
         python=platform.python_version(),
     )
 
-
-def _torch_cuda_version() -> str | None:
-    try:
-        import torch
-
-        return torch.version.cuda
-    except Exception:
-        return None

@@ -1,0 +1,176 @@
+"""The local executor on real subprocesses: outcomes, JUnit and metrics read-back, skips, kills."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+
+from checks.model import PlannedSuite, Results, TestPlan as Plan, from_json, to_json
+from runner.local import classify, run_plan
+
+PASSING = '''
+def test_close(record_property):
+    record_property("max_abs", 0.004)
+    record_property("cos_diff", 1e-6)
+
+def test_closer(record_property):
+    record_property("max_abs", 0.001)
+    record_property("first_divergence", 7)
+'''
+
+FAILING = '''
+def test_ok():
+    pass
+
+def test_bad():
+    assert 1 == 2, "values drifted"
+'''
+
+HARNESS = '''
+import json, os
+with open(os.environ["DRIFT_AUDIT_METRICS"], "a") as fh:
+    fh.write(json.dumps({"name": "rmsnorm[bf16-4096]", "outcome": "passed", "duration": 0.5,
+                         "metrics": {"max_abs": 0.0078, "rel": 0.002}}) + "\\n")
+    fh.write(json.dumps({"name": "rmsnorm[fp32-7]", "outcome": "failed", "message": "max_abs 0.3 > 0.01",
+                         "metrics": {"max_abs": 0.3}}) + "\\n")
+    fh.write("not json\\n")
+    fh.write(json.dumps({"metrics": {"near_tie_margin": 0.02}}) + "\\n")
+'''
+
+SPAWNER = '''
+import os, subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+open("child.pid", "w").write(str(child.pid))
+time.sleep(120)
+'''
+
+
+def suite(sid, command, runner="cpu", **kw):
+    return PlannedSuite(id=sid, kind=kw.pop("kind", "unit"), command=command, runner=runner, **kw)
+
+
+@pytest.fixture
+def tree(tmp_path):
+    d = tmp_path / "head"
+    d.mkdir()
+    (d / "test_pass_metrics.py").write_text(PASSING)
+    (d / "test_fail_some.py").write_text(FAILING)
+    (d / "harness.py").write_text(HARNESS)
+    (d / "spawner.py").write_text(SPAWNER)
+    return d
+
+
+def run(tree, suites, **kw):
+    plan = Plan(audit_id="aid", head_sha="abc", suites=suites)
+    results = run_plan(plan, str(tree), capability=kw.pop("capability", "cpu"), **kw)
+    assert from_json(Results, to_json(results)) == results
+    return {r.suite: r for r in results.suites}, results
+
+
+def test_pytest_results_and_record_property_metrics(tree):
+    got, results = run(tree, [
+        suite("pass", "python -m pytest -q test_pass_metrics.py"),
+        suite("fail", "pytest -q test_fail_some.py"),
+    ])
+    ok = got["pass"]
+    assert ok.outcome == "passed" and ok.output_tail == ""
+    assert [c.outcome for c in ok.cases] == ["passed", "passed"]
+    assert ok.cases[0].name == "test_pass_metrics::test_close"
+    assert ok.cases[0].metrics == {"max_abs": 0.004, "cos_diff": 1e-6}
+    assert ok.metrics == {"max_abs": 0.004, "cos_diff": 1e-6, "first_divergence": 7}
+    bad = got["fail"]
+    assert bad.outcome == "failed" and bad.reason == "1 of 2 test(s) failed"
+    assert "values drifted" in bad.output_tail
+    assert [c.outcome for c in bad.cases] == ["passed", "failed"]
+    assert "values drifted" in bad.cases[1].message
+    assert results.devices[0].label == "cpu" and results.devices[0].gpu is None
+
+
+def test_harness_metrics_lines(tree):
+    got, _ = run(tree, [suite("h", "python harness.py", kind="parity")])
+    r = got["h"]
+    assert r.outcome == "failed"
+    assert "1 of 2 case(s) reported failure" in r.reason and "1 malformed line(s)" in r.reason
+    assert [(c.name, c.outcome) for c in r.cases] == [("rmsnorm[bf16-4096]", "passed"), ("rmsnorm[fp32-7]", "failed")]
+    assert r.metrics == {"near_tie_margin": 0.02, "max_abs": 0.3, "rel": 0.002}
+
+
+@pytest.mark.parametrize("command,outcome,reason", [
+    ("python -c 'import ctypes; ctypes.string_at(0)'", "segfault", "killed by SIGSEGV"),
+    ("python -c 'import os; os.abort()'", "abort", "killed by SIGABRT"),
+    ("echo start && python -c 'import ctypes; ctypes.string_at(0)' && echo never", "segfault", "killed by SIGSEGV"),
+    ("echo 'RuntimeError: CUDA error: an illegal memory access was encountered' >&2; exit 1", "cuda-error",
+     "RuntimeError: CUDA error: an illegal memory access was encountered"),
+    ("exit 3", "error", "exit code 3"),
+    ("kill -9 $$", "error", "killed by SIGKILL (out of memory?)"),
+])
+def test_crash_outcomes_are_distinct(tree, command, outcome, reason):
+    got, _ = run(tree, [suite("c", command)])
+    assert (got["c"].outcome, got["c"].reason) == (outcome, reason)
+
+
+def test_timeout_kills_the_whole_group(tree):
+    start = time.monotonic()
+    got, _ = run(tree, [suite("slow", "python spawner.py", timeout=1.5)])
+    assert time.monotonic() - start < 15
+    assert got["slow"].outcome == "timeout" and got["slow"].reason == "killed after the 1.5 s timeout"
+    pid = int((tree / "child.pid").read_text())
+    for _ in range(50):  # the grandchild was in the same group; give the kernel a moment to reap it
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"grandchild {pid} survived the timeout kill")
+
+
+def test_labels_and_requirements_skip_with_reasons(tree):
+    suites = [
+        suite("gpu", "exit 1", runner="sm90"),
+        suite("mx", "exit 1", runner="sm120", requires="cc >= 12.0"),
+        suite("cpu-ok", "true"),
+    ]
+    got, _ = run(tree, suites)
+    assert (got["gpu"].outcome, got["gpu"].reason) == ("skipped", "needs sm90")
+    assert got["mx"].reason == "needs sm120"
+    assert got["cpu-ok"].outcome == "passed"
+
+    got, results = run(tree, suites, capability="9.0")
+    assert got["gpu"].outcome == "error"  # an sm90 machine runs it
+    assert got["mx"].reason == "needs sm120; this machine is sm90 (cc 9.0 (stated))"
+    assert results.devices[0].compute_capability == "9.0"
+
+    got, _ = run(tree, [suite("mx", "true", runner="sm120", requires="cc >= 12.1")], capability="12.0")
+    assert got["mx"].reason == "needs cc >= 12.1; this machine has cc 12.0"
+
+    got, _ = run(tree, suites, capability="9.0", labels=["sm90"])
+    assert list(got) == ["gpu"]
+
+
+def test_no_tests_and_all_skipped(tree):
+    (tree / "test_skips.py").write_text("import pytest\n\n@pytest.mark.skip(reason='needs a GPU')\ndef test_s():\n    pass\n")
+    got, _ = run(tree, [suite("none", "pytest -q test_nothing_here.py -k nothing"),
+                        suite("skips", "pytest -q test_skips.py")])
+    assert got["none"].outcome == "error"
+    assert got["skips"].outcome == "skipped" and "needs a GPU" in got["skips"].reason
+
+
+def test_progress_and_bad_repo_dir(tree):
+    lines = []
+    run(tree, [suite("a", "true"), suite("b", "true", runner="sm90")], progress=lines.append)
+    assert lines == ["[1/2] a on cpu: running", lines[1], "[2/2] b on sm90: skipped (needs sm90)"]
+    assert lines[1].startswith("[1/2] a on cpu: passed in ")
+    with pytest.raises(ValueError, match="not a directory"):
+        run_plan(Plan("a", "b", []), str(tree / "missing"), capability="cpu")
+
+
+def test_classify_shell_signal_codes():
+    assert classify(139, False, 1, "", [], False) == ("segfault", "killed by SIGSEGV")
+    assert classify(134, False, 1, "", [], False) == ("abort", "killed by SIGABRT")
+    assert classify(0, False, 1, "CUDA error: in a passing log", [], False) == ("passed", "")
+    assert classify(5, False, 1, "", [], True) == ("error", "pytest collected no tests (exit 5)")
+    assert classify(5, False, 1, "", [], False) == ("error", "exit code 5")
