@@ -1,0 +1,140 @@
+"""The checks stage: evaluate every rule on base and head and sort findings into new / pre-existing / fixed.
+
+A PR should be blamed only for what it changed, so rules run on the merge-base
+tree too and findings are matched by fingerprint (rule + the keys involved,
+never line numbers, which move with every edit above them). Base and head share
+most blobs, so facts extracted per blob (checks/facts.py) make the second side
+nearly free.
+
+Bad input never stops the audit: a query that does not compile, a fact that
+matches nothing or a file that does not parse becomes an ``Unchecked`` entry
+naming the config entry, and every other rule still runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from checks.config import Config, Fact, Rule
+from checks.facts import FactError, FactResult, Row, describe, extract
+from checks.model import ChangeSet, Checkout, Finding, Findings, Unchecked
+from checks.workspace import Tree
+
+
+@dataclass
+class SideResult:
+    """What the rules gave on one tree."""
+
+    findings: list[Finding] = field(default_factory=list)
+    unchecked: list[Unchecked] = field(default_factory=list)
+    skipped_rules: set[str] = field(default_factory=set)  # rules that could not run on this side
+    rows: dict[str, list[Row]] = field(default_factory=dict)
+
+
+def _entry(kind: str, entry_id: str, line: int, source: str) -> str:
+    where = f" ({source}:{line})" if line else f" ({source})"
+    return f"{kind} '{entry_id}'{where}"
+
+
+def evaluate_tree(config: Config, tree: Tree) -> SideResult:
+    """Extract every fact a rule uses and evaluate every rule over one tree."""
+    from checks.rules import REGISTRY
+
+    side = SideResult()
+    broken: dict[str, str] = {}  # fact id → why its rules cannot run
+    facts: dict[str, Fact] = {f.id: f for f in config.facts}
+    for fact in config.facts:
+        try:
+            result: FactResult = extract(fact, tree)
+        except FactError as exc:
+            broken[fact.id] = str(exc)
+            side.unchecked.append(Unchecked(_entry("fact", fact.id, fact.line, config.source), str(exc)))
+            continue
+        except Exception as exc:  # a grammar or I/O failure must not sink the audit
+            broken[fact.id] = f"{type(exc).__name__}: {exc}"
+            side.unchecked.append(Unchecked(_entry("fact", fact.id, fact.line, config.source), broken[fact.id]))
+            continue
+        side.rows[fact.id] = result.rows
+        for problem in result.problems:
+            side.unchecked.append(Unchecked(_entry("fact", fact.id, fact.line, config.source), problem))
+        if not result.rows:
+            why = (
+                f"matched nothing in {len(result.files)} file(s) selected by files = {fact.files}"
+                if result.files
+                else f"files = {fact.files} selects no file in this tree"
+            )
+            broken[fact.id] = why
+            side.unchecked.append(
+                Unchecked(_entry("fact", fact.id, fact.line, config.source), f"{why}; check the globs and the {'regex' if fact.regex and not fact.query else 'query'} with `drift-audit facts --fact {fact.id}`")
+            )
+    for rule in config.rules:
+        kind = REGISTRY.get(rule.kind)
+        blocked = [f for f in rule.facts if f in broken or f not in facts]
+        if kind is None or blocked:
+            why = f"unknown kind '{rule.kind}'" if kind is None else "; ".join(
+                f"fact '{f}' " + (broken.get(f, "is not defined")) for f in blocked
+            )
+            side.skipped_rules.add(rule.id)
+            side.unchecked.append(Unchecked(_entry("rule", rule.id, rule.line, config.source), f"not evaluated: {why}"))
+            continue
+        try:
+            side.findings += kind.evaluate(rule, {f: side.rows[f] for f in rule.facts})
+        except Exception as exc:  # one rule's failure is reported, the others still run
+            side.skipped_rules.add(rule.id)
+            side.unchecked.append(
+                Unchecked(_entry("rule", rule.id, rule.line, config.source), f"failed: {type(exc).__name__}: {exc}")
+            )
+    return side
+
+
+def classify(base: SideResult, head: SideResult) -> list[Finding]:
+    """Head findings are new unless base had the same fingerprint; base-only ones are fixed."""
+    base_prints = {f.fingerprint for f in base.findings}
+    head_prints = {f.fingerprint for f in head.findings}
+    out: list[Finding] = []
+    for f in head.findings:
+        f.status = "pre-existing" if f.fingerprint in base_prints else "new"
+        out.append(f)
+    for f in base.findings:
+        # A rule that could not run on head proves nothing fixed.
+        if f.fingerprint not in head_prints and f.rule not in head.skipped_rules:
+            f.status = "fixed"
+            out.append(f)
+    order = {"new": 0, "pre-existing": 1, "fixed": 2}
+    severity = {"error": 0, "warning": 1, "note": 2}
+    out.sort(key=lambda f: (order[f.status], severity.get(f.severity, 3), f.rule, f.message))
+    return _unique(out)
+
+
+def _unique(findings: list[Finding]) -> list[Finding]:
+    seen: set[tuple[str, str]] = set()
+    out = []
+    for f in findings:
+        if (f.fingerprint, f.status) not in seen:
+            seen.add((f.fingerprint, f.status))
+            out.append(f)
+    return out
+
+
+def run_checks(checkout: Checkout, config: Config, changes: ChangeSet) -> Findings:
+    """The pipeline's checks stage: rules on merge-base and head, findings classified."""
+    if not config.rules and not config.facts:
+        return Findings()
+    head = evaluate_tree(config, Tree(checkout.repo, checkout.head_sha))
+    base_sha = checkout.merge_base_sha or changes.merge_base_sha or checkout.base_sha
+    if changes is not None and not changes.files and base_sha:
+        base = SideResult(findings=[_copy(f) for f in head.findings])  # nothing changed: all pre-existing
+    else:
+        base = evaluate_tree(config, Tree(checkout.repo, base_sha))
+    return Findings(findings=classify(base, head), unchecked=head.unchecked)
+
+
+def _copy(f: Finding) -> Finding:
+    return Finding(f.rule, f.pillar, f.severity, f.message, list(f.locations), f.status, f.fingerprint)
+
+
+def describe_fact(fact: Fact) -> str:
+    return describe(fact)
+
+
+__all__ = ["run_checks", "evaluate_tree", "classify", "SideResult", "Rule"]

@@ -1,0 +1,488 @@
+"""Facts: rows of (key, value fields, file, line) pulled out of code by a ``[[fact]]`` entry.
+
+Rules never look at code, only at rows, so one rule kind works on any repo
+whose layout a few queries can describe. Rows are cached by (fact, path, blob
+SHA): base and head share almost every blob, so the second side of an audit and
+any later audit of the same repo re-extract only the files that changed.
+
+Options a ``[[fact]]`` accepts besides ``id``/``lang``/``files``/``query``/``regex``
+(they arrive in ``Fact.options``; docs/rules.md has worked examples):
+
+``key``      capture (or regex group) giving the row key; default ``"key"``.
+             ``"@function"``: the name of the function around the first capture.
+             ``"@index"``: the row's position in its file (0, 1, ...), for list literals.
+``scope``    keep only matches inside ``"function:GLOB"``, ``"enum:GLOB"``,
+             ``"class:GLOB"`` or ``"if-chain:REGEX"`` (an if/else-if chain whose
+             first condition matches REGEX).
+``count``    capture to count per function: each row gains ``count``, the range
+             (unconditional, total) of that capture inside the key's function.
+``len``      captures whose value is their number of elements (list/argument length).
+``sub``      ``{field = ["pattern", "replacement"]}``: a regex substitution per field
+             (``key`` included), applied before ``case``.
+``case``     ``{field = "upper" | "lower"}``, or a bare string for the key.
+``ignore``   key globs to drop, e.g. ``["*_BEGIN", "*_END"]``.
+``unquote``  strip string-literal quotes from values; default true.
+
+Captures whose name starts with ``_`` only serve predicates and are not fields.
+The file is parsed with the fact's ``lang`` whatever its extension (CUDA's
+grammar is a superset of C++, so ``lang = "cuda"`` reads ``.cu``/``.cuh``/``.h``).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import re
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import pathspec
+import tree_sitter as ts
+
+from checks import syntax
+from checks.config import Fact
+
+OPTIONS = ("key", "scope", "count", "len", "sub", "case", "ignore", "unquote")
+SCOPE_KINDS = ("function", "enum", "class", "if-chain")
+
+
+class FactError(ValueError):
+    """The fact cannot run at all (its query does not compile, a bad option); names the entry."""
+
+
+@dataclass(frozen=True)
+class Count:
+    """How many times a call happens in a function: ``lo`` outside any branch, ``hi`` in total."""
+
+    lo: int
+    hi: int
+
+    def __contains__(self, n: object) -> bool:
+        return isinstance(n, int) and self.lo <= n <= self.hi
+
+    def __str__(self) -> str:
+        return str(self.lo) if self.lo == self.hi else f"{self.lo}..{self.hi}"
+
+
+@dataclass
+class Row:
+    fact: str
+    key: str
+    values: dict[str, Any]
+    path: str
+    line: int  # 1-based
+    nodes: dict[str, ts.Node] = field(default_factory=dict, compare=False, repr=False)
+
+    def get(self, name: str) -> Any:
+        return self.key if name == "key" else self.values.get(name)
+
+    def where(self) -> str:
+        return f"{self.path}:{self.line}"
+
+
+@dataclass
+class FactResult:
+    """Rows of one fact over one tree, and why some files could not be read fully."""
+
+    rows: list[Row] = field(default_factory=list)
+    files: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  # "path:line: syntax error ..."
+
+
+def describe(fact: Fact) -> str:
+    return f"fact '{fact.id}'" + (f" (line {fact.line})" if fact.line else "")
+
+
+# --------------------------------------------------------------------------- compiling
+
+
+@dataclass(frozen=True)
+class _Compiled:
+    fact: Fact
+    query: ts.Query | None
+    regex: re.Pattern | None
+    spec: pathspec.PathSpec
+    signature: str
+
+
+def validate_options(fact: Fact) -> None:
+    """Raise FactError for an option this module does not understand or a malformed one."""
+    opts = fact.options
+    for k in opts:
+        if k not in OPTIONS:
+            raise FactError(f"{describe(fact)}: unknown option '{k}'; use one of {', '.join(OPTIONS)}")
+    scope = opts.get("scope")
+    if scope is not None:
+        kind, _, name = str(scope).partition(":")
+        if kind not in SCOPE_KINDS or not name:
+            raise FactError(f"{describe(fact)}: scope '{scope}' must be KIND:NAME with KIND one of {', '.join(SCOPE_KINDS)}")
+        if fact.lang == "regex" or not fact.query:
+            raise FactError(f"{describe(fact)}: 'scope' needs a tree-sitter query, not a regex")
+    for name in ("sub", "case"):
+        value = opts.get(name)
+        if value is None:
+            continue
+        if name == "case" and isinstance(value, str):
+            value = {"key": value}
+        if not isinstance(value, dict):
+            raise FactError(f"{describe(fact)}: '{name}' must be a table like {{ key = ... }}")
+        for f, v in value.items():
+            if name == "case" and v not in ("upper", "lower"):
+                raise FactError(f"{describe(fact)}: case for '{f}' must be \"upper\" or \"lower\"")
+            if name == "sub":
+                if not (isinstance(v, list) and len(v) == 2 and all(isinstance(s, str) for s in v)):
+                    raise FactError(f"{describe(fact)}: sub for '{f}' must be [\"pattern\", \"replacement\"]")
+                try:
+                    re.compile(v[0])
+                except re.error as exc:
+                    raise FactError(f"{describe(fact)}: sub pattern for '{f}' does not compile: {exc}") from None
+    for name in ("len", "ignore"):
+        value = opts.get(name, [])
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise FactError(f"{describe(fact)}: '{name}' must be a list of strings")
+    if "count" in opts and not isinstance(opts["count"], str):
+        raise FactError(f"{describe(fact)}: 'count' must name a capture")
+
+
+def compile_fact(fact: Fact) -> _Compiled:
+    """Compile a fact's query/regex and globs once; raises FactError naming the entry."""
+    validate_options(fact)
+    sig = json.dumps([fact.id, fact.lang, fact.query, fact.regex, fact.options], sort_keys=True, default=str)
+    return _compile(sig, fact)
+
+
+_compile_lock = threading.Lock()
+_compiled: dict[str, _Compiled] = {}
+
+
+def _compile(sig: str, fact: Fact) -> _Compiled:
+    key = sig + json.dumps(fact.files)
+    hit = _compiled.get(key)
+    if hit is not None:
+        return hit
+    query = regex = None
+    if fact.query and fact.lang != "regex":
+        try:
+            query = ts.Query(syntax.language(fact.lang), fact.query)
+        except (ts.QueryError, NameError, ValueError) as exc:
+            raise FactError(f"{describe(fact)}: query does not compile for {fact.lang}: {exc}") from None
+        names = {query.capture_name(i) for i in range(query.capture_count)}
+        wanted = fact.options.get("key", "key")
+        if wanted not in ("@function", "@index") and wanted not in names:
+            raise FactError(
+                f"{describe(fact)}: query has no @{wanted} capture (captures: {', '.join(sorted(names)) or 'none'}); "
+                f"add @{wanted} to the node that names each row, or set key = \"...\""
+            )
+    else:
+        regex = re.compile(fact.regex or "", re.M)
+        wanted = fact.options.get("key", "key")
+        if wanted not in ("@index",) and wanted not in regex.groupindex:
+            raise FactError(f"{describe(fact)}: regex has no (?P<{wanted}>...) group; add one for the row key")
+    spec = pathspec.PathSpec.from_lines("gitwildmatch", fact.files)
+    out = _Compiled(fact, query, regex, spec, sig)
+    with _compile_lock:
+        _compiled[key] = out
+    return out
+
+
+# --------------------------------------------------------------------------- extraction
+
+_rows_cache: dict[tuple[str, str, str], tuple[list[Row], str | None]] = {}
+_rows_lock = threading.Lock()
+_ROWS_MAX = 50000
+
+
+_files_cache: dict[tuple[str, str, str], list[str]] = {}
+
+
+def files_for(compiled: _Compiled, tree: Any) -> list[str]:
+    """Paths of ``tree`` the fact's globs select, cached per (globs, repo, commit)."""
+    key = (json.dumps(compiled.fact.files), str(getattr(tree, "repo_path", "")), tree.sha)
+    hit = _files_cache.get(key)
+    if hit is None:
+        hit = [p for p in tree.paths() if compiled.spec.match_file(p)]
+        if len(_files_cache) > 1024:
+            _files_cache.clear()
+        _files_cache[key] = hit
+    return hit
+
+
+def extract(fact: Fact, tree: Any) -> FactResult:
+    """Rows of ``fact`` over a ``checks.workspace.Tree``; raises FactError if the fact cannot run."""
+    compiled = compile_fact(fact)
+    result = FactResult(files=files_for(compiled, tree))
+    for path in result.files:
+        blob = tree.blob_sha(path)
+        if blob is None:
+            continue
+        cache_key = (compiled.signature, path, blob)
+        hit = _rows_cache.get(cache_key)
+        if hit is None:
+            data = tree.read(path) or b""
+            hit = extract_blob(compiled, path, data, blob)
+            with _rows_lock:
+                if len(_rows_cache) >= _ROWS_MAX:
+                    _rows_cache.clear()
+                _rows_cache[cache_key] = hit
+        rows, problem = hit
+        result.rows.extend(rows)
+        if problem:
+            result.problems.append(problem)
+    return result
+
+
+def extract_text(fact: Fact, path: str, data: bytes) -> tuple[list[Row], str | None]:
+    """Rows from one file's bytes (no repo needed): for tests and ``drift-audit facts``."""
+    return extract_blob(compile_fact(fact), path, data, None)
+
+
+def extract_blob(compiled: _Compiled, path: str, data: bytes, blob: str | None) -> tuple[list[Row], str | None]:
+    if compiled.query is not None:
+        return _query_rows(compiled, path, data, blob)
+    return _regex_rows(compiled, path, data), None
+
+
+def _regex_rows(c: _Compiled, path: str, data: bytes) -> list[Row]:
+    text = data.decode("utf-8", "replace")
+    key_name = c.fact.options.get("key", "key")
+    rows: list[Row] = []
+    for i, m in enumerate(c.regex.finditer(text)):
+        key = str(i) if key_name == "@index" else m.group(key_name)
+        if key is None:
+            continue
+        values = {k: v for k, v in m.groupdict().items() if k != key_name and v is not None and not k.startswith("_")}
+        line = text.count("\n", 0, m.start(key_name) if key_name != "@index" else m.start()) + 1
+        row = _finish(c.fact, Row(c.fact.id, key, values, path, line))
+        if row is not None:
+            rows.append(row)
+    return rows
+
+
+def _query_rows(c: _Compiled, path: str, data: bytes, blob: str | None) -> tuple[list[Row], str | None]:
+    fact = c.fact
+    tree = syntax.parse(fact.lang, data, key=blob)
+    root = tree.root_node
+    problem = None
+    if root.has_error:
+        err = _first_error(root)
+        line = err.start_point[0] + 1 if err is not None else 1
+        problem = f"{path}:{line}: {fact.lang} syntax error; rows near it may be missing"
+    opts = fact.options
+    key_name = opts.get("key", "key")
+    count_name = opts.get("count")
+    scopes = _scopes(root, opts["scope"]) if opts.get("scope") else None
+    rows: list[Row] = []
+    counted: dict[int, list[ts.Node]] = {}  # function node id → counted nodes
+    cursor = ts.QueryCursor(c.query)
+    for _, caps in cursor.matches(root):
+        if count_name and count_name in caps:
+            for node in caps[count_name]:
+                if scopes is None or _inside(node, scopes):
+                    fn = _enclosing_function(node)
+                    counted.setdefault(fn.id if fn else -1, []).append(node)
+        anchor_nodes = caps.get(key_name) if key_name not in ("@function", "@index") else next(
+            (ns for n, ns in caps.items() if not n.startswith("_") and n != count_name), None
+        )
+        if not anchor_nodes:
+            continue
+        anchor = anchor_nodes[0]
+        if scopes is not None and not _inside(anchor, scopes):
+            continue
+        if key_name == "@function":
+            fn = _enclosing_function(anchor)
+            if fn is None:
+                continue
+            key = _function_name(fn)
+        elif key_name == "@index":
+            key = str(len(rows))
+        else:
+            key = syntax.text(anchor)
+        values: dict[str, Any] = {}
+        nodes: dict[str, ts.Node] = {"key": anchor}
+        lens = set(opts.get("len", []))
+        for name, ns in caps.items():
+            if name.startswith("_") or name == count_name or name == key_name or not ns:
+                continue
+            node = ns[0]
+            nodes[name] = node
+            values[name] = _length(node) if name in lens else syntax.text(node)
+        if key_name in lens:
+            values[key_name] = _length(anchor)
+        row = Row(fact.id, key, values, path, anchor.start_point[0] + 1, nodes)
+        if count_name:
+            row.nodes["@fn"] = _enclosing_function(anchor)
+        rows.append(row)
+    if count_name:
+        for row in rows:
+            fn = row.nodes.pop("@fn", None)
+            found = counted.get(fn.id if fn else -1, [])
+            lo = sum(1 for n in found if not _conditional(n, fn))
+            row.values["count"] = Count(lo, len(found))
+    rows = [r for r in (_finish(fact, r) for r in rows) if r is not None]
+    return _dedupe(rows), problem
+
+
+def _dedupe(rows: list[Row]) -> list[Row]:
+    """Overlapping query patterns can yield one row twice; keep the first of each (key, line)."""
+    seen: set[tuple[str, int, str]] = set()
+    out = []
+    for r in rows:
+        k = (r.key, r.line, json.dumps(r.values, sort_keys=True, default=str))
+        if k not in seen:
+            seen.add(k)
+            out.append(r)
+    return out
+
+
+def _finish(fact: Fact, row: Row) -> Row | None:
+    """Apply unquote, sub, case and ignore to a raw row."""
+    opts = fact.options
+    unquote = opts.get("unquote", True)
+    subs = opts.get("sub", {})
+    cases = opts.get("case", {})
+    if isinstance(cases, str):
+        cases = {"key": cases}
+
+    def clean(name: str, value: Any) -> Any:
+        if not isinstance(value, str):
+            return value
+        value = value.strip()
+        if unquote:
+            value = _unquote(value)
+        if name in subs:
+            value = re.sub(subs[name][0], subs[name][1], value)
+        if cases.get(name) == "upper":
+            value = value.upper()
+        elif cases.get(name) == "lower":
+            value = value.lower()
+        return value
+
+    row.key = clean("key", row.key)
+    row.values = {k: clean(k, v) for k, v in row.values.items()}
+    for pattern in opts.get("ignore", []):
+        if fnmatch.fnmatchcase(row.key, pattern):
+            return None
+    return row
+
+
+_QUOTED = re.compile(r'^(?:[rbuRBUfF]{0,2})("""|\'\'\'|"|\')(.*)\1$', re.S)
+
+
+def _unquote(s: str) -> str:
+    m = _QUOTED.match(s)
+    return m.group(2) if m else s
+
+
+def _length(node: ts.Node) -> int:
+    return sum(1 for ch in node.named_children if ch.type not in ("comment",))
+
+
+def _first_error(node: ts.Node) -> ts.Node | None:
+    if node.type == "ERROR" or node.is_missing:
+        return node
+    for ch in node.children:
+        if ch.has_error or ch.is_missing or ch.type == "ERROR":
+            found = _first_error(ch)
+            if found is not None:
+                return found
+    return None
+
+
+# --------------------------------------------------------------------------- scopes
+
+_FUNCTION_TYPES = {"function_definition", "lambda_expression"}
+_ENUM_TYPES = {"enum_specifier", "class_definition"}  # Python enums are classes
+_CLASS_TYPES = {"class_definition", "class_specifier", "struct_specifier"}
+
+
+def _enclosing_function(node: ts.Node) -> ts.Node | None:
+    n = node.parent
+    while n is not None and n.type != "function_definition":
+        n = n.parent
+    return n
+
+
+def _function_name(fn: ts.Node) -> str:
+    name = fn.child_by_field_name("name")  # python
+    if name is not None:
+        return syntax.text(name)
+    decl = fn.child_by_field_name("declarator")
+    while decl is not None and decl.type not in ("identifier", "qualified_identifier", "field_identifier", "destructor_name", "operator_name"):
+        decl = decl.child_by_field_name("declarator")
+    return syntax.text(decl) if decl is not None else ""
+
+
+def _named(node: ts.Node) -> str:
+    if node.type == "function_definition":
+        return _function_name(node)
+    name = node.child_by_field_name("name")
+    return syntax.text(name) if name is not None else ""
+
+
+def _scopes(root: ts.Node, scope: str) -> list[ts.Node]:
+    kind, _, pattern = scope.partition(":")
+    types = {"function": {"function_definition"}, "enum": _ENUM_TYPES, "class": _CLASS_TYPES, "if-chain": {"if_statement"}}[kind]
+    found: list[ts.Node] = []
+    stack = [root]
+    while stack:
+        n = stack.pop()
+        if n.type in types:
+            if kind == "if-chain":
+                parent = n.parent
+                is_else_if = parent is not None and parent.type == "else_clause"
+                cond = n.child_by_field_name("condition")
+                if not is_else_if and cond is not None and re.search(pattern, syntax.text(cond)):
+                    found.append(n)
+                    continue
+            else:
+                name = _named(n)
+                if name and (fnmatch.fnmatchcase(name, pattern) or fnmatch.fnmatchcase(name.split("::")[-1], pattern)):
+                    found.append(n)
+                    continue
+        stack.extend(n.children)
+    return found
+
+
+def _inside(node: ts.Node, scopes: list[ts.Node]) -> bool:
+    return any(s.start_byte <= node.start_byte and node.end_byte <= s.end_byte for s in scopes)
+
+
+# Parents whose children run only on some paths, with the fields that still always run.
+_BRANCHING = {
+    "if_statement": {"condition"},
+    "elif_clause": set(),
+    "else_clause": set(),
+    "for_statement": {"right", "initializer"},
+    "for_range_loop": {"right"},
+    "while_statement": {"condition"},
+    "conditional_expression": set(),
+    "switch_statement": {"condition"},
+    "case_statement": set(),
+    "try_statement": {"body"},
+    "except_clause": set(),
+    "match_statement": {"subject"},
+    "case_clause": set(),
+    "boolean_operator": {"left"},
+    "list_comprehension": set(),
+    "generator_expression": set(),
+    "lambda": set(),
+}
+
+
+def _conditional(node: ts.Node, fn: ts.Node | None) -> bool:
+    """Whether ``node`` sits under a branch, loop or short-circuit between it and ``fn``."""
+    child, parent = node, node.parent
+    while parent is not None and (fn is None or parent.id != fn.id):
+        always = _BRANCHING.get(parent.type)
+        if parent.type == "binary_expression":
+            op = parent.child_by_field_name("operator")
+            always = {"left"} if op is not None and op.type in ("&&", "||", "and", "or") else None
+        if always is not None:
+            on_always_field = any(
+                (f := parent.child_by_field_name(name)) is not None and f.id == child.id for name in always
+            )
+            if not on_always_field and not (parent.type == "try_statement" and child.type == "finally_clause"):
+                return True
+        child, parent = parent, parent.parent
+    return False

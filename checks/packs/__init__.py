@@ -1,0 +1,1 @@
+"""Built-in rule packs: ``[settings] packs = ["NAME"]`` merges ``checks/packs/NAME.toml``."""

@@ -1,0 +1,86 @@
+"""always-true-operand: a bare operand in an ``||`` chain of comparisons makes it always true.
+
+In ``task_type == TASK_A || task_type == TASK_B || (TASK_C)`` the last operand is
+an enum constant, non-zero, so every task takes that branch. The rule reads the
+tree-sitter node of each row's ``field`` capture (default ``key``), flattens its
+``||``/``or`` chain, and reports operands that are bare names, qualified names,
+attributes or literals when at least one sibling is a comparison.
+
+Options:
+  field  the capture holding the condition node; default ``key``.
+"""
+
+from __future__ import annotations
+
+from checks import syntax
+from checks.config import Rule
+from checks.model import Finding
+from checks.rules.base import Problem, RuleKind, Rows, check_options, finding, need_facts
+
+OPTIONS = {"field": str}
+
+_BARE = {
+    "identifier", "qualified_identifier", "field_expression", "attribute", "number_literal", "integer",
+    "true", "string_literal", "string", "scoped_identifier", "char_literal",
+}
+_COMPARISON = {"==", "!=", "<", ">", "<=", ">=", "is", "in"}
+
+
+def validate(rule: Rule) -> Problem | None:
+    return check_options(rule, OPTIONS) or need_facts(rule, 1)
+
+
+def _strip(node):
+    while node is not None and node.type in ("parenthesized_expression", "condition_clause") and node.named_child_count == 1:
+        node = node.named_children[0]
+    return node
+
+
+def _operator(node) -> str | None:
+    op = node.child_by_field_name("operator")
+    if op is not None:
+        return op.type
+    if node.type == "comparison_operator":
+        return "=="
+    return None
+
+
+def _chain(node) -> list:
+    node = _strip(node)
+    if node.type in ("binary_expression", "boolean_operator") and _operator(node) in ("||", "or"):
+        return _chain(node.child_by_field_name("left")) + _chain(node.child_by_field_name("right"))
+    return [node]
+
+
+def _is_comparison(node) -> bool:
+    return node.type == "comparison_operator" or (node.type == "binary_expression" and _operator(node) in _COMPARISON)
+
+
+def evaluate(rule: Rule, rows: Rows) -> list[Finding]:
+    fld = rule.options.get("field", "key")
+    out: list[Finding] = []
+    for f in rule.facts:
+        for r in rows.get(f, []):
+            node = r.nodes.get(fld)
+            if node is None:
+                continue
+            ops = _chain(node)
+            if len(ops) < 2 or not any(_is_comparison(o) for o in ops):
+                continue
+            for o in ops:
+                if o.type in _BARE:
+                    bare = syntax.text(o)
+                    cond = " ".join(syntax.text(node).split())
+                    line = o.start_point[0] + 1
+                    detail = f"'{bare}' is a bare operand in '{cond}', so the condition is always true; compare it (e.g. x == {bare})"
+                    out.append(finding(rule, detail, [_at(r, line)], [cond, bare]))
+    return out
+
+
+def _at(row, line):
+    from checks.model import Location
+
+    return Location(path=row.path, line=line, note=row.fact)
+
+
+KIND = RuleKind("always-true-operand", "a bare operand in an || chain of comparisons", validate, evaluate)

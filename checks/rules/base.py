@@ -1,0 +1,156 @@
+"""What every rule kind shares: the RuleKind record, option checks, value comparison, findings.
+
+A rule kind is data plus two functions, so adding one is a new module and one
+line in the registry; config validation and evaluation reach it the same way.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from checks.config import Rule
+from checks.facts import Count, Row
+from checks.model import Finding, Location
+
+Problem = tuple[str | None, str, str]  # (config key, what is wrong, the fix)
+Rows = dict[str, list[Row]]  # fact id → rows
+
+
+@dataclass(frozen=True)
+class RuleKind:
+    name: str
+    summary: str
+    validate: Callable[[Rule], Problem | None]
+    evaluate: Callable[[Rule, Rows], list[Finding]]
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def check_options(rule: Rule, spec: dict[str, type | tuple[type, ...]], required: tuple[str, ...] = ()) -> Problem | None:
+    """Unknown, missing or mistyped options → a problem naming the key and the fix."""
+    for key, value in rule.options.items():
+        if key not in spec:
+            known = ", ".join(sorted(spec)) or "none"
+            return key, f"unknown option '{key}' for kind '{rule.kind}'", f"options of {rule.kind}: {known}"
+        if not isinstance(value, spec[key]):
+            want = spec[key] if isinstance(spec[key], tuple) else (spec[key],)
+            names = " or ".join(t.__name__ for t in want)
+            return key, f"'{key}' must be {names}", f"see docs/rules.md#{rule.kind}"
+        if isinstance(value, list) and key not in ("range",) and not all(isinstance(v, str) for v in value):
+            return key, f"'{key}' must be a list of strings", f'write {key} = ["..."]'
+    for key in required:
+        if key not in rule.options:
+            return None, f"kind '{rule.kind}' needs option '{key}'", f"add {key} = ... (see docs/rules.md#{rule.kind})"
+    return None
+
+
+def need_facts(rule: Rule, least: int, most: int | None = None) -> Problem | None:
+    n = len(rule.facts)
+    if n < least or (most is not None and n > most):
+        want = f"exactly {least}" if most == least else f"at least {least}" if most is None else f"{least} to {most}"
+        return "facts", f"kind '{rule.kind}' relates {want} facts, got {n}", f'list them: facts = ["a", "b"]'
+    return None
+
+
+def operand(rule: Rule, ref: str, option: str) -> Problem | None:
+    """A ``"fact.field"`` reference must name one of the rule's facts."""
+    fact, dot, fld = ref.partition(".")
+    if not dot or not fld:
+        return option, f"'{ref}' is not FACT.FIELD", f'write "{ref}.value" or "{ref}.key"'
+    if fact not in rule.facts:
+        return option, f"'{ref}' names fact '{fact}', which is not in this rule's facts", f'add "{fact}" to facts'
+    return None
+
+
+def split(ref: str) -> tuple[str, str]:
+    fact, _, fld = ref.partition(".")
+    return fact, fld
+
+
+# --------------------------------------------------------------------------- values
+
+_INT = re.compile(r"^[+-]?(0[xX][0-9a-fA-F]+|0[bB][01]+|0[oO]?[0-7]+|\d+)[uUlL]*$")
+
+
+def literal(value: Any) -> Any:
+    """A captured value as a comparable literal: ints, floats, booleans, else collapsed text."""
+    if isinstance(value, (bool, int, float, Count)):
+        return value
+    text = " ".join(str(value).split())
+    if _INT.match(text):
+        digits = text.rstrip("uUlL")
+        try:
+            return int(digits, 0)
+        except ValueError:
+            return int(digits.lstrip("0") or "0")
+    try:
+        return float(text.rstrip("fF"))
+    except ValueError:
+        pass
+    if text in ("True", "true"):
+        return True
+    if text in ("False", "false"):
+        return False
+    return text
+
+
+def same(a: Any, b: Any) -> bool:
+    """Equal as literals; a Count matches a number inside its range."""
+    a, b = literal(a), literal(b)
+    if isinstance(a, Count) and isinstance(b, Count):
+        return a.lo <= b.hi and b.lo <= a.hi
+    if isinstance(a, Count):
+        return isinstance(b, int) and not isinstance(b, bool) and b in a
+    if isinstance(b, Count):
+        return isinstance(a, int) and not isinstance(a, bool) and a in b
+    return a == b
+
+
+def show(value: Any) -> str:
+    if isinstance(value, Count):
+        return str(value) if value.lo == value.hi else f"{value.lo}..{value.hi} (unconditional..total)"
+    return str(value)
+
+
+def by_key(rows: list[Row]) -> dict[str, list[Row]]:
+    out: dict[str, list[Row]] = {}
+    for r in rows:
+        out.setdefault(r.key, []).append(r)
+    return out
+
+
+# --------------------------------------------------------------------------- findings
+
+
+def loc(row: Row, note: str = "") -> Location:
+    return Location(path=row.path, line=row.line, note=note or row.fact)
+
+
+def finding(rule: Rule, detail: str, locations: list[Location], identity: list[str]) -> Finding:
+    """A finding whose fingerprint is the rule, its kind and ``identity`` (keys), never lines."""
+    digest = hashlib.sha1("\0".join([rule.id, rule.kind, *identity]).encode()).hexdigest()[:20]
+    message = f"{rule.message}: {detail}" if rule.message else detail
+    seen: set[tuple[str, int]] = set()
+    unique = []
+    for location in locations:
+        if (location.path, location.line) not in seen:
+            seen.add((location.path, location.line))
+            unique.append(location)
+    return Finding(
+        rule=rule.id,
+        pillar=rule.pillar,
+        severity=rule.severity,  # type: ignore[arg-type]
+        message=message,
+        locations=unique,
+        fingerprint=digest,
+    )
+
+
+def ignored(key: str, patterns: list[str]) -> bool:
+    import fnmatch
+
+    return any(fnmatch.fnmatchcase(key, p) for p in patterns)

@@ -1,0 +1,72 @@
+"""same-set: the keys of N facts agree, e.g. every enum task has a name, a dispatch and a kernel.
+
+Options:
+  ignore     key globs never reported (``["*_BEGIN", "*_END"]``).
+  exceptions ``{fact = ["KEY", ...]}``: keys that fact may lack.
+  extra_ok   facts that may hold keys the others lack (e.g. a header that also
+             includes common files); their extra keys are not reported.
+  per_file   facts whose files are each compared on their own (one per-arch
+             ``task_header.cuh`` missing an include is a finding even when
+             another arch has it).
+"""
+
+from __future__ import annotations
+
+from checks.config import Rule
+from checks.model import Finding
+from checks.rules.base import Problem, RuleKind, Rows, by_key, check_options, finding, ignored, loc, need_facts
+
+OPTIONS = {"ignore": list, "exceptions": dict, "extra_ok": list, "per_file": list}
+
+
+def validate(rule: Rule) -> Problem | None:
+    problem = check_options(rule, OPTIONS) or need_facts(rule, 2)
+    if problem:
+        return problem
+    for key in ("extra_ok", "per_file"):
+        for f in rule.options.get(key, []):
+            if f not in rule.facts:
+                return key, f"'{f}' is not one of this rule's facts", f"use one of: {', '.join(rule.facts)}"
+    for f, keys in rule.options.get("exceptions", {}).items():
+        if f not in rule.facts:
+            return "exceptions", f"'{f}' is not one of this rule's facts", f"use one of: {', '.join(rule.facts)}"
+        if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
+            return "exceptions", f"exceptions for '{f}' must be a list of keys", f'write {f} = ["KEY"]'
+    return None
+
+
+def evaluate(rule: Rule, rows: Rows) -> list[Finding]:
+    opts = rule.options
+    skip = opts.get("ignore", [])
+    exceptions = {f: set(keys) for f, keys in opts.get("exceptions", {}).items()}
+    extra_ok = set(opts.get("extra_ok", []))
+    # Members: (label, fact id, rows by key). A per-file fact is one member per file.
+    members: list[tuple[str, str, dict]] = []
+    for f in rule.facts:
+        if f in opts.get("per_file", []):
+            files = sorted({r.path for r in rows.get(f, [])})
+            for path in files:
+                members.append((f"{f} ({path})", f, by_key([r for r in rows[f] if r.path == path])))
+        else:
+            members.append((f, f, by_key(rows.get(f, []))))
+    keys: dict[str, None] = {}
+    for _, _, m in members:
+        keys.update(dict.fromkeys(m))
+    out: list[Finding] = []
+    for key in keys:
+        if ignored(key, skip):
+            continue
+        have = [(label, fid, m[key]) for label, fid, m in members if key in m]
+        if all(fid in extra_ok for _, fid, _ in have):
+            continue
+        missing = [label for label, fid, m in members if key not in m and key not in exceptions.get(fid, set())]
+        if not missing:
+            continue
+        present = ", ".join(label for label, _, _ in have)
+        detail = f"'{key}' is in {present} but missing from {', '.join(missing)}"
+        locations = [loc(rs[0], f"{label} has '{key}'") for label, _, rs in have]
+        out.append(finding(rule, detail, locations, [key, *missing]))
+    return out
+
+
+KIND = RuleKind("same-set", "the keys of N facts agree", validate, evaluate)

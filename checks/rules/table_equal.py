@@ -1,0 +1,52 @@
+"""table-equal: two dict or list literals agree key by key (e.g. two TP shard-rule tables).
+
+Each fact yields one row per table entry (key, and the entry's value in ``field``);
+for list literals use the fact option ``key = "@index"``. Every key that is only
+in one table, or whose values differ, is its own finding.
+
+Options:
+  field   the row field holding the entry's value; default ``value``.
+  ignore  key globs never reported.
+"""
+
+from __future__ import annotations
+
+from checks.config import Rule
+from checks.model import Finding
+from checks.rules.base import Problem, RuleKind, Rows, by_key, check_options, finding, ignored, loc, need_facts, same
+
+OPTIONS = {"field": str, "ignore": list}
+
+
+def validate(rule: Rule) -> Problem | None:
+    return check_options(rule, OPTIONS) or need_facts(rule, 2, 2)
+
+
+def _norm(value: object) -> object:
+    """Tables written by hand differ in quotes and spacing; compare what they mean."""
+    if isinstance(value, str):
+        return " ".join(value.replace("'", '"').split()).replace("( ", "(").replace(" )", ")").replace(" ,", ",")
+    return value
+
+
+def evaluate(rule: Rule, rows: Rows) -> list[Finding]:
+    fld = rule.options.get("field", "value")
+    a_id, b_id = rule.facts
+    a, b = by_key(rows.get(a_id, [])), by_key(rows.get(b_id, []))
+    out: list[Finding] = []
+    for key in dict.fromkeys([*a, *b]):
+        if ignored(key, rule.options.get("ignore", [])):
+            continue
+        ra, rb = a.get(key, [None])[0], b.get(key, [None])[0]
+        if ra is None or rb is None:
+            have, lack = (ra or rb), (b_id if rb is None else a_id)
+            out.append(finding(rule, f"'{key}' is in {have.fact} but not in {lack}", [loc(have)], [key, "only", have.fact]))
+            continue
+        va, vb = ra.get(fld), rb.get(fld)
+        if not same(_norm(va), _norm(vb)):
+            detail = f"'{key}' differs: {a_id} has {va} ({ra.where()}), {b_id} has {vb} ({rb.where()})"
+            out.append(finding(rule, detail, [loc(ra, f"{a_id}: {va}"), loc(rb, f"{b_id}: {vb}")], [key, "differs"]))
+    return out
+
+
+KIND = RuleKind("table-equal", "two dict or list literals agree key by key", validate, evaluate)
