@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import bisect
 import fnmatch
+import os
+import re
+import threading
 from dataclasses import dataclass
 from functools import lru_cache
 
-import pathspec
+from checks.globs import compile_globs
 
 from checks import syntax
 from checks.config import Config, Pillar
@@ -68,18 +71,28 @@ def _own_name(node, lang: str) -> str | None:
     return syntax.text(name) if name else ("(anonymous)" if node.type == "namespace_definition" else None)
 
 
-@lru_cache(maxsize=4096)
-def _symbols_cached(lang: str, blob: str, repo: str) -> tuple[Symbol, ...]:
-    return tuple(symbols_in(lang, read_blob(repo, blob), key=blob))
+def symbols_in(lang: str, data: bytes, key: str | None = None,
+               spans: list[tuple[int, int]] | None = None) -> list[Symbol]:
+    """Definitions in a file with qualified names, sorted by start line.
 
-
-def symbols_in(lang: str, data: bytes, key: str | None = None) -> list[Symbol]:
-    """Every definition in a file with its qualified name, sorted by start line."""
+    With ``spans`` (1-based inclusive line ranges), only definitions that
+    intersect one of them: the query runs in C over those ranges alone, so a
+    small hunk in a large file costs little beyond the parse.
+    """
     import tree_sitter as ts
 
     tree = syntax.parse(lang, data, key=key)
+    if spans is None:
+        captures = ts.QueryCursor(_query(lang)).captures(tree.root_node).get("d", [])
+    else:
+        found: dict[tuple[int, int], object] = {}
+        cursor = ts.QueryCursor(_query(lang))
+        for first, last in spans:
+            cursor.set_point_range((max(first - 1, 0), 0), (last, 0))
+            for node in cursor.captures(tree.root_node).get("d", []):
+                found[(node.start_byte, node.end_byte)] = node
+        captures = list(found.values())
     defs = set(_PY_DEFS if lang == "python" else _C_DEFS)
-    captures = ts.QueryCursor(_query(lang)).captures(tree.root_node).get("d", [])
     sep = "." if lang == "python" else "::"
     out = []
     for node in captures:
@@ -111,18 +124,18 @@ def innermost(symbols: list[Symbol] | tuple[Symbol, ...], line: int) -> str | No
 
 
 class PillarMatcher:
-    """Compiled globs for each pillar; pathspec's gitwildmatch gives gitignore-style ``**``."""
+    """Compiled globs for each pillar; pathspec gives gitignore-style ``**``."""
 
     def __init__(self, pillars: list[Pillar]):
         self.pillars = pillars
         self.paths = {
-            p.id: [(pat, pathspec.PathSpec.from_lines("gitwildmatch", [pat])) for pat in p.paths]
+            p.id: [(pat, compile_globs(pat)) for pat in p.paths]
             for p in pillars
             if p.paths
         }
         self.symbols = {
-            p.id: [(pat, pathspec.PathSpec.from_lines("gitwildmatch", [pat.split("::", 1)[0]]), pat.split("::", 1)[1])
-                   for pat in p.symbols]
+            p.id: [(pat, compile_globs(pat.split("::", 1)[0]),
+                    re.compile(fnmatch.translate(pat.split("::", 1)[1]))) for pat in p.symbols]
             for p in pillars
             if p.symbols
         }
@@ -137,14 +150,10 @@ class PillarMatcher:
                     break
         return hits
 
-    def by_symbol(self, path: str, symbol: str) -> list[tuple[str, str]]:
-        hits = []
-        for pid, patterns in self.symbols.items():
-            for raw, spec, name_pat in patterns:
-                if spec.match_file(path) and fnmatch.fnmatchcase(symbol, name_pat):
-                    hits.append((pid, raw))
-                    break
-        return hits
+    def symbol_patterns(self, path: str) -> list[tuple[str, str, re.Pattern]]:
+        """(pillar id, raw pattern, compiled name pattern) whose path glob matches ``path``."""
+        return [(pid, raw, name_re) for pid, patterns in self.symbols.items()
+                for raw, spec, name_re in patterns if spec.match_file(path)]
 
 
 def touched_symbols(symbols: list[Symbol] | tuple[Symbol, ...], lines: list[int]) -> list[tuple[str, int]]:
@@ -170,26 +179,74 @@ def touched_symbols(symbols: list[Symbol] | tuple[Symbol, ...], lines: list[int]
     return out
 
 
-def _hunk_symbols(checkout: Checkout, fc: FileChange) -> list[tuple[list[tuple[str, int]], int]]:
-    """Per hunk: the symbols it touches (innermost, with their first changed line) and its first line."""
+_HunkJob = tuple[str, bytes, str, list[list[int]]]  # lang, data, blob sha, changed lines per hunk
+PARALLEL_MIN_BYTES = 512 * 1024
+
+
+def _symbols_job(job: _HunkJob) -> list[list[tuple[str, int]]]:
+    lang, data, blob, hunk_lines = job
+    return [touched_symbols(symbols_in(lang, data, key=blob, spans=[(ls[0], ls[-1])]), ls) if ls else []
+            for ls in hunk_lines]
+
+
+def _run_jobs(jobs: list[_HunkJob]) -> list[list[list[tuple[str, int]]]]:
+    """Parse in two processes when the change is large and forking is safe (single-threaded CLI).
+
+    Tree-sitter holds the GIL while parsing, so threads don't help; a forked
+    child takes about half the bytes, which halves the stage on a 2-core box.
+    """
+    total = sum(len(j[1]) for j in jobs)
+    if total < PARALLEL_MIN_BYTES or (os.cpu_count() or 1) < 2 or threading.active_count() > 1 \
+            or not hasattr(os, "fork"):
+        return [_symbols_job(j) for j in jobs]
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    order = sorted(range(len(jobs)), key=lambda i: -len(jobs[i][1]))
+    mine, theirs, load = [], [], [0, 0]
+    for i in order:  # greedy split by bytes
+        side = 0 if load[0] <= load[1] else 1
+        (mine if side == 0 else theirs).append(i)
+        load[side] += len(jobs[i][1])
+    results: list = [None] * len(jobs)
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("fork")) as pool:
+        remote = pool.submit(_run_serial, [jobs[i] for i in theirs])
+        for i in mine:
+            results[i] = _symbols_job(jobs[i])
+        for i, res in zip(theirs, remote.result()):
+            results[i] = res
+    return results
+
+
+def _run_serial(jobs: list[_HunkJob]) -> list[list[list[tuple[str, int]]]]:
+    return [_symbols_job(j) for j in jobs]
+
+
+def _file_job(checkout: Checkout, fc: FileChange) -> tuple[list[_HunkJob], list[tuple[int, int, int]]]:
+    """Jobs for one file's hunks (head side, and base side for deletion-only hunks), and where each
+    hunk's answer lands: (job index within the returned list, hunk position in that job, first line)."""
     lang = None if fc.binary else syntax.lang_for_path(fc.path)
-    cache: dict[str, tuple[Symbol, ...]] = {}
-    out = []
+    sides: dict[str, list[list[int]]] = {}
+    where = []
     for h in fc.hunks:
         head_side = bool(h.added)
         lines = h.added if head_side else h.removed
         first = lines[0] if lines else h.new_start
         blob = fc.new_blob if head_side else fc.old_blob
-        if lang is None or not blob:
-            out.append(([], first))
+        if lang is None or not blob or not lines:
+            where.append((-1, -1, first))
             continue
-        if blob not in cache:
-            try:
-                cache[blob] = _symbols_cached(lang, blob, checkout.repo)
-            except ValueError:  # blob missing from a shallow mirror
-                cache[blob] = ()
-        out.append((touched_symbols(cache[blob], lines), first))
-    return out
+        bucket = sides.setdefault(blob, [])
+        where.append((list(sides).index(blob), len(bucket), first))
+        bucket.append(lines)
+    jobs = []
+    for blob, hunk_lines in sides.items():
+        try:
+            data = read_blob(checkout.repo, blob)
+        except ValueError:  # blob missing from a shallow mirror
+            data = b""
+        jobs.append((lang, data, blob, hunk_lines))
+    return jobs, where
 
 
 def map_pillars(checkout: Checkout, config: Config, changes: ChangeSet) -> PillarMap:
@@ -197,26 +254,43 @@ def map_pillars(checkout: Checkout, config: Config, changes: ChangeSet) -> Pilla
     hits: dict[str, PillarHit] = {p.id: PillarHit(id=p.id, title=p.title) for p in config.pillars}
     hunk_rows: list[HunkPillars] = []
 
+    seen_files: set[tuple[str, str]] = set()
+    seen_symbols: set[tuple[str, str]] = set()
+    touches: dict[tuple[str, str, str, str], Touch] = {}
+
     def touch(pid: str, fc: FileChange, reason: str, pattern: str, symbol: str | None, line: int | None) -> None:
         hit = hits[pid]
-        if fc.path not in hit.files:
+        if (pid, fc.path) not in seen_files:
+            seen_files.add((pid, fc.path))
             hit.files.append(fc.path)
-        if symbol and f"{fc.path}::{symbol}" not in hit.symbols:
+        if symbol and (pid, f"{fc.path}::{symbol}") not in seen_symbols:
+            seen_symbols.add((pid, f"{fc.path}::{symbol}"))
             hit.symbols.append(f"{fc.path}::{symbol}")
-        t = next((t for t in hit.touches if t.path == fc.path and t.reason == reason and t.pattern == pattern), None)
+        key = (pid, fc.path, reason, pattern)
+        t = touches.get(key)
         if t is None:
-            t = Touch(path=fc.path, reason=reason, pattern=pattern)
+            t = touches[key] = Touch(path=fc.path, reason=reason, pattern=pattern)
             hit.touches.append(t)
         if symbol and symbol not in t.symbols:
             t.symbols.append(symbol)
         if line is not None and line not in t.lines:
             t.lines.append(line)
 
-    for fc in changes.files:
+    all_jobs: list[_HunkJob] = []
+    placement: dict[int, list[tuple[int, int, int]]] = {}
+    for n, fc in enumerate(changes.files):
+        jobs, where = _file_job(checkout, fc)
+        offset = len(all_jobs)
+        all_jobs += jobs
+        placement[n] = [(offset + j if j >= 0 else -1, k, first) for j, k, first in where]
+    answers = _run_jobs(all_jobs)
+
+    for n, fc in enumerate(changes.files):
         path_hits = matcher.by_path(fc.path)
         if fc.old_path:
             path_hits += [h for h in matcher.by_path(fc.old_path) if h[0] not in {x[0] for x in path_hits}]
-        hunk_syms = _hunk_symbols(checkout, fc) if fc.hunks else []
+        hunk_syms = [(answers[j][k] if j >= 0 else [], first) for j, k, first in placement[n]]
+        sym_patterns = matcher.symbol_patterns(fc.path) if hunk_syms else []
         if not fc.hunks:  # binary, pure rename, mode change, empty file
             for pid, pattern in path_hits:
                 touch(pid, fc, "path", pattern, None, None)
@@ -233,7 +307,11 @@ def map_pillars(checkout: Checkout, config: Config, changes: ChangeSet) -> Pilla
                     touch(pid, fc, "path", pattern, None, first)
                 pillars.append(pid)
             for symbol, line in symbols:
-                for pid, pattern in matcher.by_symbol(fc.path, symbol):
+                matched: set[str] = set()
+                for pid, pattern, name_re in sym_patterns:
+                    if pid in matched or not name_re.match(symbol):
+                        continue
+                    matched.add(pid)
                     if pid not in pillars:
                         pillars.append(pid)
                     touch(pid, fc, "symbol", pattern, symbol, line)

@@ -1,0 +1,77 @@
+"""The rendered review: structure, escaping, GitHub's size limit, and JSON that loads back."""
+
+import json
+
+from benchmarks.synth_repo import make_synthetic_repo
+from bot.pipeline import run_audit
+from bot.report import COMMENT_LIMIT, COMMENT_MARKER, code, md
+from checks.model import Audit, AuditRequest, from_json, to_json
+
+
+def test_review_of_a_real_range(repo):
+    repo.write("engine/model.py", "class MLA:\n    def forward(self, x):\n        return x\n")
+    base = repo.commit("base")
+    repo.write("engine/model.py", "class MLA:\n    def forward(self, x):\n        return x * 2\n")
+    repo.commit("head")
+    audit = run_audit(AuditRequest(repo=str(repo.root), base=base, head="HEAD"))
+    text = audit.report.markdown
+    assert text.startswith(COMMENT_MARKER)
+    assert "Drift Audit" in text.splitlines()[1]
+    assert "| Pillar | Files | Symbols | Findings | Tests |" in text
+    assert "`engine/model.py`" in text and "`MLA.forward`" in text
+    assert base[:12] in text and "config: built-in default" in text
+    for stage in ("checkout", "diff", "pillars", "report"):
+        assert stage in audit.timings
+    assert audit.report.verdict == "pass"
+
+
+def test_user_text_is_escaped(repo):
+    repo.write("a.py", "x = 1\n")
+    base = repo.commit("base")
+    evil = "docs/<img src=x onerror=alert(1)>|[link](http:x).py"
+    repo.write(evil, "y = 2\n")
+    repo.commit("head")
+    text = run_audit(AuditRequest(repo=str(repo.root), base=base, head="HEAD")).report.markdown
+    assert "<img" not in text
+    assert "&lt;img" in text
+
+
+def test_md_and_code_filters():
+    assert md("a|b <c>") == r"a\|b &lt;c&gt;"
+    assert code("x`y") == "``x`y``"
+
+
+def test_json_round_trips_every_stage(repo):
+    repo.write("kernels/rmsnorm.py", "def rmsnorm(x):\n    return x\n")
+    base = repo.commit("base")
+    repo.write("kernels/rmsnorm.py", "def rmsnorm(x):\n    return x + 0\n")
+    repo.mv("kernels/rmsnorm.py", "kernels/norm.py")
+    repo.commit("head")
+    audit = run_audit(AuditRequest(repo=str(repo.root), base=base, head="HEAD"))
+    loaded = from_json(Audit, to_json(audit))
+    assert loaded == audit
+    assert json.loads(to_json(loaded)) == json.loads(to_json(audit))
+
+
+def test_bring_up_sized_pr_fits_in_one_comment(tmp_path):
+    base, head = make_synthetic_repo(tmp_path / "synth", n_files=600, change_files=129, change_lines=50_000)
+    audit = run_audit(AuditRequest(repo=str(tmp_path / "synth"), base=base, head=head))
+    assert len(audit.changes.files) == 129
+    assert sum(f.additions + f.deletions for f in audit.changes.files) >= 50_000
+    report = audit.report
+    assert len(report.markdown) <= COMMENT_LIMIT
+    assert len(report.check_summary) <= 65_535 and len(report.check_text) <= 65_535
+    if report.truncated:
+        assert "check run" in report.markdown and report.check_text
+
+
+def test_overflow_is_cut_with_a_pointer(repo):
+    repo.write("seed.py", "x = 0\n")
+    base = repo.commit("base")
+    for i in range(400):  # long paths in many files, each its own "other" touch
+        repo.write(f"very/deeply/nested/directory/structure/for/path/length/{'x' * 60}_{i}.py", f"v = {i}\n")
+    repo.commit("head")
+    report = run_audit(AuditRequest(repo=str(repo.root), base=base, head="HEAD")).report
+    assert len(report.markdown) <= COMMENT_LIMIT
+    assert report.truncated and "more" in report.markdown
+    assert report.check_text and len(report.check_text) <= 65_535
