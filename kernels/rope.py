@@ -13,6 +13,13 @@ from __future__ import annotations
 import math
 
 import torch
+import triton
+import triton.language as tl
+
+from kernels._launch import next_pow2
+from kernels._tl import cast_rne
+from kernels.arch import capability, interpreting
+from kernels.harness import Case, Check, ParitySpec
 
 
 def yarn_mscale(scale: float = 1.0, mscale: float = 1.0) -> float:
@@ -78,3 +85,152 @@ def rope_ref(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Ten
     x0, x1 = xf[..., 0::2], xf[..., 1::2]
     out = torch.stack((x0 * c - x1 * s, x0 * s + x1 * c), dim=-1).flatten(-2)
     return out.to(x.dtype)
+
+
+# --- Triton ------------------------------------------------------------------------------------------
+
+@triton.jit
+def _rope_kernel(
+    x_ptr, o_ptr, cos_ptr, sin_ptr, pos_ptr,
+    n_vec, n_heads, cos_rows, stride_xr, stride_xh, stride_or, stride_oh, stride_c, stride_s,
+    HALF: tl.constexpr, HALF_P2: tl.constexpr, BLOCK: tl.constexpr, HAS_POS: tl.constexpr, EXACT: tl.constexpr,
+):
+    # one "vector" = one (row, head) pair of `dim` values; a program rotates BLOCK of them
+    v = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    live = v < n_vec
+    row = v // n_heads
+    head = v % n_heads
+    if HAS_POS:
+        p = tl.load(pos_ptr + row, mask=live, other=0).to(tl.int64)
+    else:
+        p = row % cos_rows
+    j = tl.arange(0, HALF_P2)[None, :]
+    mask = live[:, None] & (j < HALF)
+    c = tl.load(cos_ptr + p[:, None] * stride_c + j, mask=mask, other=0.0)
+    s = tl.load(sin_ptr + p[:, None] * stride_s + j, mask=mask, other=0.0)
+    xp = x_ptr + row[:, None] * stride_xr + head[:, None] * stride_xh + 2 * j
+    x0 = tl.load(xp, mask=mask, other=0.0).to(tl.float32)
+    x1 = tl.load(xp + 1, mask=mask, other=0.0).to(tl.float32)
+    op = o_ptr + row[:, None] * stride_or + head[:, None] * stride_oh + 2 * j
+    dt = o_ptr.dtype.element_ty
+    tl.store(op, cast_rne(x0 * c - x1 * s, dt, EXACT), mask=mask)
+    tl.store(op + 1, cast_rne(x0 * s + x1 * c, dt, EXACT), mask=mask)
+
+
+def _as_vectors(t: torch.Tensor, name: str, must_view: bool) -> torch.Tensor:
+    """``t`` as ``[rows, heads, dim]`` with unit last-dim stride; ``[seq, dim]`` gets ``heads = 1``."""
+    if t.stride(-1) != 1:
+        if must_view:
+            raise ValueError(f"{name} needs a unit last-dim stride for in-place RoPE, got strides {t.stride()}")
+        t = t.contiguous()
+    if t.dim() == 2:
+        return t.unsqueeze(1)
+    try:
+        return t.view(-1, t.shape[-2], t.shape[-1])
+    except RuntimeError:
+        if must_view:
+            raise ValueError(f"{name} leading dims cannot be flattened without a copy (strides {t.stride()})")
+        return t.reshape(-1, t.shape[-2], t.shape[-1])
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, positions: torch.Tensor | None = None,
+         out: torch.Tensor | None = None, inplace: bool = False) -> torch.Tensor:
+    """Triton :func:`rope_ref`. ``x`` is ``[..., seq, heads, dim]`` or ``[seq, dim]`` and may be a strided
+    slice (q_pe = ``q[..., nope:]``). Without ``positions``, row ``s`` of ``cos``/``sin`` ``[seq, dim/2]``
+    serves sequence index ``s``; with ``positions`` (``x.shape[:-2]``, or ``[seq]`` for 2-D ``x``) row
+    ``positions[...]`` of a full table does. ``inplace=True`` rotates ``x`` itself."""
+    dim = x.shape[-1]
+    half = dim // 2
+    if dim % 2 or cos.shape[-1] != half or sin.shape != cos.shape or cos.dim() != 2:
+        raise ValueError(f"cos/sin must be [rows, {half}] for rope dim {dim}, got {tuple(cos.shape)}, {tuple(sin.shape)}")
+    if cos.stride(-1) != 1 or sin.stride(-1) != 1:
+        cos, sin = cos.contiguous(), sin.contiguous()
+    if inplace:
+        if out is not None and out is not x:
+            raise ValueError("pass either inplace=True or out=, not both")
+        out = x
+    elif out is None:
+        out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    elif out.shape != x.shape or out.dtype != x.dtype:
+        raise ValueError(f"out must be {tuple(x.shape)} {x.dtype}, got {tuple(out.shape)} {out.dtype}")
+    x3 = _as_vectors(x, "x", inplace)
+    o3 = _as_vectors(out, "out", True)
+    rows, heads = x3.shape[0], x3.shape[1]
+    seq = x.shape[0] if x.dim() == 2 else x.shape[-3]
+    if positions is not None:
+        want = tuple(x.shape[:1] if x.dim() == 2 else x.shape[:-2])
+        if tuple(positions.shape) != want:
+            raise ValueError(f"positions must be {want} for x {tuple(x.shape)}, got {tuple(positions.shape)}")
+        positions = positions.reshape(-1).contiguous()
+    elif cos.shape[0] < seq:
+        raise ValueError(f"cos/sin have {cos.shape[0]} rows for a sequence of {seq}; slice the table or pass positions")
+    n_vec = rows * heads
+    on_gpu = capability(x.device) is not None
+    block = max(1, min(next_pow2(n_vec), (4096 if on_gpu else 16384) // next_pow2(half)))
+    _rope_kernel[(triton.cdiv(n_vec, block),)](
+        x3, o3, cos, sin, positions if positions is not None else cos,
+        n_vec, heads, seq, x3.stride(0), x3.stride(1), o3.stride(0), o3.stride(1), cos.stride(0), sin.stride(0),
+        HALF=half, HALF_P2=next_pow2(half), BLOCK=block, HAS_POS=positions is not None, EXACT=interpreting(),
+        num_warps=4 if on_gpu else 1,
+    )
+    return out
+
+
+# --- parity ------------------------------------------------------------------------------------------
+
+def _inputs(case: Case, device: torch.device, gen: torch.Generator) -> dict:
+    p = case.params
+    shape = p["shape"]
+    dim = shape[-1]
+    nope = p.get("nope", 0)  # x is the rope slice of a wider [.., nope + dim] head, like q_pe
+    full = torch.randn(*shape[:-1], nope + dim, generator=gen, device=device).to(case.dtype)
+    x = full[..., nope:]
+    max_pos = p.get("max_pos", shape[0] if len(shape) == 2 else shape[-3])
+    cos, sin = yarn_freqs(dim, max_pos, 10000.0, p.get("factor", 40.0), 4096, 32, 1)
+    inputs = {"x": x, "cos": cos.to(device), "sin": sin.to(device), "inplace": bool(p.get("inplace"))}
+    if p.get("positions"):
+        lead = shape[:1] if len(shape) == 2 else shape[:-2]
+        inputs["positions"] = torch.randint(0, max_pos, lead, generator=gen, device=device)
+    return inputs
+
+
+def _reference(x, cos, sin, positions=None, inplace=False):
+    if positions is not None:
+        cos, sin = cos[positions], sin[positions]
+        if x.dim() >= 3:
+            cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
+    return rope_ref(x, cos, sin)
+
+
+def _run(out, x, cos, sin, positions=None, inplace=False):
+    if inplace:
+        out[0].copy_(x)
+        rope(out[0], cos, sin, positions=positions, inplace=True)
+    else:
+        rope(x, cos, sin, positions=positions, out=out[0])
+
+
+_GPU = ("cuda",)
+SPEC = ParitySpec(
+    op="rope", make_inputs=_inputs, reference=_reference, kernel=_run,
+    cases=[
+        Case("q_pe 2x5x4x64 of 192", {"shape": (2, 5, 4, 64), "nope": 128}),
+        Case("k_pe 2x5x1x64", {"shape": (2, 5, 1, 64)}),
+        Case("7x64 2-D", {"shape": (7, 64)}),
+        Case("decode 3x1x16x64 positions", {"shape": (3, 1, 16, 64), "positions": True, "max_pos": 8192}),
+        Case("1x9x3x64 fp32", {"shape": (1, 9, 3, 64)}, dtype=torch.float32),
+        Case("1x4x2x48 in-place", {"shape": (1, 4, 2, 48), "inplace": True, "factor": 1.0}),
+        Case("q_pe 1x4096x128x64 of 192", {"shape": (1, 4096, 128, 64), "nope": 128}, devices=_GPU),
+        Case("k_pe 1x32768x1x64", {"shape": (1, 32768, 1, 64)}, devices=_GPU),
+        Case("decode 64x1x128x64 positions", {"shape": (64, 1, 128, 64), "positions": True, "max_pos": 163840},
+             devices=_GPU),
+        Case("q_pe 4x2048x16x64 in-place", {"shape": (4, 2048, 16, 64), "inplace": True}, devices=_GPU),
+    ],
+    checks=[
+        Check("allclose", 1.0, "bf16 rounding of fp32 math; FMA contraction on the GPU can straddle one ulp",
+              opts={"atol": 2**-10, "rtol": 2**-7}, dtypes=(torch.bfloat16,)),
+        Check("allclose", 1.0, "fp32: only FMA contraction differs", opts={"atol": 1e-6, "rtol": 1e-5},
+              dtypes=(torch.float32,)),
+    ],
+    description="interleaved-pair RoPE with YaRN tables, out of place and in place",
+)
