@@ -14,6 +14,10 @@ OPS: dict[str, str] = {
     "rope": "kernels.rope",
     "silu_mul": "kernels.silu_mul",
     "silu_mul_quant": "kernels.silu_mul:SPEC_QUANT",
+    "fp8_gemm": "kernels.fp8_gemm",
+    "moe_experts": "kernels.moe",
+    "noaux_tc": "kernels.routing:SPEC_TRITON",
+    "mla_decode": "kernels.mla_decode",
 }
 
 

@@ -65,3 +65,166 @@ def noaux_tc_ref(
     if norm_topk_prob:
         weights = weights / weights.sum(dim=-1, keepdim=True)
     return weights * routed_scaling_factor, ids
+
+
+# --- Triton ---------------------------------------------------------------------------------------------
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+
+@triton.jit
+def _argmax_lowest(vals, idx, BIG: tl.constexpr):
+    """Index of the largest value, the lowest index among equals (the reference's stable sort order)."""
+    best = tl.max(vals, 0)
+    return tl.min(tl.where(vals == best, idx, BIG), 0)
+
+
+@triton.jit
+def _argmax_lowest_2d(vals, idx, BIG: tl.constexpr):
+    best = tl.max(tl.max(vals, 1), 0)
+    return tl.min(tl.min(tl.where(vals == best, idx, BIG), 1), 0)
+
+
+@triton.jit
+def _noaux_tc_kernel(
+    logits_ptr, bias_ptr, w_ptr, ids_ptr,
+    n_exp, stride_lt, scaling,
+    N_GROUP: tl.constexpr, PER_GROUP: tl.constexpr, G_P2: tl.constexpr, PG_P2: tl.constexpr,
+    TOPK_GROUP: tl.constexpr, TOP_K: tl.constexpr, K_P2: tl.constexpr, NORM: tl.constexpr,
+):
+    t = tl.program_id(0)
+    g = tl.arange(0, G_P2)
+    j = tl.arange(0, PG_P2)
+    e2 = g[:, None] * PER_GROUP + j[None, :]
+    ok = (g[:, None] < N_GROUP) & (j[None, :] < PER_GROUP)
+    logit = tl.load(logits_ptr + t * stride_lt + e2, mask=ok, other=0.0).to(tl.float32)
+    scores = tl.sigmoid(logit)
+    biased = tl.where(ok, scores + tl.load(bias_ptr + e2, mask=ok, other=0.0).to(tl.float32), float("-inf"))
+    BIG: tl.constexpr = 1 << 30
+    if N_GROUP > 1:
+        # group score = sum of its two best biased scores (one of each, so equal maxima count twice)
+        top1 = tl.max(biased, 1)
+        first = tl.min(tl.where(biased == top1[:, None], j[None, :], BIG), 1)
+        if PER_GROUP > 1:
+            rest = tl.where(j[None, :] == first[:, None], float("-inf"), biased)
+            gscore = top1 + tl.max(rest, 1)
+        else:
+            gscore = top1
+        gscore = tl.where(g < N_GROUP, gscore, float("-inf"))
+        keep = g < 0
+        for _ in tl.static_range(TOPK_GROUP):
+            pick = _argmax_lowest(gscore, g, BIG)
+            keep = keep | (g == pick)
+            gscore = tl.where(g == pick, float("-inf"), gscore)
+        biased = tl.where(keep[:, None], biased, float("-inf"))
+    kk = tl.arange(0, K_P2)
+    out_ids = tl.zeros((K_P2,), dtype=tl.int64)
+    out_w = tl.zeros((K_P2,), dtype=tl.float32)
+    for i in tl.static_range(TOP_K):
+        pick = _argmax_lowest_2d(biased, e2, BIG)
+        w = tl.sum(tl.sum(tl.where(e2 == pick, scores, 0.0), 1), 0)
+        out_ids = tl.where(kk == i, pick.to(tl.int64), out_ids)
+        out_w = tl.where(kk == i, w, out_w)
+        biased = tl.where(e2 == pick, float("-inf"), biased)
+    if NORM:
+        out_w = out_w / tl.sum(out_w, 0)
+    tl.store(ids_ptr + t * TOP_K + kk, out_ids, mask=kk < TOP_K)
+    tl.store(w_ptr + t * TOP_K + kk, out_w * scaling, mask=kk < TOP_K)
+
+
+def noaux_tc(
+    logits: torch.Tensor,
+    bias: torch.Tensor,
+    top_k: int,
+    n_group: int,
+    topk_group: int,
+    norm_topk_prob: bool = True,
+    routed_scaling_factor: float = 1.0,
+    *,
+    out: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Triton twin of :func:`noaux_tc_ref` (into ``out=(weights, ids)`` when given): one program per
+    token, the whole row of experts in registers.
+
+    Each selection is an arg-max that takes the lowest index among equal values, which is exactly the
+    reference's stable descending sort, so ties resolve the same way on every device.
+    """
+    if logits.dim() != 2:
+        raise ValueError(f"router logits must be [tokens, experts], got shape {tuple(logits.shape)}")
+    n_tok, n_exp = logits.shape
+    if bias.shape != (n_exp,):
+        raise ValueError(f"e_score_correction_bias must have shape ({n_exp},), got {tuple(bias.shape)}")
+    if n_group < 1 or n_exp % n_group:
+        raise ValueError(f"n_group={n_group} must divide n_routed_experts={n_exp}")
+    per_group = n_exp // n_group
+    if not 1 <= topk_group <= n_group:
+        raise ValueError(f"topk_group={topk_group} must be in 1..n_group={n_group}")
+    if not 1 <= top_k <= topk_group * per_group:
+        raise ValueError(f"top_k={top_k} exceeds the {topk_group * per_group} experts of the kept groups")
+    if logits.stride(1) != 1:
+        logits = logits.contiguous()
+    if out is None:
+        weights = torch.empty(n_tok, top_k, dtype=torch.float32, device=logits.device)
+        ids = torch.empty(n_tok, top_k, dtype=torch.int64, device=logits.device)
+    else:
+        weights, ids = out
+        if weights.shape != (n_tok, top_k) or ids.shape != (n_tok, top_k) or ids.dtype != torch.int64:
+            raise ValueError(f"noaux_tc: out must be ([{n_tok}, {top_k}] float32, [{n_tok}, {top_k}] int64)")
+        if not (weights.is_contiguous() and ids.is_contiguous()):
+            raise ValueError("noaux_tc: out tensors must be contiguous")
+    if n_tok == 0:
+        return weights, ids
+    _noaux_tc_kernel[(n_tok,)](
+        logits, bias.contiguous(), weights, ids,
+        n_exp, logits.stride(0), float(routed_scaling_factor),
+        N_GROUP=n_group, PER_GROUP=per_group,
+        G_P2=triton.next_power_of_2(n_group), PG_P2=triton.next_power_of_2(per_group),
+        TOPK_GROUP=topk_group, TOP_K=top_k, K_P2=triton.next_power_of_2(top_k), NORM=bool(norm_topk_prob),
+        num_warps=1 if n_exp <= 64 else 2,
+    )
+    return weights, ids
+
+
+
+# --- parity (Triton kernel vs reference) --------------------------------------------------------------
+
+from kernels.harness import Case as _Case, Check as _Check, ParitySpec as _ParitySpec  # noqa: E402
+
+
+def _route_inputs(case: _Case, device: torch.device, gen: torch.Generator) -> dict:
+    p = case.params
+    t, e = p["te"]
+    logits = torch.randn(t, e, generator=gen, device=device)
+    bias = 0.1 * torch.randn(e, generator=gen, device=device)
+    if p.get("ties"):  # few distinct values: many exact ties among scores, groups and experts
+        logits = (logits * 2).round() / 2
+        bias = torch.zeros(e, device=device)
+    return {"logits": logits.to(case.dtype), "bias": bias, "top_k": p["k"], "n_group": p["groups"],
+            "topk_group": p["keep"], "norm_topk_prob": p.get("norm", True),
+            "routed_scaling_factor": p.get("scale", 2.5)}
+
+
+SPEC_TRITON = _ParitySpec(
+    op="noaux_tc",
+    make_inputs=_route_inputs,
+    reference=noaux_tc_ref,
+    kernel=lambda out, **inp: noaux_tc(**inp, out=out),
+    cases=[
+        _Case("t9 v3 e256 g8/4 k8", {"te": (9, 256), "k": 8, "groups": 8, "keep": 4}, dtype=torch.float32),
+        _Case("t5 small e64 g8/3 k6 bf16", {"te": (5, 64), "k": 6, "groups": 8, "keep": 3}),
+        _Case("t6 e48 g3/2 k6 ties", {"te": (6, 48), "k": 6, "groups": 3, "keep": 2, "ties": True},
+              dtype=torch.float32),
+        _Case("t4 e12 g1 k2 no-norm", {"te": (4, 12), "k": 2, "groups": 1, "keep": 1, "norm": False, "scale": 1.0},
+              dtype=torch.float32),
+        _Case("t4096 v3", {"te": (4096, 256), "k": 8, "groups": 8, "keep": 4}, dtype=torch.float32,
+              devices=("cuda",)),
+    ],
+    checks=[
+        _Check("allclose", 1.0, "fp32 sigmoid and a sum of ≤ 8 terms: only evaluation order differs",
+               output=0, name="weights", opts={"atol": 1e-6, "rtol": 1e-5}),
+        _Check("bit_exact", 0, "selection is exact: equal ids, ties to the lower index as the stable sort",
+               output=1, name="ids"),
+    ],
+    description="noaux_tc MoE gate: sigmoid, selection-only bias, group top-2, -inf masking, renorm, scale",
+)

@@ -1,0 +1,280 @@
+"""Block-scaled FP8 GEMM (w8a8): ``C[M, N] = A[M, K] · B[N, K]ᵀ`` in bf16.
+
+A carries one fp32 scale per 1×128 block of a row (``act_quant``), B one per 128×128 block
+(``weight_scale_inv``). Each 128-wide K step is a native fp8 dot whose fp32 partial is multiplied by
+``a_s ⊗ b_s`` before it joins the fp32 accumulator, so scales never have to be folded into fp8 values.
+
+Two shapes matter and want different tiles:
+- decode (M ≤ 64) is a weight stream: small M tiles, and split-K so that enough programs are in flight
+  to pull the whole of B through HBM at full rate; fp32 partials are summed by a second tiny kernel.
+- prefill is compute-bound: large M×N tiles, grouped ordering for L2 reuse, deep software pipelining.
+
+Tiles are keyed on compute capability (:func:`gemm_config`). Nothing here uses TMA descriptors or
+Hopper-only intrinsics by hand; on sm90 Triton lowers ``tl.dot`` to wgmma, elsewhere to mma, so the
+sm120 path differs only in tile sizes and pipeline depth (it has ~100 KB of shared memory, not 228 KB).
+Devices without fp8 tensor cores (cc < 8.9) upcast the operands to bf16 inside the kernel.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels._tl import cast_rne
+from kernels.arch import capability, interpreting
+from kernels.harness import Case, Check, ParitySpec
+
+BLOCK = 128  # quantisation block, both for activations (1×128) and weights (128×128)
+
+
+def fp8_gemm_ref(a: torch.Tensor, a_s: torch.Tensor, b: torch.Tensor, b_s: torch.Tensor) -> torch.Tensor:
+    """Dequantise both operands to fp32, multiply in fp32, return bf16 ``[M, N]``.
+
+    ``a[M, K]`` fp8 with ``a_s[M, ceil(K/128)]``; ``b[N, K]`` fp8 with ``b_s[ceil(N/128), ceil(K/128)]``.
+    """
+    from kernels.fp8_quant import weight_dequant_ref
+
+    _check(a, a_s, b, b_s)
+    k = a.shape[1]
+    af = a.float() * a_s.float().repeat_interleave(BLOCK, dim=1)[:, :k]
+    bf = weight_dequant_ref(b, b_s, block=BLOCK)
+    return (af @ bf.t()).to(torch.bfloat16)
+
+
+def quant_weight_blocks(w: torch.Tensor, block: int = BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
+    """``w[..., N, K]`` → (e4m3 weight, fp32 ``scale_inv[..., ceil(N/block), ceil(K/block)]``), one scale per
+    block: ``amax/448``, the layout of DeepSeek-V3's FP8 checkpoints. Edge blocks may be partial."""
+    *lead, n, k = w.shape
+    nb, kb = -(-n // block), -(-k // block)
+    wp = torch.nn.functional.pad(w.float(), (0, kb * block - k, 0, nb * block - n))
+    wp = wp.reshape(*lead, nb, block, kb, block)
+    s = wp.abs().amax(dim=(-3, -1)).clamp_min(1e-4) / 448.0
+    q = (wp / s[..., :, None, :, None]).clamp(-448.0, 448.0).reshape(*lead, nb * block, kb * block)
+    return q[..., :n, :k].to(torch.float8_e4m3fn).contiguous(), s
+
+
+def _check(a, a_s, b, b_s) -> None:
+    if a.dim() != 2 or b.dim() != 2:
+        raise ValueError(f"fp8_gemm wants 2-D operands, got a{tuple(a.shape)} b{tuple(b.shape)}")
+    m, k = a.shape
+    n, kb = b.shape
+    if k != kb:
+        raise ValueError(f"fp8_gemm: K differs, a is [{m}, {k}] and b is [{n}, {kb}]")
+    kblk, nblk = -(-k // BLOCK), -(-n // BLOCK)
+    if tuple(a_s.shape) != (m, kblk):
+        raise ValueError(f"fp8_gemm: a_s must be [{m}, {kblk}] (one scale per 1x128 block), got {tuple(a_s.shape)}")
+    if tuple(b_s.shape) != (nblk, kblk):
+        raise ValueError(
+            f"fp8_gemm: b_s must be [{nblk}, {kblk}] (one scale per 128x128 block), got {tuple(b_s.shape)}"
+        )
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    block_m: int
+    block_n: int
+    split_k: int
+    group_m: int
+    num_warps: int
+    num_stages: int
+
+
+def _pow2_at_least(x: int, lo: int) -> int:
+    return max(lo, triton.next_power_of_2(x))
+
+
+def gemm_config(m: int, n: int, k: int, capability: tuple[int, int] | None, num_sms: int = 132) -> GemmConfig:
+    """Tiles for an ``M×N×K`` problem on a device of ``capability`` (``None``: the CPU interpreter).
+
+    sm90 has 228 KB of shared memory per SM, so prefill runs 128×128 fp8 tiles four stages deep; every
+    other arch (sm89, sm120) gets the same tiles two or three stages deep. Decode shapes size split-K so
+    that about two waves of programs stream B.
+    """
+    if capability is None:  # interpreter: smallest legal tiles keep CPU runs quick
+        return GemmConfig(16, 32, 2 if m <= 64 and k >= 2 * BLOCK else 1, 1, 4, 1)
+    big_smem = capability[0] == 9
+    if m <= 64:
+        bm = _pow2_at_least(m, 16)
+        bn = 64
+        tiles = triton.cdiv(n, bn) * triton.cdiv(m, bm)
+        kblocks = triton.cdiv(k, BLOCK)
+        split = 1
+        while tiles * split < 2 * num_sms and split * 2 <= kblocks // 4:
+            split *= 2
+        return GemmConfig(bm, bn, split, 1, 4, 4 if big_smem else 3)
+    if big_smem:
+        return GemmConfig(128, 128, 1, 8, 8, 4)
+    return GemmConfig(128, 128, 1, 8, 8, 2)
+
+
+@triton.jit
+def _fp8_gemm_kernel(
+    a_ptr, a_s_ptr, b_ptr, b_s_ptr, c_ptr, ws_ptr,
+    M, N, K, KB_PER_SPLIT,
+    stride_am, stride_ak, stride_bn, stride_bk, stride_cm, stride_cn,
+    stride_asm, stride_ask, stride_bsn, stride_bsk,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, UPCAST: tl.constexpr,
+    EXACT: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    # grouped ordering: GROUP_M row-tiles share each column-tile of B while it is hot in L2
+    in_group = GROUP_M * num_n
+    group = pid // in_group
+    first_m = group * GROUP_M
+    size_m = tl.minimum(num_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % in_group) % size_m
+    pid_n = (pid % in_group) // size_m
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    m_ok = offs_m < M
+    n_ok = offs_n < N
+    rm = tl.where(m_ok, offs_m, 0).to(tl.int64)
+    rn = tl.where(n_ok, offs_n, 0).to(tl.int64)
+
+    n_kb = tl.cdiv(K, BLOCK_K)
+    kb0 = pid_k * KB_PER_SPLIT
+    kb1 = tl.minimum(kb0 + KB_PER_SPLIT, n_kb)
+
+    a_ptrs = a_ptr + rm[:, None] * stride_am + (kb0 * BLOCK_K + offs_k)[None, :] * stride_ak
+    b_ptrs = b_ptr + rn[None, :] * stride_bn + (kb0 * BLOCK_K + offs_k)[:, None] * stride_bk
+    as_ptrs = a_s_ptr + rm * stride_asm + kb0 * stride_ask
+    bs_ptrs = b_s_ptr + (rn // BLOCK_K) * stride_bsn + kb0 * stride_bsk
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kb in range(kb0, kb1):
+        if EVEN_K:
+            a = tl.load(a_ptrs)
+            b = tl.load(b_ptrs)
+        else:
+            k_ok = kb * BLOCK_K + offs_k < K
+            a = tl.load(a_ptrs, mask=k_ok[None, :], other=0.0)
+            b = tl.load(b_ptrs, mask=k_ok[:, None], other=0.0)
+        a_s = tl.load(as_ptrs)
+        b_s = tl.load(bs_ptrs)
+        if UPCAST:
+            part = tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16))
+        else:
+            part = tl.dot(a, b)
+        acc += part * a_s[:, None] * b_s[None, :]
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+        as_ptrs += stride_ask
+        bs_ptrs += stride_bsk
+
+    mask = m_ok[:, None] & n_ok[None, :]
+    if SPLIT_K == 1:
+        c_ptrs = c_ptr + rm[:, None] * stride_cm + rn[None, :] * stride_cn
+        tl.store(c_ptrs, cast_rne(acc, c_ptr.dtype.element_ty, EXACT), mask=mask)
+    else:
+        ws_ptrs = ws_ptr + (pid_k * M + rm[:, None]) * N + rn[None, :]
+        tl.store(ws_ptrs, acc, mask=mask)
+
+
+@triton.jit
+def _split_k_reduce_kernel(
+    ws_ptr, c_ptr, MN, N, stride_cm, stride_cn, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr, EXACT: tl.constexpr
+):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < MN
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for s in tl.static_range(SPLIT_K):
+        acc += tl.load(ws_ptr + s * MN + offs, mask=ok, other=0.0)
+    row = offs // N
+    col = offs % N
+    tl.store(c_ptr + row * stride_cm + col * stride_cn, cast_rne(acc, c_ptr.dtype.element_ty, EXACT), mask=ok)
+
+
+def fp8_gemm(
+    a: torch.Tensor,
+    a_s: torch.Tensor,
+    b: torch.Tensor,
+    b_s: torch.Tensor,
+    *,
+    out: torch.Tensor | None = None,
+    config: GemmConfig | None = None,
+) -> torch.Tensor:
+    """Triton twin of :func:`fp8_gemm_ref` (same operands, bf16 ``[M, N]`` out, written into ``out`` when
+    given). ``config`` overrides :func:`gemm_config` (benchmarks sweep it). Callers flatten tokens to 2-D.
+    """
+    _check(a, a_s, b, b_s)
+    m, k = a.shape
+    n = b.shape[0]
+    cap = capability(a.device)
+    if config is None:
+        sms = torch.cuda.get_device_properties(a.device).multi_processor_count if cap else 132
+        config = gemm_config(m, n, k, cap, sms)
+    if out is None:
+        out = torch.empty((m, n), dtype=torch.bfloat16, device=a.device)
+    elif tuple(out.shape) != (m, n) or out.dtype != torch.bfloat16:
+        raise ValueError(f"fp8_gemm: out must be [{m}, {n}] bfloat16, got {tuple(out.shape)} {out.dtype}")
+    c = out
+    if m == 0 or n == 0:
+        return c
+    n_kb = triton.cdiv(k, BLOCK)
+    split = max(1, min(config.split_k, n_kb))
+    kb_per_split = triton.cdiv(n_kb, split)
+    split = triton.cdiv(n_kb, kb_per_split)
+    ws = torch.empty((split, m, n), dtype=torch.float32, device=a.device) if split > 1 else c
+    grid = (triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n), split)
+    _fp8_gemm_kernel[grid](
+        a, a_s, b, b_s, c, ws,
+        m, n, k, kb_per_split,
+        a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
+        a_s.stride(0), a_s.stride(1), b_s.stride(0), b_s.stride(1),
+        BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=BLOCK,
+        SPLIT_K=split, GROUP_M=config.group_m, EVEN_K=k % BLOCK == 0,
+        UPCAST=cap is not None and cap < (8, 9), EXACT=interpreting(),
+        num_warps=config.num_warps, num_stages=config.num_stages,
+    )
+    if split > 1:
+        rb = 1024
+        _split_k_reduce_kernel[(triton.cdiv(m * n, rb),)](
+            ws, c, m * n, n, c.stride(0), c.stride(1), SPLIT_K=split, BLOCK=rb, EXACT=interpreting()
+        )
+    return c
+
+
+# --- parity ------------------------------------------------------------------------------------------
+
+def _inputs(case: Case, device: torch.device, gen: torch.Generator) -> dict:
+    from kernels.fp8_quant import act_quant_ref
+
+    m, n, k = case.params["mnk"]
+    x = torch.randn(m, k, generator=gen, device=device)
+    w = torch.randn(n, k, generator=gen, device=device) * 0.05
+    a, a_s = act_quant_ref(x)
+    b, b_s = quant_weight_blocks(w)
+    return {"a": a, "a_s": a_s, "b": b, "b_s": b_s}
+
+
+_GPU = ("cuda",)
+
+SPEC = ParitySpec(
+    op="fp8_gemm",
+    make_inputs=_inputs,
+    reference=fp8_gemm_ref,
+    kernel=lambda out, **inp: fp8_gemm(**inp, out=out[0]),
+    cases=[
+        Case("1x64x256 splitK", {"mnk": (1, 64, 256)}),
+        Case("5x96x200 partial-K", {"mnk": (5, 96, 200)}),  # K and N not multiples of 128
+        Case("33x130x384", {"mnk": (33, 130, 384)}),
+        Case("70x64x128 prefill", {"mnk": (70, 64, 128)}),
+        Case("1x7168x7168", {"mnk": (1, 7168, 7168)}, devices=_GPU),
+        Case("16x7168x7168", {"mnk": (16, 7168, 7168)}, devices=_GPU),
+        Case("64x7168x7168", {"mnk": (64, 7168, 7168)}, devices=_GPU),
+        Case("64x2112x7168 q_a|kv_a", {"mnk": (64, 2112, 7168)}, devices=_GPU),
+        Case("4096x7168x7168", {"mnk": (4096, 7168, 7168)}, devices=_GPU),
+        Case("4095x1536x7000 ragged", {"mnk": (4095, 1536, 7000)}, devices=_GPU),
+    ],
+    checks=[Check("gemm_diff", 1e-3, "fp32 accumulation of exact fp8 products, bf16 out; DeepGEMM's bound")],
+    description="w8a8 block-scaled GEMM (1x128 activation, 128x128 weight scales), bf16 out",
+)

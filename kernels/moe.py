@@ -1,0 +1,359 @@
+"""Routed-expert MLP of a DeepSeek MoE layer as two grouped GEMMs over tokens sorted by expert.
+
+``out[t] = Σ_k w[t,k] · W2[e_k] (silu(W1[e_k] x_t) ⊙ W3[e_k] x_t)`` with ``e_k = ids[t,k]``.
+
+Routing pairs ``(token, k)`` are grouped by expert and each expert's run is padded to a multiple of the
+M tile, so that every M tile belongs to one expert (:func:`align_by_expert`, all on the device with no host
+sync, so the step can be graph-captured). The first kernel gathers the tokens' rows, multiplies them by
+the expert's gate and up projections in one pass and writes ``silu(g)·u`` in the activation dtype; the
+second multiplies by the down projection, scales by the routing weight, and a sum over ``k`` finishes.
+
+Weights are bf16 (``[E, I, D]`` gate and up, ``[E, D, I]`` down, HF orientation) or fp8 e4m3 with
+128×128 ``weight_scale_inv`` blocks, dequantised tile by tile in the kernel (w8a16: the weight bytes, which
+bound decode, are halved; activations stay bf16).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels._tl import cast_rne
+from kernels.arch import capability, interpreting
+from kernels.harness import Case, Check, ParitySpec
+
+BLOCK = 128  # fp8 weight-scale block
+
+
+def _dequant(w: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+    if scale is None:
+        return w.float()
+    from kernels.fp8_quant import weight_dequant_ref
+
+    return torch.stack([weight_dequant_ref(w[e], scale[e], block=BLOCK) for e in range(w.shape[0])])
+
+
+def expert_loop(x, topk_weights, topk_ids, w1, w3, w2, w1_scale=None, w3_scale=None, w2_scale=None, dtype=None):
+    """Per-expert loop in ``dtype`` (fp32 when None): gather the expert's tokens, MLP, scatter-add."""
+    dtype = dtype or torch.float32
+    w1f, w3f, w2f = (_dequant(w, s).to(dtype) for w, s in ((w1, w1_scale), (w3, w3_scale), (w2, w2_scale)))
+    xf = x.to(dtype)
+    out = torch.zeros(x.shape[0], w2.shape[1], dtype=torch.float32, device=x.device)
+    for e in range(w1.shape[0]):
+        tok, slot = torch.where(topk_ids == e)
+        if tok.numel() == 0:
+            continue
+        xe = xf[tok]
+        h = torch.nn.functional.silu(xe @ w1f[e].t()) * (xe @ w3f[e].t())
+        y = (h @ w2f[e].t()).float() * topk_weights[tok, slot, None].float()
+        out.index_add_(0, tok, y)
+    return out.to(x.dtype)
+
+
+def moe_experts_ref(
+    x: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    w1: torch.Tensor,
+    w3: torch.Tensor,
+    w2: torch.Tensor,
+    w1_scale: torch.Tensor | None = None,
+    w3_scale: torch.Tensor | None = None,
+    w2_scale: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """fp32 oracle: ``x[T, D]``, ``topk_*[T, k]``, gate ``w1[E, I, D]``, up ``w3[E, I, D]``, down
+    ``w2[E, D, I]`` (fp8 weights come with ``*_scale[E, ceil(rows/128), ceil(cols/128)]``). Returns
+    ``[T, D]`` in ``x.dtype``."""
+    _check(x, topk_weights, topk_ids, w1, w3, w2, w1_scale, w3_scale, w2_scale)
+    return expert_loop(x, topk_weights, topk_ids, w1, w3, w2, w1_scale, w3_scale, w2_scale)
+
+
+def _check(x, topk_weights, topk_ids, w1, w3, w2, w1_scale, w3_scale, w2_scale) -> None:
+    if x.dim() != 2:
+        raise ValueError(f"moe: x must be [tokens, hidden], got {tuple(x.shape)}")
+    t, d = x.shape
+    if w1.dim() != 3 or w1.shape != w3.shape or w1.shape[2] != d:
+        raise ValueError(f"moe: w1 and w3 must both be [experts, inter, {d}], got {tuple(w1.shape)} {tuple(w3.shape)}")
+    e, i, _ = w1.shape
+    if tuple(w2.shape) != (e, d, i):
+        raise ValueError(f"moe: w2 must be [{e}, {d}, {i}], got {tuple(w2.shape)}")
+    if topk_ids.shape != topk_weights.shape or topk_ids.dim() != 2 or topk_ids.shape[0] != t:
+        raise ValueError(
+            f"moe: topk_ids and topk_weights must both be [{t}, k], got {tuple(topk_ids.shape)} {tuple(topk_weights.shape)}"
+        )
+    fp8 = w1.dtype == torch.float8_e4m3fn
+    for name, w, s in (("w1", w1, w1_scale), ("w3", w3, w3_scale), ("w2", w2, w2_scale)):
+        if (w.dtype == torch.float8_e4m3fn) != fp8:
+            raise ValueError("moe: w1, w3 and w2 must all be fp8 or all be floating point")
+        if fp8:
+            want = (e, -(-w.shape[1] // BLOCK), -(-w.shape[2] // BLOCK))
+            if s is None or tuple(s.shape) != want:
+                got = None if s is None else tuple(s.shape)
+                raise ValueError(f"moe: fp8 {name} needs {name}_scale of shape {want}, got {got}")
+
+
+def align_by_expert(topk_ids: torch.Tensor, num_experts: int, block_m: int):
+    """Sort the ``T·k`` routing pairs by expert and pad each expert's run to a multiple of ``block_m``.
+
+    Returns ``(sorted_ids, block_expert)``: ``sorted_ids[P]`` holds flat pair indices (``t·k + j``) with
+    ``T·k`` marking padding; ``block_expert[P/block_m]`` is each M tile's expert, ``-1`` past the end.
+    ``P = T·k + E·(block_m − 1)`` rounded up is a bound known from shapes alone, so nothing syncs.
+    """
+    flat = topk_ids.reshape(-1).long()
+    n = flat.numel()
+    dev = flat.device
+    counts = torch.zeros(num_experts, dtype=torch.long, device=dev).scatter_add_(0, flat, torch.ones_like(flat))
+    padded = (counts + block_m - 1) // block_m * block_m
+    pad_end = torch.cumsum(padded, 0)
+    pad_start = pad_end - padded
+    start = torch.cumsum(counts, 0) - counts
+    order = torch.sort(flat, stable=True).indices
+    sorted_e = flat[order]
+    dest = pad_start[sorted_e] + torch.arange(n, device=dev) - start[sorted_e]
+    cap = triton.cdiv(n + num_experts * (block_m - 1), block_m) * block_m
+    sorted_ids = torch.full((cap,), n, dtype=torch.int32, device=dev)
+    sorted_ids.scatter_(0, dest, order.to(torch.int32))
+    block_start = torch.arange(0, cap, block_m, device=dev)
+    block_expert = torch.searchsorted(pad_end, block_start, right=True)
+    block_expert = torch.where(block_expert < num_experts, block_expert, -1).to(torch.int32)
+    return sorted_ids, block_expert
+
+
+@dataclass(frozen=True)
+class MoeConfig:
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+
+
+def moe_config(tokens: int, top_k: int, num_experts: int, capability: tuple[int, int] | None) -> MoeConfig:
+    """Decode (few pairs per expert) takes 16-row tiles and wide N; prefill 64-row tiles. sm90 pipelines
+    deeper than parts with less shared memory (sm120)."""
+    if capability is None:
+        return MoeConfig(16, 32, 64, 4, 1)
+    stages = 4 if capability[0] == 9 else 2
+    pairs_per_expert = tokens * top_k / max(num_experts, 1)
+    if pairs_per_expert <= 16:
+        return MoeConfig(16, 64, 128, 4, stages)
+    if pairs_per_expert <= 64:
+        return MoeConfig(32, 64, 128, 4, stages)
+    return MoeConfig(64, 128, 128, 8 if capability[0] == 9 else 4, 3 if capability[0] == 9 else 2)
+
+
+@triton.jit
+def _gate_up_kernel(
+    x_ptr, w1_ptr, w3_ptr, s1_ptr, s3_ptr, h_ptr, sorted_ptr, bexp_ptr,
+    NPAIRS, TOPK, D, I,
+    stride_xt, stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk, stride_ht,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    FP8: tl.constexpr, F32_DOT: tl.constexpr, EXACT: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    e = tl.load(bexp_ptr + pid_m)
+    if e < 0:
+        return
+    pair = tl.load(sorted_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+    p_ok = pair < NPAIRS
+    tok = tl.where(p_ok, pair // TOPK, 0).to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < I
+    rn = tl.where(n_ok, offs_n, 0).to(tl.int64)
+    offs_k = tl.arange(0, BLOCK_K)
+    e64 = e.to(tl.int64)
+    x_ptrs = x_ptr + tok[:, None] * stride_xt + offs_k[None, :]
+    w_off = e64 * stride_we + rn[None, :] * stride_wn + offs_k[:, None] * stride_wk
+    acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, D, BLOCK_K):
+        k_ok = k0 + offs_k < D
+        xa = tl.load(x_ptrs, mask=p_ok[:, None] & k_ok[None, :], other=0.0)
+        wg = tl.load(w1_ptr + w_off, mask=k_ok[:, None], other=0.0)
+        wu = tl.load(w3_ptr + w_off, mask=k_ok[:, None], other=0.0)
+        if F32_DOT:
+            xa = xa.to(tl.float32)
+        if FP8:
+            s_off = e64 * stride_se + (rn // 128) * stride_sn + (k0 // 128) * stride_sk
+            sg = tl.load(s1_ptr + s_off)
+            su = tl.load(s3_ptr + s_off)
+            acc_g += tl.dot(xa, wg.to(xa.dtype)) * sg[None, :]
+            acc_u += tl.dot(xa, wu.to(xa.dtype)) * su[None, :]
+        else:
+            acc_g = tl.dot(xa, wg.to(xa.dtype), acc_g)
+            acc_u = tl.dot(xa, wu.to(xa.dtype), acc_u)
+        x_ptrs += BLOCK_K
+        w_off += BLOCK_K * stride_wk
+    h = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
+    h_ptrs = h_ptr + tl.where(p_ok, pair, 0).to(tl.int64)[:, None] * stride_ht + rn[None, :]
+    tl.store(h_ptrs, cast_rne(h, h_ptr.dtype.element_ty, EXACT), mask=p_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def _down_kernel(
+    h_ptr, w2_ptr, s2_ptr, y_ptr, wt_ptr, sorted_ptr, bexp_ptr,
+    NPAIRS, D, I,
+    stride_ht, stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk, stride_yt,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    FP8: tl.constexpr, F32_DOT: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    e = tl.load(bexp_ptr + pid_m)
+    if e < 0:
+        return
+    pair = tl.load(sorted_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+    p_ok = pair < NPAIRS
+    rp = tl.where(p_ok, pair, 0).to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < D
+    rn = tl.where(n_ok, offs_n, 0).to(tl.int64)
+    offs_k = tl.arange(0, BLOCK_K)
+    e64 = e.to(tl.int64)
+    h_ptrs = h_ptr + rp[:, None] * stride_ht + offs_k[None, :]
+    w_off = e64 * stride_we + rn[None, :] * stride_wn + offs_k[:, None] * stride_wk
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, I, BLOCK_K):
+        k_ok = k0 + offs_k < I
+        ha = tl.load(h_ptrs, mask=p_ok[:, None] & k_ok[None, :], other=0.0)
+        w = tl.load(w2_ptr + w_off, mask=k_ok[:, None], other=0.0)
+        if F32_DOT:
+            ha = ha.to(tl.float32)
+        if FP8:
+            s = tl.load(s2_ptr + e64 * stride_se + (rn // 128) * stride_sn + (k0 // 128) * stride_sk)
+            acc += tl.dot(ha, w.to(ha.dtype)) * s[None, :]
+        else:
+            acc = tl.dot(ha, w.to(ha.dtype), acc)
+        h_ptrs += BLOCK_K
+        w_off += BLOCK_K * stride_wk
+    wt = tl.load(wt_ptr + rp, mask=p_ok, other=0.0)
+    acc = acc * wt[:, None]
+    tl.store(y_ptr + rp[:, None] * stride_yt + rn[None, :], acc, mask=p_ok[:, None] & n_ok[None, :])
+
+
+def moe_experts(
+    x: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    w1: torch.Tensor,
+    w3: torch.Tensor,
+    w2: torch.Tensor,
+    w1_scale: torch.Tensor | None = None,
+    w3_scale: torch.Tensor | None = None,
+    w2_scale: torch.Tensor | None = None,
+    *,
+    out: torch.Tensor | None = None,
+    config: MoeConfig | None = None,
+) -> torch.Tensor:
+    """Triton twin of :func:`moe_experts_ref` (into ``out`` when given)."""
+    _check(x, topk_weights, topk_ids, w1, w3, w2, w1_scale, w3_scale, w2_scale)
+    t, d = x.shape
+    e, i, _ = w1.shape
+    k = topk_ids.shape[1]
+    cap = capability(x.device)
+    config = config or moe_config(t, k, e, cap)
+    fp8 = w1.dtype == torch.float8_e4m3fn
+    if fp8 and BLOCK % config.block_k:
+        raise ValueError(f"moe: block_k={config.block_k} must divide the fp8 scale block {BLOCK}")
+    if w1.stride(2) != 1 or w2.stride(2) != 1:
+        raise ValueError("moe: expert weights must be contiguous in their last dim")
+    if w1.stride() != w3.stride() or (fp8 and w1_scale.stride() != w3_scale.stride()):
+        raise ValueError("moe: w1 and w3 (and their scales) must share a layout")
+    x = x.contiguous()
+    sorted_ids, block_expert = align_by_expert(topk_ids, e, config.block_m)
+    n_pairs = t * k
+    h = torch.empty(n_pairs, i, dtype=x.dtype, device=x.device)
+    y = torch.empty(n_pairs, d, dtype=torch.float32, device=x.device)
+    s1, s3, s2 = (w1_scale, w3_scale, w2_scale) if fp8 else (w1, w3, w2)
+    n_tiles = block_expert.numel()
+    f32 = cap is None
+    _gate_up_kernel[(n_tiles, triton.cdiv(i, config.block_n))](
+        x, w1, w3, s1, s3, h, sorted_ids, block_expert,
+        n_pairs, k, d, i,
+        x.stride(0), w1.stride(0), w1.stride(1), w1.stride(2),
+        s1.stride(0), s1.stride(1), s1.stride(2), h.stride(0),
+        BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, FP8=fp8, F32_DOT=f32,
+        EXACT=interpreting(), num_warps=config.num_warps, num_stages=config.num_stages,
+    )
+    wts = topk_weights.reshape(-1).float().contiguous()
+    _down_kernel[(n_tiles, triton.cdiv(d, config.block_n))](
+        h, w2, s2, y, wts, sorted_ids, block_expert,
+        n_pairs, d, i,
+        h.stride(0), w2.stride(0), w2.stride(1), w2.stride(2),
+        s2.stride(0), s2.stride(1), s2.stride(2), y.stride(0),
+        BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, FP8=fp8, F32_DOT=f32,
+        num_warps=config.num_warps, num_stages=config.num_stages,
+    )
+    total = y.view(t, k, d).sum(1)
+    if out is None:
+        return total.to(x.dtype)
+    if tuple(out.shape) != (t, d) or out.dtype != x.dtype:
+        raise ValueError(f"moe: out must be [{t}, {d}] {x.dtype}, got {tuple(out.shape)} {out.dtype}")
+    return out.copy_(total)
+
+
+def bytes_moved(topk_ids: torch.Tensor, d: int, i: int, weight_elem: int, act_elem: int = 2) -> int:
+    """Fewest bytes a call must move: each touched expert's three matrices once, tokens in and out."""
+    experts = int(torch.unique(topk_ids).numel())
+    t = topk_ids.shape[0]
+    return experts * 3 * d * i * weight_elem + 2 * t * d * act_elem
+
+
+# --- parity ------------------------------------------------------------------------------------------
+
+def route_random(t: int, e: int, k: int, device, gen) -> tuple[torch.Tensor, torch.Tensor]:
+    """``k`` distinct experts per token, uniformly, with positive weights summing to 1 (a stand-in for a
+    router: the expert kernel's correctness does not depend on how the ids were chosen)."""
+    ids = torch.rand(t, e, generator=gen, device=device).argsort(dim=1)[:, :k]
+    w = torch.rand(t, k, generator=gen, device=device) + 0.1
+    return w / w.sum(1, keepdim=True), ids
+
+
+def moe_inputs(t, d, i, e, k, device, gen, fp8=False, dtype=torch.bfloat16, skew=False) -> dict:
+    """Random tokens, routing and expert weights (``fp8``: quantised in 128×128 blocks)."""
+    from kernels.fp8_gemm import quant_weight_blocks
+
+    x = torch.randn(t, d, generator=gen, device=device).to(dtype)
+    topk_weights, topk_ids = route_random(t, e, k, device, gen)
+    if skew:  # every token on the first k experts: one long expert run, many empty experts
+        topk_ids = torch.arange(k, device=device).expand(t, k).contiguous()
+    ws = {}
+    for name, shape in (("w1", (e, i, d)), ("w3", (e, i, d)), ("w2", (e, d, i))):
+        w = torch.randn(*shape, generator=gen, device=device) / shape[2] ** 0.5
+        if fp8:
+            ws[name], ws[name + "_scale"] = quant_weight_blocks(w)
+        else:
+            ws[name] = w.to(dtype)
+    return {"x": x, "topk_weights": topk_weights, "topk_ids": topk_ids, **ws}
+
+
+def _inputs(case: Case, device: torch.device, gen: torch.Generator) -> dict:
+    p = case.params
+    return moe_inputs(*p["tdiek"], device, gen, fp8=p.get("fp8", False), dtype=case.dtype, skew=p.get("skew", False))
+
+
+_GPU = ("cuda",)
+_SMALL = (2048, 1408, 64, 6)  # hidden, moe_intermediate, routed experts, top-k of the small config
+
+SPEC = ParitySpec(
+    op="moe_experts",
+    make_inputs=_inputs,
+    reference=moe_experts_ref,
+    kernel=lambda out, **inp: moe_experts(**inp, out=out[0]),
+    cases=[
+        Case("t7 d160 i96 e8 k3", {"tdiek": (7, 160, 96, 8, 3)}),
+        Case("t7 d160 i96 e8 k3 fp8", {"tdiek": (7, 160, 96, 8, 3), "fp8": True}),
+        Case("t20 d64 i32 e16 k2 skew", {"tdiek": (20, 64, 32, 16, 2), "skew": True}),
+        Case("t1 small", {"tdiek": (1, *_SMALL)}, devices=_GPU),
+        Case("t64 small fp8", {"tdiek": (64, *_SMALL), "fp8": True}, devices=_GPU),
+        Case("t64 small", {"tdiek": (64, *_SMALL)}, devices=_GPU),
+        Case("t4096 small", {"tdiek": (4096, *_SMALL)}, devices=_GPU),
+        Case("t4096 small fp8", {"tdiek": (4096, *_SMALL), "fp8": True}, devices=_GPU),
+    ],
+    checks=[Check("gemm_diff", 1e-5, "two fp32-accumulated GEMMs with a bf16 intermediate; bf16 GEMM bound")],
+    description="routed experts: gate/up, SiLU·mul, down, weighted sum; bf16 or fp8-block weights",
+)

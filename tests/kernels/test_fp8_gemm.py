@@ -1,0 +1,71 @@
+"""FP8 block GEMM: parity through the harness on CPU (interpreter), split-K, tile choice per arch, bad input."""
+
+import pytest
+import torch
+
+from kernels.fp8_gemm import SPEC, GemmConfig, fp8_gemm, fp8_gemm_ref, gemm_config, quant_weight_blocks
+from kernels.fp8_quant import act_quant_ref
+from kernels.harness import format_table, run_spec
+
+
+def test_fp8_gemm_spec_passes_on_cpu():
+    rows = run_spec(SPEC, "cpu")
+    assert rows and all(r.passed for r in rows), format_table(rows)
+
+
+def _operands(m, n, k, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    a, a_s = act_quant_ref(torch.randn(m, k, generator=g))
+    b, b_s = quant_weight_blocks(torch.randn(n, k, generator=g))
+    return a, a_s, b, b_s
+
+
+def test_split_k_matches_single_pass_and_reference():
+    a, a_s, b, b_s = _operands(3, 48, 640, seed=1)
+    one = fp8_gemm(a, a_s, b, b_s, config=GemmConfig(16, 32, 1, 1, 4, 1))
+    split = fp8_gemm(a, a_s, b, b_s, config=GemmConfig(16, 32, 4, 1, 4, 1))  # 5 k-blocks over 3 splits
+    ref = fp8_gemm_ref(a, a_s, b, b_s)
+    # fp32 partial sums in another order, then one bf16 rounding: at most one bf16 ulp apart
+    torch.testing.assert_close(split.float(), one.float(), rtol=2**-7, atol=1e-2)
+    torch.testing.assert_close(split.float(), ref.float(), rtol=2**-7, atol=1e-2)
+    assert not torch.equal(a_s, torch.ones_like(a_s))  # scales are real, so a dropped scale would show
+
+
+def test_scales_are_applied_per_block():
+    a, a_s, b, b_s = _operands(2, 256, 256, seed=2)
+    b_s2 = b_s.clone()
+    b_s2[1, 0] *= 4  # one 128x128 weight block: only columns 128..255 change
+    out1 = fp8_gemm(a, a_s, b, b_s).float()
+    out2 = fp8_gemm(a, a_s, b, b_s2).float()
+    assert torch.equal(out1[:, :128], out2[:, :128])
+    assert not torch.allclose(out1[:, 128:], out2[:, 128:])
+    torch.testing.assert_close(out2, fp8_gemm_ref(a, a_s, b, b_s2).float(), rtol=2**-7, atol=1e-2)
+
+
+def test_tile_choice_is_keyed_on_capability():
+    sm90 = gemm_config(4096, 7168, 7168, (9, 0))
+    sm120 = gemm_config(4096, 7168, 7168, (12, 0))
+    assert (sm90.block_m, sm90.block_n, sm90.num_stages) == (128, 128, 4)
+    # ~100 KB of shared memory: 2 stages of 128x128 fp8 A and B tiles (64 KB) fit, 4 (128 KB) do not
+    assert sm120.num_stages * 2 * 128 * 128 <= 100 * 1024 < 4 * 2 * 128 * 128
+    dec = gemm_config(1, 7168, 7168, (9, 0), num_sms=132)
+    assert dec.block_m == 16 and dec.split_k > 1
+    assert (7168 // dec.block_n) * dec.split_k >= 2 * 132  # at least two waves stream the weight
+    assert gemm_config(64, 7168, 7168, (12, 0)).num_stages < dec.num_stages
+    assert gemm_config(200, 7168, 7168, (9, 0)).split_k == 1
+
+
+@pytest.mark.parametrize(
+    "shapes, needle",
+    [
+        (((4, 256), (4, 2), (64, 128), (1, 1)), "K differs"),
+        (((4, 256), (4, 1), (64, 256), (1, 2)), "a_s must be [4, 2]"),
+        (((4, 256), (4, 2), (200, 256), (1, 2)), "b_s must be [2, 2]"),
+    ],
+)
+def test_bad_shapes_name_the_operand(shapes, needle):
+    (am, ak), a_s, (bn, bk), b_s = shapes
+    a = torch.zeros(am, ak, dtype=torch.float8_e4m3fn)
+    b = torch.zeros(bn, bk, dtype=torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match=needle.replace("[", r"\[")):
+        fp8_gemm(a, torch.ones(a_s), b, torch.ones(b_s))
