@@ -1,0 +1,100 @@
+"""The comment's test section: per-runner tables, metrics, folded failures, the not-run list, escaping."""
+
+from __future__ import annotations
+
+import pytest
+
+from bot.report import environment, render
+from checks.model import (
+    Audit, AuditRequest, CaseResult, ChangeSet, Checkout, DeviceFingerprint, PillarMap, PlannedSuite, Results,
+    SuiteResult, TestPlan as Plan,
+)
+
+LIMITS = {"files": 1000, "symbols": 1000, "findings": 1000, "cases": 2}
+
+
+def audit_with(plan, results):
+    co = Checkout(repo="/r", base_sha="a" * 40, head_sha="b" * 40, merge_base_sha="a" * 40)
+    return Audit(request=AuditRequest(repo="/r", base="a", head="b"), checkout=co, config_source="test",
+                 changes=ChangeSet("a" * 40, "b" * 40, "a" * 40), pillars=PillarMap(), plan=plan, results=results)
+
+
+@pytest.fixture
+def audit():
+    plan = Plan(
+        audit_id="da-1", head_sha="b" * 40,
+        suites=[
+            PlannedSuite("parity-rmsnorm", "parity", "pytest tests/kernels", "sm90", reasons=["pillar 'wiring' touched"]),
+            PlannedSuite("decode", "decode", "python -m engine.decode", "sm90", reasons=["path 'engine/**' matched engine/model.py"]),
+            PlannedSuite("pytest:tests/x/test_<b>.py", "unit", "pytest", "cpu", reasons=["imports: a → b"]),
+            PlannedSuite("parity-mxfp4", "parity", "pytest", "sm120", requires="cc >= 12.0", reasons=["pillar 'wiring' touched"]),
+        ],
+        not_affected=["engine-unit"],
+    )
+    results = Results(
+        audit_id="da-1", head_sha="b" * 40,
+        suites=[
+            SuiteResult("parity-rmsnorm", "sm90", "passed", 12.5, metrics={"max_abs": 0.0039062, "cos_diff": 2.1e-7}),
+            SuiteResult("decode", "sm90", "failed", 40.0, reason="diverges from 'g.jsonl' at step 17",
+                        output_tail="Traceback\n```` fence\n<script>alert(1)</script>",
+                        cases=[CaseResult(f"prompt[{i}]", "failed", 1.0, "token 17 != 9", {"first_divergence": 17})
+                               for i in range(3)],
+                        metrics={"first_divergence": 17, "near_tie_margin": 0.0312}),
+            SuiteResult("pytest:tests/x/test_<b>.py", "cpu", "skipped", reason="needs sm90"),
+        ],
+        devices=[DeviceFingerprint(label="sm90", gpu="NVIDIA H200", compute_capability="9.0", driver="570.1",
+                                   cuda="12.8", torch="2.11.0", triton="3.6.0")],
+    )
+    return audit_with(plan, results)
+
+
+def section(audit):
+    return environment().get_template("_results.md.j2").render(audit=audit, limits=LIMITS)
+
+
+def test_results_table_per_runner_with_metrics(audit):
+    text = section(audit)
+    assert "**sm90** · NVIDIA H200 (cc 9.0), driver 570.1, CUDA 12.8, torch 2.11.0, triton 3.6.0" in text
+    assert "| `parity-rmsnorm` | ✅ passed | 12.5 s | max_abs 0.00391 · cos_diff 2.1e-07 | — |" in text
+    assert ("| `decode` | ❌ failed: diverges from 'g.jsonl' at step 17 | 40.0 s | near_tie_margin 0.0312 | "
+            "step 17 (near-tie margin 0.0312) |") in text
+    assert "<details><summary>❌ decode on sm90: failed, diverges from 'g.jsonl' at step 17</summary>" in text
+    assert "- `prompt[0]`: failed, token 17 \\!= 9 · first_divergence 17" in text
+    assert "triton 3.6.0\n\n| Suite |" in text
+    assert "- … 1 more" in text and "prompt[2]" not in text
+
+
+def test_user_text_is_escaped(audit):
+    text = section(audit)
+    assert "<script>" in text.split("````text")[1].split("````\n")[0]  # inside the fenced tail only
+    assert "`` ``" in text or "``\u200b``" in text  # a fence in the output cannot close ours
+    assert text.count("````text") == 1 and text.count("\n````\n") == 1
+    assert "test_<b>" not in text  # file names from the PR never reach the comment as raw HTML
+
+
+def test_not_run_list_says_how(audit):
+    text = section(audit)
+    assert ("- `pytest:tests/x/test_&lt;b&gt;.py` on cpu: needs sm90. Run it: `/audit run pytest:tests/x/test_&lt;b&gt;.py` · "
+            "`drift-audit review --run --suite pytest:tests/x/test_&lt;b&gt;.py`") in text
+    assert ("- `parity-mxfp4` on sm120: selected, no result came back. Run it: `/audit run parity-mxfp4 on sm120` · "
+            "`drift-audit review --run --suite parity-mxfp4`") in text
+    assert "<details><summary>1 suite not affected by this change</summary>" in text
+    assert "- `engine-unit`: `/audit run engine-unit` · `drift-audit review --run --suite engine-unit`" in text
+    assert "- `decode` on sm90: path 'engine/\\*\\*' matched engine/model.py" in text
+
+
+def test_plan_without_results_and_empty_plan(audit):
+    audit.results = None
+    text = section(audit)
+    assert "| Suite |" not in text
+    assert "- `decode` on sm90: selected, not run in this audit." in text
+    audit.plan = Plan("da-1", "b" * 40)
+    assert "No test suites are declared" in section(audit)
+    audit.plan = None
+    assert section(audit).strip() == ""
+
+
+def test_included_in_the_comment(audit):
+    report = render(audit)
+    assert "#### Tests" in report.markdown and "parity-rmsnorm" in report.markdown
+    assert report.verdict == "fail"
