@@ -42,6 +42,7 @@ import tree_sitter as ts
 
 from checks import syntax
 from checks.config import Fact
+from checks.globs import compile_globs
 
 OPTIONS = ("key", "scope", "count", "len", "sub", "case", "ignore", "unquote")
 SCOPE_KINDS = ("function", "enum", "class", "if-chain")
@@ -179,7 +180,7 @@ def _compile(sig: str, fact: Fact) -> _Compiled:
         wanted = fact.options.get("key", "key")
         if wanted not in ("@index",) and wanted not in regex.groupindex:
             raise FactError(f"{describe(fact)}: regex has no (?P<{wanted}>...) group; add one for the row key")
-    spec = pathspec.PathSpec.from_lines("gitwildmatch", fact.files)
+    spec = compile_globs(fact.files)
     out = _Compiled(fact, query, regex, spec, sig)
     with _compile_lock:
         _compiled[key] = out

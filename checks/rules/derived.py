@@ -147,10 +147,14 @@ def evaluate(rule: Rule, rows: Rows) -> list[Finding]:
     if ok:
         return []
     shown = ", ".join(f"{n} = {env.values.get(n, '?')}" for n in used)
-    locations = [loc(env.rows[n], f"{n} = {env.rows[n].get(fld)} = {env.values.get(n)}") for n in used if n in env.rows]
+    locations = [loc(env.rows[n], _note(n, env.rows[n].get(fld), env.values.get(n))) for n in used if n in env.rows]
     parts = _sides(tree, env)
     detail = f"{expr} does not hold: {parts} (with {shown})"
     return [finding(rule, detail, locations, [expr])]
+
+
+def _note(name: str, text: object, value: object) -> str:
+    return f"{name} = {text}" if str(text).strip() == str(value) else f"{name} = {text} = {value}"
 
 
 def _sides(tree: ast.expr, env: _Env) -> str:

@@ -1,0 +1,100 @@
+"""``drift-audit facts``: print the rows a fact yields, so a config can be written by trial."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "facts",
+        help="print the rows the config's facts yield",
+        description="Print the rows (key, values, file:line) each [[fact]] yields on a revision. "
+        "The config is the work tree's .github/drift-audit.toml when it exists (so edits show at once), "
+        "else the one committed at REV; --config names another file.",
+    )
+    p.add_argument("path", nargs="?", default=".", help="repository (default: .)")
+    p.add_argument("--fact", action="append", metavar="ID", help="only this fact (repeatable)")
+    p.add_argument("--rev", default="HEAD", help="revision whose files are read (default: HEAD)")
+    p.add_argument("--config", metavar="FILE", help="read the config from FILE")
+    p.add_argument("--format", choices=("text", "json"), default="text")
+    p.set_defaults(handler=run)
+
+
+def _load(args, repo, sha):
+    from pathlib import Path
+
+    from checks.config import CONFIG_PATH, load_config, parse_config
+
+    if args.config:
+        path = Path(args.config)
+    else:
+        path = Path(repo.working_dir or ".") / CONFIG_PATH if repo.working_dir else None
+    if path is not None and path.is_file():
+        return parse_config(path.read_text(encoding="utf-8"), str(path))
+    if args.config:
+        raise FileNotFoundError(f"{args.config}: no such file")
+    return load_config(repo, sha)
+
+
+def run(args: argparse.Namespace) -> int:
+    import json
+
+    from checks.config import ConfigError
+    from checks.facts import FactError, extract
+    from checks.workspace import Tree, WorkspaceError, open_repo, resolve
+
+    try:
+        repo = open_repo(args.path)
+        sha = resolve(repo, args.rev)
+        config = _load(args, repo, sha)
+    except (WorkspaceError, ConfigError, FileNotFoundError) as exc:
+        print(f"drift-audit facts: {exc}", file=sys.stderr)
+        return 2
+    facts = config.facts
+    if args.fact:
+        known = {f.id for f in facts}
+        unknown = [f for f in args.fact if f not in known]
+        if unknown:
+            print(
+                f"drift-audit facts: no fact {', '.join(map(repr, unknown))} in {config.source}; "
+                f"facts: {', '.join(sorted(known)) or 'none'}",
+                file=sys.stderr,
+            )
+            return 2
+        facts = [f for f in facts if f.id in args.fact]
+    tree = Tree(str(repo.working_dir or repo.git_dir), sha)
+    status = 0
+    dump = []
+    for fact in facts:
+        try:
+            result = extract(fact, tree)
+        except FactError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            status = 1
+            continue
+        if args.format == "json":
+            dump.append(
+                {
+                    "fact": fact.id,
+                    "files": result.files,
+                    "problems": result.problems,
+                    "rows": [
+                        {"key": r.key, "values": {k: str(v) for k, v in r.values.items()}, "path": r.path, "line": r.line}
+                        for r in result.rows
+                    ],
+                }
+            )
+            continue
+        print(f"# {fact.id}: {len(result.rows)} row(s) from {len(result.files)} file(s)")
+        for r in result.rows:
+            values = "  ".join(f"{k}={v}" for k, v in r.values.items())
+            print(f"{r.key}\t{values}\t{r.path}:{r.line}" if values else f"{r.key}\t{r.path}:{r.line}")
+        for problem in result.problems:
+            print(f"  ! {problem}")
+        if not result.files:
+            print(f"  ! files = {fact.files} selects no file at {args.rev}")
+    if args.format == "json":
+        print(json.dumps(dump, indent=2))
+    return status
