@@ -190,6 +190,26 @@ def _symbols_job(job: _HunkJob) -> list[list[tuple[str, int]]]:
 
 
 def _run_jobs(jobs: list[_HunkJob]) -> list[list[list[tuple[str, int]]]]:
+    """Answers per job, from a cache keyed by blob and changed lines, so a re-audit re-parses nothing."""
+    results: list = [_results_cache.get(_job_key(j)) for j in jobs]
+    todo = [i for i, r in enumerate(results) if r is None]
+    for i, res in zip(todo, _run_uncached([jobs[i] for i in todo])):
+        results[i] = res
+        if len(_results_cache) > 50_000:
+            _results_cache.clear()
+        _results_cache[_job_key(jobs[i])] = res
+    return results
+
+
+_results_cache: dict[tuple, list] = {}
+
+
+def _job_key(job: _HunkJob) -> tuple:
+    lang, _data, blob, hunk_lines = job
+    return (lang, blob, tuple((ls[0], ls[-1], len(ls)) for ls in hunk_lines), hash(tuple(map(tuple, hunk_lines))))
+
+
+def _run_uncached(jobs: list[_HunkJob]) -> list[list[list[tuple[str, int]]]]:
     """Parse in two processes when the change is large and forking is safe (single-threaded CLI).
 
     Tree-sitter holds the GIL while parsing, so threads don't help; a forked
