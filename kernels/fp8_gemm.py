@@ -30,8 +30,10 @@ from kernels.harness import Case, Check, ParitySpec
 BLOCK = 128  # quantisation block, both for activations (1×128) and weights (128×128)
 
 
-def fp8_gemm_ref(a: torch.Tensor, a_s: torch.Tensor, b: torch.Tensor, b_s: torch.Tensor) -> torch.Tensor:
-    """Dequantise both operands to fp32, multiply in fp32, return bf16 ``[M, N]``.
+def fp8_gemm_ref(
+    a: torch.Tensor, a_s: torch.Tensor, b: torch.Tensor, b_s: torch.Tensor, out_dtype: torch.dtype = torch.bfloat16
+) -> torch.Tensor:
+    """Dequantise both operands to fp32, multiply in fp32, return ``[M, N]`` in ``out_dtype``.
 
     ``a[M, K]`` fp8 with ``a_s[M, ceil(K/128)]``; ``b[N, K]`` fp8 with ``b_s[ceil(N/128), ceil(K/128)]``.
     """
@@ -41,7 +43,7 @@ def fp8_gemm_ref(a: torch.Tensor, a_s: torch.Tensor, b: torch.Tensor, b_s: torch
     k = a.shape[1]
     af = a.float() * a_s.float().repeat_interleave(BLOCK, dim=1)[:, :k]
     bf = weight_dequant_ref(b, b_s, block=BLOCK)
-    return (af @ bf.t()).to(torch.bfloat16)
+    return (af @ bf.t()).to(out_dtype)
 
 
 def quant_weight_blocks(w: torch.Tensor, block: int = BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
@@ -198,12 +200,13 @@ def fp8_gemm(
     a_s: torch.Tensor,
     b: torch.Tensor,
     b_s: torch.Tensor,
+    out_dtype: torch.dtype = torch.bfloat16,
     *,
     out: torch.Tensor | None = None,
     config: GemmConfig | None = None,
 ) -> torch.Tensor:
-    """Triton twin of :func:`fp8_gemm_ref` (same operands, bf16 ``[M, N]`` out, written into ``out`` when
-    given). ``config`` overrides :func:`gemm_config` (benchmarks sweep it). Callers flatten tokens to 2-D.
+    """Triton twin of :func:`fp8_gemm_ref` (same operands, ``[M, N]`` in ``out_dtype``, written into ``out``
+    when given). ``config`` overrides :func:`gemm_config` (benchmarks sweep it). Callers flatten tokens to 2-D.
     """
     _check(a, a_s, b, b_s)
     m, k = a.shape
@@ -213,9 +216,9 @@ def fp8_gemm(
         sms = torch.cuda.get_device_properties(a.device).multi_processor_count if cap else 132
         config = gemm_config(m, n, k, cap, sms)
     if out is None:
-        out = torch.empty((m, n), dtype=torch.bfloat16, device=a.device)
-    elif tuple(out.shape) != (m, n) or out.dtype != torch.bfloat16:
-        raise ValueError(f"fp8_gemm: out must be [{m}, {n}] bfloat16, got {tuple(out.shape)} {out.dtype}")
+        out = torch.empty((m, n), dtype=out_dtype, device=a.device)
+    elif tuple(out.shape) != (m, n) or out.dtype != out_dtype:
+        raise ValueError(f"fp8_gemm: out must be [{m}, {n}] {out_dtype}, got {tuple(out.shape)} {out.dtype}")
     c = out
     if m == 0 or n == 0:
         return c
@@ -253,7 +256,7 @@ def _inputs(case: Case, device: torch.device, gen: torch.Generator) -> dict:
     w = torch.randn(n, k, generator=gen, device=device) * 0.05
     a, a_s = act_quant_ref(x)
     b, b_s = quant_weight_blocks(w)
-    return {"a": a, "a_s": a_s, "b": b, "b_s": b_s}
+    return {"a": a, "a_s": a_s, "b": b, "b_s": b_s, "out_dtype": case.params.get("out_dtype", torch.bfloat16)}
 
 
 _GPU = ("cuda",)
@@ -268,6 +271,7 @@ SPEC = ParitySpec(
         Case("5x96x200 partial-K", {"mnk": (5, 96, 200)}),  # K and N not multiples of 128
         Case("33x130x384", {"mnk": (33, 130, 384)}),
         Case("70x64x128 prefill", {"mnk": (70, 64, 128)}),
+        Case("3x64x64 fp32 out", {"mnk": (3, 64, 64), "out_dtype": torch.float32}, dtype=torch.float32),
         Case("1x7168x7168", {"mnk": (1, 7168, 7168)}, devices=_GPU),
         Case("16x7168x7168", {"mnk": (16, 7168, 7168)}, devices=_GPU),
         Case("64x7168x7168", {"mnk": (64, 7168, 7168)}, devices=_GPU),

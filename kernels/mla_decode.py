@@ -34,40 +34,64 @@ PAGE = 64
 _LOG2E = 1.4426950408889634
 
 
-def mla_decode_ref(
+def paged_mla_decode_ref(
     q: torch.Tensor,
     kv_cache: torch.Tensor,
     block_table: torch.Tensor,
     seq_lens: torch.Tensor,
     softmax_scale: float,
+    kv_lora_rank: int = LATENT,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """fp32 oracle: gathers each sequence's rows through the block table, softmax in fp32.
+    """fp32 oracle over the paged cache: gathers each sequence's rows through the block table.
 
-    Returns ``(out[B, H, 512] in q.dtype, lse[B, H] fp32)``. Every ``seq_lens[b]`` must be ≥ 1.
+    Returns ``(out[B, H, kv_lora_rank] in q.dtype, lse[B, H] fp32)``. Every ``seq_lens[b]`` must be ≥ 1.
     """
-    _check(q, kv_cache, block_table, seq_lens)
+    _check_paged(q, kv_cache, block_table, seq_lens)
     page = kv_cache.shape[1]
+    c = kv_lora_rank
     b_sz, h, _ = q.shape
-    out = torch.empty(b_sz, h, LATENT, dtype=torch.float32, device=q.device)
+    out = torch.empty(b_sz, h, c, dtype=torch.float32, device=q.device)
     lse = torch.empty(b_sz, h, dtype=torch.float32, device=q.device)
     for b in range(b_sz):
         n = int(seq_lens[b])
         if n < 1:
             raise ValueError(f"mla_decode: seq_lens[{b}] = {n}; every sequence needs at least one cached token")
         pos = torch.arange(n, device=q.device)
-        rows = kv_cache[block_table[b, pos // page].long(), pos % page].float()  # [n, 576]
+        rows = kv_cache[block_table[b, pos // page].long(), pos % page].float()  # [n, C + R]
         s = (q[b].float() @ rows.t()) * softmax_scale  # [H, n]
         lse[b] = torch.logsumexp(s, dim=-1)
-        out[b] = torch.softmax(s, dim=-1) @ rows[:, :LATENT]
+        out[b] = torch.softmax(s, dim=-1) @ rows[:, :c]
     return out.to(q.dtype), lse
 
 
-def _check(q, kv_cache, block_table, seq_lens) -> None:
-    if q.dim() != 3 or q.shape[-1] != LATENT + ROPE:
-        raise ValueError(f"mla_decode: q must be [batch, heads, {LATENT + ROPE}], got {tuple(q.shape)}")
-    if kv_cache.dim() != 3 or kv_cache.shape[-1] != LATENT + ROPE:
+def mla_decode_ref(
+    q_latent: torch.Tensor,
+    q_pe: torch.Tensor,
+    kv: torch.Tensor,
+    pe: torch.Tensor,
+    lengths: torch.Tensor,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The engine's op over a contiguous per-sequence latent cache (its torch backend's layout).
+
+    ``q_latent[B,H,C]``, ``q_pe[B,H,R]``, ``kv[B,T,C]``, ``pe[B,T,R]``; sequence ``b`` attends to cache rows
+    ``0..lengths[b]-1``. Returns ``(o_latent[B,H,C] in q's dtype, lse[B,H] fp32)``, fp32 math.
+    """
+    scores = (torch.einsum("bhc,btc->bht", q_latent.float(), kv.float())
+              + torch.einsum("bhr,btr->bht", q_pe.float(), pe.float())) * scale
+    t = torch.arange(kv.shape[1], device=kv.device)
+    scores = scores.masked_fill((t[None, :] >= lengths[:, None]).unsqueeze(1), float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)
+    o = torch.einsum("bht,btc->bhc", torch.exp(scores - lse.unsqueeze(-1)), kv.float())
+    return o.to(q_latent.dtype), lse
+
+
+def _check_paged(q, kv_cache, block_table, seq_lens) -> None:
+    if q.dim() != 3:
+        raise ValueError(f"mla_decode: q must be [batch, heads, latent + rope], got {tuple(q.shape)}")
+    if kv_cache.dim() != 3 or kv_cache.shape[-1] != q.shape[-1]:
         raise ValueError(
-            f"mla_decode: kv_cache must be [pages, page_size, {LATENT + ROPE}], got {tuple(kv_cache.shape)}"
+            f"mla_decode: kv_cache must be [pages, page_size, {q.shape[-1]}] (q's width), got {tuple(kv_cache.shape)}"
         )
     if block_table.dim() != 2 or block_table.shape[0] != q.shape[0]:
         raise ValueError(
@@ -91,8 +115,8 @@ class DecodeConfig:
 def decode_config(
     batch: int, heads: int, max_context: int, capability: tuple[int, int] | None, num_sms: int = 132
 ) -> DecodeConfig:
-    """Tiles and split count. ``max_context`` is the block table's capacity (a shape, never a device read,
-    so the choice is fixed under CUDA-graph capture).
+    """Tiles and split count. ``max_context`` is the cache's capacity (a shape, never a device read, so
+    the choice is fixed under CUDA-graph capture).
 
     A 64-token tile of 576 bf16 columns is 72 KB; sm90 double-buffers it in its 228 KB of shared memory,
     smaller-memory parts (sm120: ~100 KB) take 32-token tiles. Splits aim at two waves of programs.
@@ -109,17 +133,18 @@ def decode_config(
 
 @triton.jit
 def _mla_split_kernel(
-    q_ptr, kv_ptr, bt_ptr, len_ptr, o_ptr, lse_ptr,
-    scale_log2, H,
-    stride_qb, stride_qh, stride_kp, stride_kt, stride_btb,
+    ql_ptr, qr_ptr, kv_ptr, pe_ptr, bt_ptr, len_ptr, o_ptr, lse_ptr,
+    scale_log2, H, PAGE_SIZE, NUM_SPLITS, C, R,
+    stride_qlb, stride_qlh, stride_qrb, stride_qrh,
+    stride_kvp, stride_kvt, stride_pep, stride_pet, stride_btb,
     stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
-    PAGE_SIZE: tl.constexpr, D_LAT: tl.constexpr, D_ROPE: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, F32_DOT: tl.constexpr,
+    D_LAT: tl.constexpr, D_ROPE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+    F32_DOT: tl.constexpr,
 ):
     b = tl.program_id(0)
     split = tl.program_id(1)
     hb = tl.program_id(2)
-    seq_len = tl.load(len_ptr + b)
+    seq_len = tl.load(len_ptr + b).to(tl.int32)
     chunk = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
     start = split * chunk
     end = tl.minimum(start + chunk, seq_len)
@@ -128,9 +153,12 @@ def _mla_split_kernel(
     h_ok = heads < H
     d_lat = tl.arange(0, D_LAT)
     d_rope = tl.arange(0, D_ROPE)
-    q_row = q_ptr + b * stride_qb + heads[:, None] * stride_qh
-    q_lat = tl.load(q_row + d_lat[None, :], mask=h_ok[:, None], other=0.0)
-    q_pe = tl.load(q_row + D_LAT + d_rope[None, :], mask=h_ok[:, None], other=0.0)
+    c_ok = d_lat < C
+    r_ok = d_rope < R
+    q_lat = tl.load(ql_ptr + b * stride_qlb + heads[:, None] * stride_qlh + d_lat[None, :],
+                    mask=h_ok[:, None] & c_ok[None, :], other=0.0)
+    q_pe = tl.load(qr_ptr + b * stride_qrb + heads[:, None] * stride_qrh + d_rope[None, :],
+                   mask=h_ok[:, None] & r_ok[None, :], other=0.0)
     if F32_DOT:
         q_lat = q_lat.to(tl.float32)
         q_pe = q_pe.to(tl.float32)
@@ -141,10 +169,12 @@ def _mla_split_kernel(
     for t0 in range(start, end, BLOCK_N):
         t = t0 + tl.arange(0, BLOCK_N)
         t_ok = t < end
-        page = tl.load(bt_ptr + b * stride_btb + t // PAGE_SIZE, mask=t_ok, other=0)
-        row = kv_ptr + page.to(tl.int64) * stride_kp + (t % PAGE_SIZE) * stride_kt
-        kv = tl.load(row[:, None] + d_lat[None, :], mask=t_ok[:, None], other=0.0)
-        k_pe = tl.load(row[:, None] + D_LAT + d_rope[None, :], mask=t_ok[:, None], other=0.0)
+        page = tl.load(bt_ptr + b * stride_btb + t // PAGE_SIZE, mask=t_ok, other=0).to(tl.int64)
+        slot = t % PAGE_SIZE
+        kv = tl.load(kv_ptr + (page * stride_kvp + slot * stride_kvt)[:, None] + d_lat[None, :],
+                     mask=t_ok[:, None] & c_ok[None, :], other=0.0)
+        k_pe = tl.load(pe_ptr + (page * stride_pep + slot * stride_pet)[:, None] + d_rope[None, :],
+                       mask=t_ok[:, None] & r_ok[None, :], other=0.0)
         if F32_DOT:
             kv = kv.to(tl.float32)
             k_pe = k_pe.to(tl.float32)
@@ -155,8 +185,8 @@ def _mla_split_kernel(
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        if F32_DOT:  # the same products, rounded as the tensor cores round p
-            p_dot = p.to(q_ptr.dtype.element_ty).to(tl.float32)
+        if F32_DOT:  # the same products, with p rounded as the tensor-core path rounds it
+            p_dot = p.to(ql_ptr.dtype.element_ty).to(tl.float32)
         else:
             p_dot = p.to(kv.dtype)
         acc = acc * alpha[:, None] + tl.dot(p_dot, kv)
@@ -166,16 +196,16 @@ def _mla_split_kernel(
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
     lse2 = tl.where(empty, float("-inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))
     o_ptrs = o_ptr + b * stride_ob + heads[:, None] * stride_oh + split * stride_os + d_lat[None, :]
-    tl.store(o_ptrs, out, mask=h_ok[:, None])
+    tl.store(o_ptrs, out, mask=h_ok[:, None] & c_ok[None, :])
     tl.store(lse_ptr + b * stride_lb + heads * stride_lh + split, lse2, mask=h_ok)
 
 
 @triton.jit
 def _mla_merge_kernel(
-    po_ptr, plse_ptr, o_ptr, lse_ptr,
+    po_ptr, plse_ptr, o_ptr, lse_ptr, NUM_SPLITS, C,
     stride_pb, stride_ph, stride_ps, stride_lpb, stride_lph,
     stride_ob, stride_oh, stride_lb, stride_lh,
-    NUM_SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr, D_LAT: tl.constexpr, EXACT: tl.constexpr,
+    SPLITS_P2: tl.constexpr, D_LAT: tl.constexpr, EXACT: tl.constexpr,
 ):
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -186,74 +216,111 @@ def _mla_merge_kernel(
     w = tl.where(lse == float("-inf"), 0.0, tl.exp2(lse - m))
     total = tl.sum(w, 0)
     d = tl.arange(0, D_LAT)
+    d_ok = d < C
     part = tl.load(
-        po_ptr + b * stride_pb + h * stride_ph + s[:, None] * stride_ps + d[None, :], mask=s_ok[:, None], other=0.0
+        po_ptr + b * stride_pb + h * stride_ph + s[:, None] * stride_ps + d[None, :],
+        mask=s_ok[:, None] & d_ok[None, :], other=0.0,
     )
     out = tl.sum(part * w[:, None], 0) / total
-    tl.store(o_ptr + b * stride_ob + h * stride_oh + d, cast_rne(out, o_ptr.dtype.element_ty, EXACT))
+    tl.store(o_ptr + b * stride_ob + h * stride_oh + d, cast_rne(out, o_ptr.dtype.element_ty, EXACT), mask=d_ok)
     tl.store(lse_ptr + b * stride_lb + h * stride_lh, (m + tl.log2(total)) / 1.4426950408889634)
 
 
-def mla_decode(
+def _decode(q_lat, q_pe, kv, pe, block_table, seq_lens, page_size, capacity, scale, out, config):
+    """Launch split + merge. ``kv``/``pe`` are ``[pages, page_size, C|R]`` views (any page stride)."""
+    b_sz, h, c = q_lat.shape
+    r = q_pe.shape[-1]
+    for name, t in (("q_latent", q_lat), ("q_pe", q_pe), ("kv", kv), ("pe", pe)):
+        if t.stride(-1) != 1:
+            raise ValueError(f"mla_decode: {name} must be contiguous in its last dim")
+    cap = capability(q_lat.device)
+    if config is None:
+        sms = torch.cuda.get_device_properties(q_lat.device).multi_processor_count if cap else 132
+        config = decode_config(b_sz, h, capacity, cap, sms)
+    splits = config.num_splits
+    if out is None:
+        o = torch.empty(b_sz, h, c, dtype=q_lat.dtype, device=q_lat.device)
+        lse = torch.empty(b_sz, h, dtype=torch.float32, device=q_lat.device)
+    else:
+        o, lse = out
+        if tuple(o.shape) != (b_sz, h, c) or o.dtype != q_lat.dtype or o.stride(2) != 1:
+            raise ValueError(f"mla_decode: out must be [{b_sz}, {h}, {c}] {q_lat.dtype}, got {tuple(o.shape)} {o.dtype}")
+        if tuple(lse.shape) != (b_sz, h) or lse.dtype != torch.float32:
+            raise ValueError(f"mla_decode: lse must be [{b_sz}, {h}] float32, got {tuple(lse.shape)} {lse.dtype}")
+    if b_sz == 0:
+        return o, lse
+    part_o = torch.empty(b_sz, h, splits, c, dtype=torch.float32, device=q_lat.device)
+    part_lse = torch.empty(b_sz, h, splits, dtype=torch.float32, device=q_lat.device)
+    d_lat = max(16, triton.next_power_of_2(c))
+    d_rope = max(16, triton.next_power_of_2(r))
+    _mla_split_kernel[(b_sz, splits, triton.cdiv(h, config.block_h))](
+        q_lat, q_pe, kv, pe, block_table, seq_lens, part_o, part_lse,
+        scale * _LOG2E, h, page_size, splits, c, r,
+        q_lat.stride(0), q_lat.stride(1), q_pe.stride(0), q_pe.stride(1),
+        kv.stride(0), kv.stride(1), pe.stride(0), pe.stride(1), block_table.stride(0),
+        part_o.stride(0), part_o.stride(1), part_o.stride(2), part_lse.stride(0), part_lse.stride(1),
+        D_LAT=d_lat, D_ROPE=d_rope, BLOCK_H=config.block_h, BLOCK_N=config.block_n, F32_DOT=cap is None,
+        num_warps=config.num_warps, num_stages=config.num_stages,
+    )
+    _mla_merge_kernel[(b_sz, h)](
+        part_o, part_lse, o, lse, splits, c,
+        part_o.stride(0), part_o.stride(1), part_o.stride(2), part_lse.stride(0), part_lse.stride(1),
+        o.stride(0), o.stride(1), lse.stride(0), lse.stride(1),
+        SPLITS_P2=triton.next_power_of_2(splits), D_LAT=d_lat, EXACT=interpreting(),
+        num_warps=4,
+    )
+    return o, lse
+
+
+def paged_mla_decode(
     q: torch.Tensor,
     kv_cache: torch.Tensor,
     block_table: torch.Tensor,
     seq_lens: torch.Tensor,
     softmax_scale: float,
+    kv_lora_rank: int = LATENT,
     *,
     out: tuple[torch.Tensor, torch.Tensor] | None = None,
     config: DecodeConfig | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Triton twin of :func:`mla_decode_ref`, writing into ``out=(o, lse)`` when given. No host
+    """Triton twin of :func:`paged_mla_decode_ref`, writing into ``out=(o, lse)`` when given. No host
     synchronisation, so it can be graph-captured."""
-    _check(q, kv_cache, block_table, seq_lens)
-    b_sz, h, _ = q.shape
+    _check_paged(q, kv_cache, block_table, seq_lens)
+    c = kv_lora_rank
     page = kv_cache.shape[1]
-    if kv_cache.stride(2) != 1 or q.stride(2) != 1:
-        raise ValueError("mla_decode: the last dim of q and kv_cache must be contiguous")
-    cap = capability(q.device)
-    if config is None:
-        sms = torch.cuda.get_device_properties(q.device).multi_processor_count if cap else 132
-        config = decode_config(b_sz, h, block_table.shape[1] * page, cap, sms)
-    splits = config.num_splits
-    part_o = torch.empty(b_sz, h, splits, LATENT, dtype=torch.float32, device=q.device)
-    part_lse = torch.empty(b_sz, h, splits, dtype=torch.float32, device=q.device)
-    if out is None:
-        out = torch.empty(b_sz, h, LATENT, dtype=q.dtype, device=q.device)
-        lse = torch.empty(b_sz, h, dtype=torch.float32, device=q.device)
-    else:
-        out, lse = out
-        if tuple(out.shape) != (b_sz, h, LATENT) or out.dtype != q.dtype or out.stride(2) != 1:
-            raise ValueError(f"mla_decode: out must be [{b_sz}, {h}, {LATENT}] {q.dtype}, got {tuple(out.shape)} {out.dtype}")
-        if tuple(lse.shape) != (b_sz, h) or lse.dtype != torch.float32:
-            raise ValueError(f"mla_decode: lse must be [{b_sz}, {h}] float32, got {tuple(lse.shape)} {lse.dtype}")
-    if b_sz == 0:
-        return out, lse
-    grid = (b_sz, splits, triton.cdiv(h, config.block_h))
-    _mla_split_kernel[grid](
-        q, kv_cache, block_table, seq_lens, part_o, part_lse,
-        softmax_scale * _LOG2E, h,
-        q.stride(0), q.stride(1), kv_cache.stride(0), kv_cache.stride(1), block_table.stride(0),
-        part_o.stride(0), part_o.stride(1), part_o.stride(2), part_lse.stride(0), part_lse.stride(1),
-        PAGE_SIZE=page, D_LAT=LATENT, D_ROPE=ROPE,
-        BLOCK_H=config.block_h, BLOCK_N=config.block_n, NUM_SPLITS=splits, F32_DOT=cap is None,
-        num_warps=config.num_warps, num_stages=config.num_stages,
-    )
-    _mla_merge_kernel[(b_sz, h)](
-        part_o, part_lse, out, lse,
-        part_o.stride(0), part_o.stride(1), part_o.stride(2), part_lse.stride(0), part_lse.stride(1),
-        out.stride(0), out.stride(1), lse.stride(0), lse.stride(1),
-        NUM_SPLITS=splits, SPLITS_P2=triton.next_power_of_2(splits), D_LAT=LATENT, EXACT=interpreting(),
-        num_warps=4,
-    )
-    return out, lse
+    return _decode(q[..., :c], q[..., c:], kv_cache[..., :c], kv_cache[..., c:], block_table, seq_lens,
+                   page, block_table.shape[1] * page, softmax_scale, out, config)
 
 
-def bytes_moved(seq_lens: torch.Tensor, heads: int, elem: int = 2) -> int:
+def mla_decode(
+    q_latent: torch.Tensor,
+    q_pe: torch.Tensor,
+    kv: torch.Tensor,
+    pe: torch.Tensor,
+    lengths: torch.Tensor,
+    scale: float,
+    *,
+    out: tuple[torch.Tensor, torch.Tensor] | None = None,
+    config: DecodeConfig | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Triton twin of :func:`mla_decode_ref` (the engine op over a contiguous cache): the same kernel,
+    with each sequence's cache row as one page."""
+    b_sz, t = kv.shape[0], kv.shape[1]
+    if pe.shape[:2] != kv.shape[:2] or q_latent.shape[0] != b_sz or tuple(lengths.shape) != (b_sz,):
+        raise ValueError(
+            f"mla_decode: kv {tuple(kv.shape)}, pe {tuple(pe.shape)}, q_latent {tuple(q_latent.shape)} and "
+            f"lengths {tuple(lengths.shape)} must agree on batch and cache length"
+        )
+    table = torch.arange(b_sz, dtype=torch.int32, device=kv.device).unsqueeze(1)
+    return _decode(q_latent, q_pe, kv, pe, table, lengths, max(t, 1), t, scale, out, config)
+
+
+def bytes_moved(seq_lens: torch.Tensor, heads: int, width: int = LATENT + ROPE, latent: int = LATENT,
+                elem: int = 2) -> int:
     """The fewest bytes one call must move: each cached row once, q in, out and LSE back."""
     rows = int(seq_lens.sum())
     b = seq_lens.numel()
-    return rows * (LATENT + ROPE) * elem + b * heads * ((LATENT + ROPE) * elem + LATENT * elem + 4)
+    return rows * width * elem + b * heads * (width * elem + latent * elem + 4)
 
 
 def default_scale(qk_head_dim: int = 192, mscale: float = 1.0) -> float:
@@ -289,10 +356,10 @@ def _inputs(case: Case, device: torch.device, gen: torch.Generator) -> dict:
 _GPU = ("cuda",)
 
 SPEC = ParitySpec(
-    op="mla_decode",
+    op="paged_mla_decode",
     make_inputs=_inputs,
-    reference=mla_decode_ref,
-    kernel=lambda out, **inp: mla_decode(**inp, out=out),
+    reference=paged_mla_decode_ref,
+    kernel=lambda out, **inp: paged_mla_decode(**inp, out=out),
     cases=[
         Case("b3 h5 ragged", {"lens": [1, 70, 150], "heads": 5}),
         Case("b2 h16 page-edge", {"lens": [64, 128], "heads": 16}),
@@ -309,4 +376,41 @@ SPEC = ParitySpec(
               output=1, name="lse"),
     ],
     description="absorbed MLA decode over a paged 512+64 latent cache, split-KV with an LSE merge",
+)
+
+
+def _dense_inputs(case: Case, device: torch.device, gen: torch.Generator) -> dict:
+    """The engine's contiguous layout: rows past ``lengths[b]`` hold NaN, as a stale cache might."""
+    p = case.params
+    lens, h, c, r, t = p["lens"], p["heads"], p["c"], p["r"], p["t"]
+    kv = torch.randn(len(lens), t, c, generator=gen, device=device)
+    pe = torch.randn(len(lens), t, r, generator=gen, device=device)
+    for b, n in enumerate(lens):
+        kv[b, n:] = float("nan")
+        pe[b, n:] = float("nan")
+    return {"q_latent": torch.randn(len(lens), h, c, generator=gen, device=device).to(case.dtype),
+            "q_pe": torch.randn(len(lens), h, r, generator=gen, device=device).to(case.dtype),
+            "kv": kv.to(case.dtype), "pe": pe.to(case.dtype),
+            "lengths": torch.tensor(lens, device=device), "scale": 0.25}
+
+
+def _dense_ref(**inp):
+    """The reference masks by ``-inf`` but still multiplies NaN rows by zero; read only the valid rows."""
+    n = int(inp["lengths"].max())
+    return mla_decode_ref(**{**inp, "kv": inp["kv"][:, :n].nan_to_num(0.0), "pe": inp["pe"][:, :n].nan_to_num(0.0)})
+
+
+SPEC_DENSE = ParitySpec(
+    op="mla_decode",
+    make_inputs=_dense_inputs,
+    reference=_dense_ref,
+    kernel=lambda out, **inp: mla_decode(**inp, out=out),
+    cases=[
+        Case("tiny b3 h4 c32 r8", {"lens": [1, 9, 40], "heads": 4, "c": 32, "r": 8, "t": 48}),
+        Case("small b2 h16 c512 r64", {"lens": [5, 77], "heads": 16, "c": 512, "r": 64, "t": 80}),
+        Case("b32 h16 c512 r64 2k", {"lens": [2048 - 37 * i for i in range(32)], "heads": 16, "c": 512, "r": 64,
+                                     "t": 2048}, devices=_GPU),
+    ],
+    checks=SPEC.checks,
+    description="absorbed MLA decode over the engine's contiguous latent cache (same kernel, one page per row)",
 )

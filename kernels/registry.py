@@ -17,7 +17,8 @@ OPS: dict[str, str] = {
     "fp8_gemm": "kernels.fp8_gemm",
     "moe_experts": "kernels.moe",
     "noaux_tc": "kernels.routing:SPEC_TRITON",
-    "mla_decode": "kernels.mla_decode",
+    "mla_decode": "kernels.mla_decode:SPEC_DENSE",
+    "paged_mla_decode": "kernels.mla_decode",
 }
 
 

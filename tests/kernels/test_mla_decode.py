@@ -5,26 +5,36 @@ import torch
 
 from kernels.harness import format_table, run_spec
 from kernels.metrics import gemm_diff
-from kernels.mla_decode import SPEC, DecodeConfig, decode_config, mla_decode, mla_decode_ref, paged_inputs
+from kernels.mla_decode import (
+    SPEC,
+    SPEC_DENSE,
+    DecodeConfig,
+    decode_config,
+    mla_decode,
+    mla_decode_ref,
+    paged_inputs,
+    paged_mla_decode,
+    paged_mla_decode_ref,
+)
 
 
-def test_mla_decode_spec_passes_on_cpu():
-    rows = run_spec(SPEC, "cpu")
+def test_mla_decode_specs_pass_on_cpu():
+    rows = run_spec(SPEC, "cpu") + run_spec(SPEC_DENSE, "cpu")
     assert rows and all(r.passed for r in rows), format_table(rows)
 
 
 def test_unused_slots_are_nan_and_never_read():
     inp = paged_inputs([3, 66], 4, "cpu", torch.Generator().manual_seed(0))
     assert torch.isnan(inp["kv_cache"].float()).any()  # the poison is really there
-    out, lse = mla_decode(**inp)
+    out, lse = paged_mla_decode(**inp)
     assert not torch.isnan(out.float()).any() and not torch.isnan(lse).any()
 
 
 @pytest.mark.parametrize("splits", [1, 3, 8])
 def test_split_count_does_not_change_the_result(splits):
     inp = paged_inputs([1, 130, 200], 3, "cpu", torch.Generator().manual_seed(1))
-    ref_o, ref_lse = mla_decode_ref(**inp)
-    out, lse = mla_decode(**inp, config=DecodeConfig(16, 32, splits, 4, 1))
+    ref_o, ref_lse = paged_mla_decode_ref(**inp)
+    out, lse = paged_mla_decode(**inp, config=DecodeConfig(16, 32, splits, 4, 1))
     assert gemm_diff(out, ref_o).value < 1e-5
     assert (lse - ref_lse).abs().max() < 5e-6
 
@@ -34,10 +44,10 @@ def test_shared_pages_and_a_sequence_of_one_token():
     inp = paged_inputs([70, 70], 2, "cpu", torch.Generator().manual_seed(2))
     inp["block_table"][1] = inp["block_table"][0]
     inp["q"][1] = inp["q"][0]
-    out, lse = mla_decode(**inp)
+    out, lse = paged_mla_decode(**inp)
     assert torch.equal(out[0], out[1]) and torch.equal(lse[0], lse[1])
     one = paged_inputs([1], 1, "cpu", torch.Generator().manual_seed(3))
-    o1, l1 = mla_decode(**one)
+    o1, l1 = paged_mla_decode(**one)
     row = one["kv_cache"][one["block_table"][0, 0].long(), 0]
     torch.testing.assert_close(o1[0, 0].float(), row[:512].float(), rtol=2**-8, atol=0)  # softmax of one is 1
     s = (one["q"][0, 0].float() @ row.float()) * one["softmax_scale"]
@@ -55,9 +65,27 @@ def test_tiles_are_keyed_on_capability():
 
 def test_bad_inputs_are_named():
     inp = paged_inputs([5], 2, "cpu", torch.Generator().manual_seed(4))
-    with pytest.raises(ValueError, match="q must be"):
-        mla_decode(**{**inp, "q": inp["q"][..., :512]})
+    with pytest.raises(ValueError, match="kv_cache must be"):
+        paged_mla_decode(**{**inp, "q": inp["q"][..., :512]})
     with pytest.raises(ValueError, match="seq_lens must be"):
-        mla_decode(**{**inp, "seq_lens": torch.tensor([5, 5], dtype=torch.int32)})
+        paged_mla_decode(**{**inp, "seq_lens": torch.tensor([5, 5], dtype=torch.int32)})
     with pytest.raises(ValueError, match="kv_cache is"):
-        mla_decode(**{**inp, "kv_cache": inp["kv_cache"].float()})
+        paged_mla_decode(**{**inp, "kv_cache": inp["kv_cache"].float()})
+
+
+def test_engine_layout_matches_paged_layout():
+    """The engine op over a contiguous cache and the paged op over the same rows give the same answer."""
+    inp = paged_inputs([3, 100], 4, "cpu", torch.Generator().manual_seed(5))
+    page = inp["kv_cache"].shape[1]
+    dense = torch.zeros(2, 128, 576, dtype=torch.bfloat16)
+    for b, n in enumerate([3, 100]):
+        pos = torch.arange(n)
+        dense[b, :n] = inp["kv_cache"][inp["block_table"][b, pos // page].long(), pos % page]
+    q = inp["q"]
+    o1, l1 = paged_mla_decode(**inp)
+    o2, l2 = mla_decode(q[..., :512], q[..., 512:], dense[..., :512], dense[..., 512:], inp["seq_lens"],
+                        inp["softmax_scale"], config=DecodeConfig(16, 32, 4, 4, 1))
+    ro, rl = mla_decode_ref(q[..., :512], q[..., 512:], dense[..., :512], dense[..., 512:], inp["seq_lens"],
+                            inp["softmax_scale"])
+    assert gemm_diff(o2, ro).value < 1e-5 and (l2 - rl).abs().max() < 5e-6
+    assert gemm_diff(o1, o2).value < 1e-5 and (l1 - l2).abs().max() < 5e-6
