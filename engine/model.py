@@ -62,8 +62,8 @@ class Linear(nn.Module):
         if self.weight.dtype == torch.float8_e4m3fn:
             lead = x.shape[:-1]
             xq, xs = self.ops.act_quant(x.reshape(-1, x.shape[-1]))
-            y = self.ops.fp8_gemm(xq, xs, self.weight, self.weight_scale_inv, out_dtype=x.dtype)
-            return y.view(*lead, self.out_features)
+            y = self.ops.fp8_gemm(xq, xs, self.weight, self.weight_scale_inv)
+            return y.to(x.dtype).view(*lead, self.out_features)
         return F.linear(x, self.weight)
 
     def dense_weight(self, dtype: torch.dtype) -> torch.Tensor:
@@ -256,15 +256,6 @@ class Experts(nn.Module):
         self.down_proj = _param(e, h, i, dtype=dtype)
         self.gate_proj_scale_inv = self.up_proj_scale_inv = self.down_proj_scale_inv = None
 
-    def dense(self, name: str, dtype: torch.dtype) -> torch.Tensor:
-        w = getattr(self, name)
-        if w.dtype != torch.float8_e4m3fn:
-            return w
-        from kernels.fp8_quant import weight_dequant_ref
-
-        s = getattr(self, name + "_scale_inv")
-        return torch.stack([weight_dequant_ref(w[e], s[e], out_dtype=dtype) for e in range(w.shape[0])])
-
 
 class MoE(nn.Module):
     def __init__(self, cfg: ModelConfig, ops: OpSet, tp: TP, dtype: torch.dtype | None):
@@ -280,8 +271,8 @@ class MoE(nn.Module):
         x = x.reshape(-1, shape[-1])
         weights, ids = self.gate(x)
         ex = self.experts
-        y = self.ops.moe_experts(x, weights, ids, ex.dense("gate_proj", x.dtype), ex.dense("up_proj", x.dtype),
-                                 ex.dense("down_proj", x.dtype))
+        y = self.ops.moe_experts(x, weights, ids, ex.gate_proj, ex.up_proj, ex.down_proj,
+                                 ex.gate_proj_scale_inv, ex.up_proj_scale_inv, ex.down_proj_scale_inv)
         if self.shared_experts is not None:
             y = y + self.shared_experts(x)
         return self.tp.all_reduce(y).view(shape)

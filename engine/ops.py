@@ -1,10 +1,9 @@
 """Op table: which implementation the engine calls for each hot op, per backend.
 
 ``backend="torch"`` (the default, and the oracle) uses the torch reference beside each kernel in
-``kernels/<module>.py`` (``<op>_ref``). ``backend="triton"`` looks up the Triton entry point of the same
-module by convention: the reference's name without ``_ref``, same signature. Lookups are lazy, so a
-torch-only run never imports triton. A few references are not in ``kernels/`` yet; until they are, the
-engine's own torch version below stands in and fixes the signature the kernel must keep.
+``kernels/<module>.py`` (``<op>_ref``): one definition of each op, shared with the kernel parity specs.
+``backend="triton"`` looks up the Triton entry point of the same module by convention: the reference's
+name without ``_ref``, same signature. Lookups are lazy, so an op is imported only when first called.
 """
 
 from __future__ import annotations
@@ -12,8 +11,6 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 from typing import Callable
-
-import torch
 
 # op -> (kernels module, reference name). The Triton entry point is the reference name without "_ref".
 OPS: dict[str, tuple[str, str]] = {
@@ -34,64 +31,6 @@ class OpUnavailable(RuntimeError):
     """The requested backend has no implementation of an op."""
 
 
-# --- torch stand-ins for references not yet in kernels/ (same signatures the kernels must keep) ---------
-
-
-def _fp8_gemm(a: torch.Tensor, a_s: torch.Tensor, b: torch.Tensor, b_s: torch.Tensor,
-              out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
-    """w8a8 block GEMM ``a[M,K] @ b[N,K]^T``: ``a_s`` per 1×128 of ``a``, ``b_s`` per 128×128 of ``b``;
-    dequantised and accumulated in fp32."""
-    from kernels.fp8_quant import act_dequant_ref, weight_dequant_ref
-
-    af = act_dequant_ref(a, a_s)
-    bf = weight_dequant_ref(b, b_s)
-    return (af @ bf.t()).to(out_dtype)
-
-
-def _moe_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
-                 w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor) -> torch.Tensor:
-    """Routed experts: ``sum_k weights[t,k] * down[e](silu(gate[e] x) * up[e] x)`` with ``e = ids[t,k]``.
-    ``w_gate``/``w_up`` are ``[E, I, H]``, ``w_down`` ``[E, H, I]``; weights fp32, output ``x.dtype``."""
-    from kernels.silu_mul import silu_mul_ref
-
-    out = torch.zeros(x.shape[0], x.shape[1], dtype=torch.float32, device=x.device)
-    flat = ids.flatten()
-    order = torch.argsort(flat, stable=True)
-    counts = torch.bincount(flat, minlength=w_gate.shape[0]).tolist()
-    tok = order // ids.shape[1]
-    start = 0
-    for e, n in enumerate(counts):
-        if n == 0:
-            continue
-        sel = order[start:start + n]
-        t = tok[start:start + n]
-        start += n
-        xe = x[t]
-        h = silu_mul_ref(torch.cat([xe @ w_gate[e].t(), xe @ w_up[e].t()], dim=-1))
-        ye = h @ w_down[e].t()
-        out.index_add_(0, t, ye.float() * weights.flatten()[sel].unsqueeze(-1))
-    return out.to(x.dtype)
-
-
-def _mla_decode(q_latent: torch.Tensor, q_pe: torch.Tensor, kv: torch.Tensor, pe: torch.Tensor,
-                lengths: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Absorbed MLA for one new token per sequence over a latent cache.
-
-    ``q_latent[B,H,C]``, ``q_pe[B,H,R]``, ``kv[B,T,C]``, ``pe[B,T,R]``; sequence ``b`` attends to cache rows
-    ``0..lengths[b]-1`` only. Returns ``(o_latent[B,H,C] in q's dtype, lse[B,H] fp32)``.
-    """
-    scores = (torch.einsum("bhc,btc->bht", q_latent.float(), kv.float())
-              + torch.einsum("bhr,btr->bht", q_pe.float(), pe.float())) * scale
-    t = torch.arange(kv.shape[1], device=kv.device)
-    scores = scores.masked_fill((t[None, :] >= lengths[:, None]).unsqueeze(1), float("-inf"))
-    lse = torch.logsumexp(scores, dim=-1)
-    o = torch.einsum("bht,btc->bhc", torch.exp(scores - lse.unsqueeze(-1)), kv.float())
-    return o.to(q_latent.dtype), lse
-
-
-_STANDINS: dict[str, Callable] = {"fp8_gemm": _fp8_gemm, "moe_experts": _moe_experts, "mla_decode": _mla_decode}
-
-
 def _lookup(op: str, backend: str) -> Callable:
     if op not in OPS:
         raise OpUnavailable(f"unknown op {op!r}; known ops: {', '.join(OPS)}")
@@ -104,8 +43,6 @@ def _lookup(op: str, backend: str) -> Callable:
             raise
         module = None
     fn = getattr(module, name, None) if module is not None else None
-    if fn is None and backend == "torch":
-        fn = _STANDINS.get(op)
     if fn is None:
         where = module_name.replace(".", "/") + ".py"
         raise OpUnavailable(f"op {op!r} has no {backend} implementation yet: {where} defines no {name!r}")

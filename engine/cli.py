@@ -1,0 +1,159 @@
+"""``drift-audit engine generate|golden|compare|tiny``. Import-light: torch loads inside the handlers."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from engine.golden import DEFAULT_NEAR_TIE
+
+
+def _prompt_ids(text: str) -> list[int]:
+    try:
+        ids = [int(t) for t in text.replace(",", " ").split()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--prompt-ids wants integers separated by commas, got {text!r}") from None
+    if not ids:
+        raise argparse.ArgumentTypeError("--prompt-ids is empty")
+    return ids
+
+
+def _model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="checkpoint directory (config.json + safetensors)")
+    p.add_argument("--prompt-ids", type=_prompt_ids, action="append", default=[], metavar="IDS",
+                   help="one prompt as comma-separated token ids; repeat for a batch")
+    p.add_argument("--prompts", help="JSON-lines file of prompts: a list of ids per line, or objects with 'prompt'")
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--mla", choices=("naive", "absorbed"), default="naive")
+    p.add_argument("--dtype", default="bfloat16", help="float32 | bfloat16 | float16")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--backend", choices=("torch", "triton"), default="torch")
+    p.add_argument("--fp8", choices=("dequant", "keep"), default="dequant",
+                   help="fp8 checkpoints: dequantise on load, or keep fp8 weights for the w8a8 path")
+
+
+def _read_prompts(args) -> list[list[int]]:
+    prompts = list(args.prompt_ids)
+    if args.prompts:
+        from pathlib import Path
+
+        for lineno, line in enumerate(Path(args.prompts).read_text().splitlines(), 1):
+            if not line.strip():
+                continue
+            obj = json.loads(line)
+            if isinstance(obj, dict):
+                if obj.get("format") == "drift-audit-golden":
+                    continue
+                obj = obj.get("prompt")
+            if not isinstance(obj, list) or not all(isinstance(t, int) for t in obj):
+                raise SystemExit(f"{args.prompts}:{lineno}: expected a list of token ids or {{'prompt': [...]}}")
+            prompts.append(obj)
+    if not prompts:
+        raise SystemExit("give at least one prompt with --prompt-ids or --prompts")
+    return prompts
+
+
+def _load(args):
+    from engine.loader import load_model
+    from engine.model import dtype_of
+
+    def progress(done: int, total: int, name: str) -> None:
+        tty = sys.stderr.isatty()
+        if tty or done == total or done % max(1, total // 10) == 0:
+            end = "\r" if tty and done < total else "\n"
+            print(f"loading {done}/{total} tensors ({100 * done // total}%)", end=end, file=sys.stderr, flush=True)
+
+    return load_model(args.model, dtype=dtype_of(args.dtype), device=args.device, backend=args.backend,
+                      fp8=args.fp8, progress=progress)
+
+
+def _generate(args):
+    from engine.generate import generate
+
+    prompts = _read_prompts(args)
+    model = _load(args)
+    return model, prompts, generate(model, prompts, args.max_new_tokens, mla=args.mla)
+
+
+def cmd_generate(args) -> int:
+    _, _, outs = _generate(args)
+    for g in outs:
+        print(json.dumps({"prompt": g.prompt, "tokens": g.tokens}))
+    return 0
+
+
+def cmd_golden(args) -> int:
+    from engine.golden import GoldenRecord, write_golden
+
+    _, prompts, outs = _generate(args)
+    records = [GoldenRecord(i, g.prompt, g.tokens, g.margins) for i, g in enumerate(outs)]
+    write_golden(args.out, records, model=str(args.model), mla=args.mla, dtype=args.dtype, device=args.device,
+                 backend=args.backend, fp8=args.fp8, max_new_tokens=args.max_new_tokens)
+    print(f"wrote {len(records)} prompt(s) to {args.out}", file=sys.stderr)
+    return 0
+
+
+def cmd_compare(args) -> int:
+    from engine.golden import GoldenError, compare_files
+
+    try:
+        result = compare_files(args.reference, args.candidate, args.near_tie)
+    except GoldenError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(result.to_dict(), indent=2) if args.json else result.table())
+    return 0 if result.ok else 1
+
+
+def cmd_tiny(args) -> int:
+    from engine.tiny import write_tiny
+
+    overrides = json.loads(args.set) if args.set else {}
+    out = write_tiny(args.out, preset=args.preset, seed=args.seed, fp8=args.fp8, **overrides)
+    print(out)
+    return 0
+
+
+def _guard(fn):
+    def run(args) -> int:
+        from engine.config import ConfigError
+        from engine.loader import CheckpointError
+        from engine.ops import OpUnavailable
+
+        try:
+            return fn(args)
+        except (ConfigError, CheckpointError, OpUnavailable, ValueError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+    return run
+
+
+def register(subparsers) -> None:
+    eng = subparsers.add_parser("engine", help="the bundled DeepSeek-V3 reference engine")
+    sub = eng.add_subparsers(dest="engine_command", metavar="ACTION", required=True)
+
+    p = sub.add_parser("generate", help="greedy-decode prompts and print the token ids")
+    _model_args(p)
+    p.set_defaults(handler=_guard(cmd_generate))
+
+    p = sub.add_parser("golden", help="write a golden decode file (JSON lines with per-step margins)")
+    _model_args(p)
+    p.add_argument("--out", required=True, help="golden file to write")
+    p.set_defaults(handler=_guard(cmd_golden))
+
+    p = sub.add_parser("compare", help="compare a candidate decode with a golden, near-tie aware")
+    p.add_argument("reference", help="golden file (the oracle)")
+    p.add_argument("candidate", help="decode to check, same format")
+    p.add_argument("--near-tie", type=float, default=DEFAULT_NEAR_TIE,
+                   help="a divergence where the reference's top-2 margin is below this many logits is a near-tie")
+    p.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    p.set_defaults(handler=cmd_compare)
+
+    p = sub.add_parser("tiny", help="write a random DeepSeek-V3 checkpoint in HF layout")
+    p.add_argument("out", help="output directory")
+    p.add_argument("--preset", choices=("tiny", "small"), default="tiny")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--fp8", action="store_true", help="store projections as e4m3 with 128x128 weight_scale_inv")
+    p.add_argument("--set", help='config overrides as JSON, e.g. \'{"num_hidden_layers": 3}\'')
+    p.set_defaults(handler=_guard(cmd_tiny))
