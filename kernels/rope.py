@@ -1,11 +1,11 @@
 """Rotary position embedding on INTERLEAVED pairs, with YaRN frequencies (DeepSeek-V3 layout).
 
-Layout: the rope part of q/k is rotated as pairs ``(x[..., 2i], x[..., 2i+1])`` by angle ``pos * freq[i]`` —
-DeepSeek's ``inference/model.py`` (``view_as_complex`` on adjacent pairs). HF's ``modeling_deepseek_v3``
-first de-interleaves the rope dims (``[0, 2, 4, …, 1, 3, 5, …]``) and then rotates halves
-(``rotate_half``); the two agree exactly up to that permutation of the rope dims, which HF checkpoints
-already bake into ``q_b_proj``/``kv_a_proj``'s rope rows. ``rope_ref`` implements the DeepSeek
-(interleaved) form.
+Layout: the rope part of q/k is rotated as pairs ``(x[..., 2i], x[..., 2i+1])`` by angle ``pos * freq[i]``, and
+the rotated pair is written back in place — DeepSeek's ``inference/model.py`` (``view_as_complex`` on adjacent
+pairs). HF's ``modeling_deepseek_v3`` rotates the same pairs but returns them de-interleaved
+(``[rotated evens | rotated odds]``; older remote code permuted first and then used ``rotate_half``). The two
+agree exactly up to that permutation of the rope dims, which both q and k undergo, so every q·k is equal.
+``rope_ref`` implements the DeepSeek (interleaved-out) form.
 """
 
 from __future__ import annotations
