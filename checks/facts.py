@@ -325,11 +325,13 @@ def _query_rows(c: _Compiled, path: str, data: bytes, blob: str | None) -> tuple
 
 
 def _dedupe(rows: list[Row]) -> list[Row]:
-    """Overlapping query patterns can yield one row twice; keep the first of each (key, line)."""
+    """Overlapping query patterns can yield one row twice from one node; keep the first."""
     seen: set[tuple[str, int, str]] = set()
     out = []
     for r in rows:
-        k = (r.key, r.line, json.dumps(r.values, sort_keys=True, default=str))
+        anchor = r.nodes.get("key")
+        at = anchor.start_byte if anchor is not None else r.line
+        k = (r.key, at, json.dumps(r.values, sort_keys=True, default=str))
         if k not in seen:
             seen.add(k)
             out.append(r)

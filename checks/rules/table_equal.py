@@ -11,6 +11,8 @@ Options:
 
 from __future__ import annotations
 
+import re
+
 from checks.config import Rule
 from checks.model import Finding
 from checks.rules.base import Problem, RuleKind, Rows, by_key, check_options, finding, ignored, loc, need_facts, same
@@ -24,9 +26,16 @@ def validate(rule: Rule) -> Problem | None:
 
 def _norm(value: object) -> object:
     """Tables written by hand differ in quotes and spacing; compare what they mean."""
-    if isinstance(value, str):
-        return " ".join(value.replace("'", '"').split()).replace("( ", "(").replace(" )", ")").replace(" ,", ",")
-    return value
+    if not isinstance(value, str):
+        return value
+    parts = re.split(r"(\"(?:[^\"\\]|\\.)*\"|'(?:[^'\\]|\\.)*')", value)
+    out = []
+    for i, part in enumerate(parts):
+        if i % 2:  # a string literal: same text whichever quotes
+            out.append('"' + part[1:-1] + '"')
+        else:  # code: spacing and trailing commas carry no meaning
+            out.append(re.sub(r",([)\]}])", r"\1", re.sub(r"\s+", "", part)))
+    return "".join(out)
 
 
 def evaluate(rule: Rule, rows: Rows) -> list[Finding]:

@@ -1,0 +1,95 @@
+"""Fact extraction: captures and predicates, scopes, counts, transforms, regex, and bad input."""
+
+from __future__ import annotations
+
+import pytest
+
+from checks.config import Fact
+from checks.facts import FactError, extract, extract_text
+from checks.workspace import Tree
+
+import checks_shape as shape
+
+CPP = b"""
+enum TaskType { TASK_BEGIN = 0, TASK_A = 101, TASK_B = 102, TASK_END = 199 };
+enum Other { OTHER_X = 1 };
+int dispatch(int task_type) {
+  if (task_type == TASK_A) { return 1; } else if (task_type == TASK_B) { return 2; }
+  if (ready) { return 3; }
+  return 0;
+}
+int helper() { return TASK_A; }
+"""
+
+
+def keys(fact, data=CPP, path="x.h"):
+    rows, problem = extract_text(fact, path, data)
+    assert problem is None
+    return [r.key for r in rows]
+
+
+def test_query_captures_predicates_and_ignore():
+    f = Fact("e", "cpp", ["*.h"], query='(enumerator name: (identifier) @key (#match? @key "^TASK_"))', options={"ignore": ["*_BEGIN", "*_END"]})
+    assert keys(f) == ["TASK_A", "TASK_B"]
+
+
+@pytest.mark.parametrize(
+    "scope, expected",
+    [
+        ("enum:TaskType", ["TASK_BEGIN", "TASK_A", "TASK_B", "TASK_END"]),
+        ("enum:Oth*", ["OTHER_X"]),
+        ("function:dispatch", ["task_type", "TASK_A", "task_type", "TASK_B", "ready"]),
+        ("if-chain:TASK_A", ["task_type", "TASK_A", "task_type", "TASK_B"]),
+    ],
+)
+def test_scopes(scope, expected):
+    query = "(enumerator name: (identifier) @key)" if scope.startswith("enum") else "(condition_clause (_ (identifier) @key))\n(condition_clause (identifier) @key)"
+    f = Fact("s", "cpp", ["*.h"], query=query, options={"scope": scope})
+    assert keys(f) == expected
+
+
+def test_regex_fact_lines_values_and_index_keys():
+    f = Fact("r", "regex", ["*"], regex=r'^(?P<key>\w+)\s*=\s*(?P<value>\d+)$')
+    rows, _ = extract_text(f, "c.py", b"# header\nA = 1\nB = 22\n")
+    assert [(r.key, r.values, r.line) for r in rows] == [("A", {"value": "1"}, 2), ("B", {"value": "22"}, 3)]
+    g = Fact("l", "python", ["*.py"], query="(list (_) @value)", options={"key": "@index"})
+    rows, _ = extract_text(g, "l.py", b"X = ['a', 'b']\n")
+    assert [(r.key, r.values["value"]) for r in rows] == [("0", "a"), ("1", "b")]
+
+
+def test_len_counts_elements_and_unquote_can_be_turned_off():
+    f = Fact("p", "python", ["*.py"], query='(call arguments: (argument_list (string) @key (list) @n))', options={"len": ["n"]})
+    rows, _ = extract_text(f, "w.py", b'reg("x", [1, 2, 3])\n')
+    assert (rows[0].key, rows[0].values["n"]) == ("x", 3)
+    g = Fact("q", "python", ["*.py"], query='(call arguments: (argument_list (string) @key))', options={"unquote": False})
+    assert keys(g, b'reg("x")\n', "w.py") == ['"x"']
+
+
+def test_bad_options_and_queries_name_the_fact():
+    with pytest.raises(FactError, match=r"fact 'q'.*query does not compile"):
+        extract_text(Fact("q", "cpp", ["*"], query="(enumerator name: (nosuchnode) @key)"), "x.h", CPP)
+    with pytest.raises(FactError, match=r"no @key capture"):
+        extract_text(Fact("k", "cpp", ["*"], query="(enumerator) @name"), "x.h", CPP)
+    with pytest.raises(FactError, match=r"scope 'loop:x' must be KIND:NAME"):
+        extract_text(Fact("s", "cpp", ["*"], query="(identifier) @key", options={"scope": "loop:x"}), "x.h", CPP)
+    with pytest.raises(FactError, match=r"unknown option 'scop'"):
+        extract_text(Fact("o", "cpp", ["*"], query="(identifier) @key", options={"scop": "enum:T"}), "x.h", CPP)
+
+
+def test_parse_errors_are_reported_with_a_line_and_rows_still_come():
+    f = Fact("e", "cpp", ["*.h"], query="(enumerator name: (identifier) @key)")
+    rows, problem = extract_text(f, "x.h", b"enum T { TASK_A, TASK_B };\n\nint f( {\n")
+    assert [r.key for r in rows] == ["TASK_A", "TASK_B"]
+    assert problem.startswith("x.h:3: cpp syntax error")
+
+
+def test_rows_are_read_from_git_objects_and_cached_by_blob(tmp_path):
+    repo = shape.init_repo(tmp_path / "r")
+    sha = shape.commit(repo, {"a/x.h": "enum T { TASK_A };\n", "b/y.h": "enum T { TASK_B };\n", "c.py": "x = 1\n"}, "c")
+    (repo / "a/x.h").write_text("enum T { TASK_CHANGED_IN_WORKTREE };\n")  # never read: facts read commits
+    f = Fact("e", "cpp", ["a/**", "b/*.h"], query="(enumerator name: (identifier) @key)")
+    tree = Tree(str(repo), sha)
+    first = extract(f, tree)
+    assert first.files == ["a/x.h", "b/y.h"] and [r.key for r in first.rows] == ["TASK_A", "TASK_B"]
+    again = extract(f, tree)
+    assert again.rows[0] is first.rows[0]  # the same cached row object

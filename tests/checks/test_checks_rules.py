@@ -1,0 +1,197 @@
+"""Each rule kind on its own fixture: real facts over real snippets, then the kind's evaluate."""
+
+from __future__ import annotations
+
+import pytest
+
+from checks.config import ConfigError, Fact, Rule, parse_config
+from checks.facts import extract_text
+from checks.rules import REGISTRY
+
+
+def rows(fact: Fact, *files: tuple[str, str]):
+    out = []
+    for path, text in files:
+        got, problem = extract_text(fact, path, text.encode())
+        assert problem is None, problem
+        out += got
+    return out
+
+
+def run(kind: str, facts: dict, **options):
+    rule = Rule(id=f"t-{kind}", kind=kind, facts=list(facts), options=options)
+    assert REGISTRY[kind].validate(rule) is None
+    return REGISTRY[kind].evaluate(rule, facts)
+
+
+ENUM = Fact("enum", "cpp", ["*.h"], query="(enumerator name: (identifier) @key)", options={"ignore": ["*_BEGIN", "*_END"]})
+NAMES = Fact("names", "regex", ["*.cc"], regex=r'task_type_to_name\[(?P<key>\w+)\]\s*=\s*"(?P<name>\w+)"')
+INCLUDES = Fact(
+    "includes", "cuda", ["*.cuh"], query='(preproc_include path: (string_literal (string_content) @key))',
+    options={"sub": {"key": [r"^(\w+)\.cuh$", r"TASK_\1"]}, "case": "upper"},
+)
+
+
+def test_registry_has_every_kind_with_docs():
+    assert set(REGISTRY) == {
+        "same-set", "join-equal", "arity", "pinned", "derived", "table-equal", "gate-coverage", "always-true-operand",
+    }
+    for kind in REGISTRY.values():
+        module = kind.evaluate.__module__
+        assert __import__(module, fromlist=["x"]).__doc__.startswith(kind.name)
+
+
+def test_same_set_reports_missing_keys_with_exceptions_and_per_file():
+    enum = rows(ENUM, ("h.h", "enum T { TASK_BEGIN, TASK_A = 1, TASK_B, TASK_C, TASK_END };"))
+    names = rows(NAMES, ("r.cc", 'task_type_to_name[TASK_A] = "TASK_A";\ntask_type_to_name[TASK_B] = "TASK_B";'))
+    inc = rows(
+        INCLUDES,
+        ("sm90/task_header.cuh", '#include "a.cuh"\n#include "b.cuh"\n#include "c.cuh"\n#include "common.cuh"\n'),
+        ("sm100/task_header.cuh", '#include "a.cuh"\n#include "c.cuh"\n'),
+    )
+    found = run("same-set", {"enum": enum, "names": names, "includes": inc}, extra_ok=["includes"], per_file=["includes"])
+    msgs = sorted(f.message for f in found)
+    assert len(msgs) == 2
+    assert "'TASK_B'" in msgs[0] and "missing from includes (sm100/task_header.cuh)" in msgs[0]
+    assert "'TASK_C'" in msgs[1] and "missing from names" in msgs[1] and "TASK_COMMON" not in " ".join(msgs)
+    assert run("same-set", {"enum": enum, "names": names}, exceptions={"names": ["TASK_C"]}) == []
+
+
+def test_join_equal_self_join_and_two_facts():
+    returns = Fact(
+        "ret", "cpp", ["*.cc"],
+        query='(return_statement (call_expression function: (identifier) @_f arguments: (argument_list . (identifier) @task)) (#eq? @_f "register_task_variant"))',
+        options={"key": "@function", "sub": {"key": [r"^register_(\w+)_task$", r"TASK_\1"]}, "case": {"key": "upper"}},
+    )
+    src = (
+        "int register_a_task(int p) { return register_task_variant(TASK_A, code); }\n"
+        "int register_b_task(int p) { return register_task_variant(TASK_A, code); }\n"
+    )
+    found = run("join-equal", {"ret": rows(returns, ("t.cc", src))}, equal=["ret.key", "ret.task"])
+    assert len(found) == 1 and "'TASK_B'" in found[0].message and "ret.task = TASK_A" in found[0].message
+    assert found[0].locations[0].line == 2
+
+
+def test_arity_counts_branches_as_a_range():
+    dispatch = Fact("dispatch", "regex", ["*.cc"], regex=r'make_tuple\((?P<num_inputs>\d+), (?P<num_outputs>\d+), (?P<key>\w+)\)')
+    wrapper = Fact(
+        "wrapper", "python", ["*.py"],
+        query='(call function: (attribute attribute: (identifier) @_n) (#eq? @_n "new_input")) @input\n'
+              '(call function: (attribute attribute: (identifier) @_r) arguments: (argument_list . (_) . (string (string_content) @key)) (#eq? @_r "register_task"))',
+        options={"count": "input", "sub": {"key": ["^(.*)$", r"TASK_\1"]}, "case": {"key": "upper"}},
+    )
+    py = '''
+def a_layer(g, x, y, r=None):
+    g.new_input(x)
+    if r is not None:
+        g.new_input(r)
+    for t in y:
+        g.new_input(t)
+    g.register_task(g, "a", [])
+
+def b_layer(g, x):
+    g.new_input(x)
+    g.register_task(g, "b", [])
+'''
+    w = rows(wrapper, ("w.py", py))
+    assert {r.key: str(r.values["count"]) for r in w} == {"TASK_A": "1..3", "TASK_B": "1"}
+    cc = "make_tuple(2, 1, TASK_A)\nmake_tuple(4, 1, TASK_A2)\nmake_tuple(2, 1, TASK_B)\n"
+    found = run("arity", {"dispatch": rows(dispatch, ("g.cc", cc)), "wrapper": w}, count="wrapper.count", declared=["dispatch.num_inputs"])
+    assert len(found) == 1 and "'TASK_B'" in found[0].message and "dispatch.num_inputs = 2" in found[0].message
+
+
+def test_pinned_value_and_missing_key():
+    flags = Fact("flags", "python", ["*.py"], query="(module (expression_statement (assignment left: (identifier) @key right: (_) @value)))")
+    r = rows(flags, ("c.py", "use_mtp = True\nblock = 128\n"))
+    assert run("pinned", {"flags": r}, values={"use_mtp": True, "block": 128}) == []
+    found = run("pinned", {"flags": r}, values={"use_mtp": False, "gone": "1"})
+    assert sorted(f.message for f in found) == ["'gone' is pinned to 1 but no longer found", "'use_mtp' is True, pinned to False"]
+
+
+def test_derived_resolves_constants_across_files_and_languages():
+    cpp = Fact("cpp", "cpp", ["*.h"], query="(declaration (type_qualifier) declarator: (init_declarator declarator: (identifier) @key value: (_) @value))")
+    py = Fact("py", "regex", ["*.py"], regex=r"^(?P<key>[A-Z_]+)\s*=\s*(?P<value>.+)$")
+    h = "constexpr int ROPE = 64u;\nconstexpr int NOPE = RANK - ROPE;\nconstexpr int SCALE = NOPE / 56;\n"
+    facts = {"cpp": rows(cpp, ("m.h", h)), "py": rows(py, ("c.py", "RANK = 512\n"))}
+    assert run("derived", facts, expr="NOPE + ROPE * 2 + SCALE == 584") == []
+    found = run("derived", facts, expr="NOPE + ROPE * 2 + SCALE == 600")
+    assert len(found) == 1 and "584 == 600" in found[0].message
+    missing = run("derived", facts, expr="NOPE == MISSING")
+    assert "'MISSING' is not defined" in missing[0].message
+
+
+def test_table_equal_reports_each_differing_key():
+    table = "(assignment left: (identifier) @_n right: (dictionary (pair key: (string (string_content) @key) value: (_) @value)) (#eq? @_n \"RULES\"))"
+    a = Fact("a", "python", ["a.py"], query=table)
+    b = Fact("b", "python", ["b.py"], query=table)
+    ra = rows(a, ("a.py", "RULES = {'wq': ('col', 0), 'wo': ('row', 1), 'w1': ('col', 0)}"))
+    rb = rows(b, ("b.py", 'RULES = {"wq": ("col",0), "wo": ("col", 1), "w3": ("col", 0)}'))
+    found = run("table-equal", {"a": ra, "b": rb})
+    assert sorted(f.message.split(" ")[0] for f in found) == ["'w1'", "'w3'", "'wo'"]
+    index = Fact("l", "python", ["l.py"], query="(assignment right: (list (_) @value))", options={"key": "@index"})
+    la = rows(index, ("l.py", "X = [1, 2, 3]"))
+    lb = rows(Fact("m", "python", ["m.py"], query="(assignment right: (list (_) @value))", options={"key": "@index"}), ("m.py", "Y = [1, 5, 3]"))
+    found = run("table-equal", {"l": la, "m": lb})
+    assert [f.message.split(" ")[0] for f in found] == ["'1'"]
+
+
+def test_gate_coverage_gap_and_overlap():
+    gate = Fact("g", "cuda", ["*.cuh"], query="(if_statement condition: (condition_clause value: (_) @key) consequence: (return_statement))")
+    py = Fact("p", "python", ["*.py"], query="(if_statement condition: (_) @key)")
+    decode = rows(gate, ("d.cuh", "void d() { if (Q_LEN > 8) return; }"))
+    prefill = rows(Fact("g2", "cuda", ["*.cuh"], query=gate.query), ("p.cuh", "void p() { if (Q_LEN < 16) return; }"))
+    found = run("gate-coverage", {"g": decode, "g2": prefill}, range=[1, 64], reject=["g", "g2"])
+    assert [f.message for f in found] == ["values 9–15 of [1, 64] are handled by no gate"]
+    mid = rows(py, ("s.py", "if mbt >= 9 and mbt < 32:\n    pass\n"))
+    found = run("gate-coverage", {"g": decode, "g2": prefill, "p": mid}, range=[1, 64], reject=["g", "g2"])
+    assert len(found) == 1 and found[0].message.startswith("values 16–31 are handled by more than one gate")
+    assert run("gate-coverage", {"g": decode, "g2": prefill, "p": mid}, range=[1, 64], reject=["g", "g2"], allow_overlap=True) == []
+
+
+def test_always_true_operand_in_cpp_and_python():
+    cpp = Fact("c", "cpp", ["*.cc"], query="(condition_clause value: (binary_expression) @key)")
+    src = "void f() { if (t == A || t == B || (C)) {} if (t == A || ready()) {} if (x && y) {} }"
+    found = run("always-true-operand", {"c": rows(cpp, ("r.cc", src))})
+    assert len(found) == 1 and "'C' is a bare operand" in found[0].message
+    py = Fact("p", "python", ["*.py"], query="(if_statement condition: (_) @key)")
+    found = run("always-true-operand", {"p": rows(py, ("r.py", "if kind == A or Kind.B:\n    pass\n"))})
+    assert len(found) == 1 and "'Kind.B'" in found[0].message
+
+
+FACTS = '''
+[[fact]]
+id = "a"
+lang = "cpp"
+files = ["*.h"]
+query = "(identifier) @key"
+
+[[fact]]
+id = "b"
+lang = "cpp"
+files = ["*.h"]
+query = "(identifier) @key"
+'''
+
+
+@pytest.mark.parametrize(
+    "rule, needle",
+    [
+        ('kind = "same-set"\nfacts = ["a"]', "relates at least 2 facts"),
+        ('kind = "same-set"\nfacts = ["a", "b"]\nextra_ok = ["c"]', "key 'extra_ok': 'c' is not one of this rule's facts"),
+        ('kind = "same-sett"\nfacts = ["a", "b"]', "did you mean 'same-set'"),
+        ('kind = "join-equal"\nfacts = ["a", "b"]', "needs option 'equal'"),
+        ('kind = "join-equal"\nfacts = ["a", "b"]\nequal = ["a.key", "z.key"]', "names fact 'z'"),
+        ('kind = "arity"\nfacts = ["a", "b"]\ncount = "a"\ndeclared = ["b.n"]', "'a' is not FACT.FIELD"),
+        ('kind = "pinned"\nfacts = ["a"]', "exactly one of 'value' or 'values'"),
+        ('kind = "derived"\nfacts = ["a"]\nexpr = "A == = B"', "cannot read expression"),
+        ('kind = "table-equal"\nfacts = ["a"]', "exactly 2 facts"),
+        ('kind = "gate-coverage"\nfacts = ["a"]\nrange = [5, 1]', "'range' must be [lo, hi]"),
+        ('kind = "always-true-operand"\nfacts = ["a"]\nfeild = "x"', "unknown option 'feild'"),
+    ],
+)
+def test_bad_rule_options_name_file_line_key_and_fix(rule, needle):
+    text = FACTS + '\n[[rule]]\nid = "r"\n' + rule + "\n"
+    with pytest.raises(ConfigError) as exc:
+        parse_config(text, "cfg.toml")
+    message = str(exc.value)
+    assert needle in message and message.startswith("cfg.toml:1") and "[[rule]] #1" in message
