@@ -1,1 +1,146 @@
+"""Fixtures for the bot tests: a real git repo, the GitHub stand-in, and the bot served on loopback."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+import pytest
+
+from bot.security import signature_of
 from tests.ghstub.fixtures import ghstub  # noqa: F401  (fixture)
+
+FIXTURES = Path("/work/shared/fixtures/github-webhooks")
+SECRET = "It's a Secret to Everybody"
+REPO = "octo-org/octo-repo"
+
+
+def fixture_payload(name: str) -> dict:
+    return json.loads((FIXTURES / f"{name}.json").read_text())
+
+
+def git(cwd: Path, *args: str) -> str:
+    env = {"GIT_AUTHOR_NAME": "a", "GIT_AUTHOR_EMAIL": "a@x", "GIT_COMMITTER_NAME": "a",
+           "GIT_COMMITTER_EMAIL": "a@x", "PATH": "/usr/bin:/bin", "HOME": str(cwd)}
+    return subprocess.run(["git", *args], cwd=cwd, env=env, check=True, capture_output=True, text=True).stdout.strip()
+
+
+def commit(repo: Path, files: dict[str, str], message: str) -> str:
+    for rel, text in files.items():
+        p = repo / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", message)
+    return git(repo, "rev-parse", "HEAD")
+
+
+@pytest.fixture
+def engine_repo(tmp_path):
+    """A small engine-shaped repo: base on main, a PR head that touches the weight loader and the scheduler."""
+    repo = tmp_path / "engine-src"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    base = commit(repo, {
+        "engine/weights/loader.py": "def load(path):\n    return {}\n",
+        "engine/runtime/scheduler.py": "class Scheduler:\n    def step(self):\n        return 1\n",
+        "README.md": "engine\n",
+    }, "base")
+    git(repo, "checkout", "-q", "-b", "feature")
+    head = commit(repo, {
+        "engine/weights/loader.py": "def load(path):\n    scale = 1\n    return {'scale': scale}\n",
+        "engine/runtime/scheduler.py": "class Scheduler:\n    def step(self):\n        return 2\n",
+    }, "touch loader and scheduler")
+    return repo, base, head
+
+
+def signed(body: bytes, event: str, delivery: str | None = None, secret: str = SECRET) -> dict:
+    return {"X-GitHub-Event": event, "X-GitHub-Delivery": delivery or str(uuid.uuid4()),
+            "X-Hub-Signature-256": signature_of(secret, body), "Content-Type": "application/json"}
+
+
+def pr_payload(action: str, *, number: int, head: str, base: str, repo: str = REPO, clone_url: str = "",
+               installation: int = 1, draft: bool = False, fork: str | None = None,
+               association: str = "MEMBER") -> dict:
+    """The real pull_request fixture, re-pointed at our repo and commits."""
+    p = fixture_payload("pull_request.opened")
+    p["action"] = action
+    p["number"] = number
+    p["installation"] = {"id": installation}
+    p["repository"].update(full_name=repo, name=repo.split("/")[1], clone_url=clone_url)
+    pr = p["pull_request"]
+    pr.update(number=number, draft=draft, author_association=association)
+    pr["head"]["sha"], pr["base"]["sha"] = head, base
+    pr["base"]["repo"] = dict(pr["base"]["repo"], full_name=repo)
+    pr["head"]["repo"] = dict(pr["head"]["repo"], full_name=fork or repo)
+    return p
+
+
+def wait_for(predicate, timeout: float = 30.0, interval: float = 0.05):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"condition not met within {timeout}s")
+
+
+class Bot:
+    """The bot served on loopback against the stand-in, with its store and worker pool."""
+
+    def __init__(self, tmp_path: Path, stub_url: str, state, *, workers: int = 1, start_workers: bool = True,
+                 **overrides):
+        from bot.app import create_app
+        from bot.queue import SqliteJobStore
+        from bot.settings import BotSettings
+        from bot.worker import Service
+        from tests.ghstub.server import serve_in_thread
+
+        self.state = state
+        values = dict(app_id=state.app_id, private_key=state.private_key, webhook_secret=SECRET,
+                      github_url=stub_url, db=str(tmp_path / "jobs.db"), mirrors=str(tmp_path / "mirrors"),
+                      lease_seconds=5, retry_backoff=0.05, seconds_between_requests=0, seconds_between_writes=0,
+                      http_backoff=0.01, workers=workers)
+        values.update(overrides)
+        self.settings = BotSettings(**values)
+        self.store = SqliteJobStore(self.settings.db)
+        self.service = Service(self.settings, self.store)
+        self.url, self._stop_http = serve_in_thread(create_app(self.settings, self.store, self.service))
+        self.settings.public_url = self.url
+        if start_workers:
+            self.service.start()
+        self.http = httpx.Client(base_url=self.url, timeout=10)
+
+    def deliver(self, event: str, payload: dict | bytes, delivery: str | None = None) -> httpx.Response:
+        body = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+        return self.http.post("/webhook", content=body, headers=signed(body, event, delivery))
+
+    def settle(self, timeout: float = 60.0) -> None:
+        """Wait until no job is queued or leased."""
+        wait_for(lambda: not self.store.jobs("queued") and not self.store.jobs("leased"), timeout)
+
+    def close(self) -> None:
+        self.http.close()
+        self.service.stop()
+        self._stop_http()
+        self.store.close()
+
+
+@pytest.fixture
+def bot_factory(tmp_path, ghstub):  # noqa: F811
+    base_url, state = ghstub
+    made: list[Bot] = []
+
+    def make(**kw) -> Bot:
+        b = Bot(tmp_path, base_url, state, **kw)
+        made.append(b)
+        return b
+
+    yield make, state
+    for b in made:
+        b.close()

@@ -1,0 +1,139 @@
+"""Publishing one audit: a single comment edited in place, a check run, reactions.
+
+Every step is idempotent so a job retried after a crash never posts twice:
+the comment is found again by its hidden marker, the check run by its
+``external_id``, and annotations already on the check run are not sent again.
+"""
+
+from __future__ import annotations
+
+from github import GithubException
+
+from checks.model import Annotation, Report
+
+COMMENT_MARKER = "<!-- drift-audit:comment -->"
+COMMENT_LIMIT = 65_536
+CHECK_LIMIT = 65_535
+ANNOTATION_BATCH = 50
+CONCLUSIONS = {"pass": "success", "fail": "failure", "neutral": "neutral"}
+_OVERFLOW_NOTE = "\n\n---\n*The rest of this report did not fit in a comment; it is in the check run{where}.*\n"
+
+
+def reply_marker(comment_id: int) -> str:
+    return f"<!-- drift-audit:reply:{comment_id} -->"
+
+
+def split_comment(markdown: str, details_url: str | None = None) -> tuple[str, str]:
+    """(comment ≤ 65 536 chars, overflow for the check run text)."""
+    if len(markdown) <= COMMENT_LIMIT:
+        return markdown, ""
+    note = _OVERFLOW_NOTE.format(where=f" ([details]({details_url}))" if details_url else "")
+    room = COMMENT_LIMIT - len(note)
+    cut = markdown.rfind("\n", 0, room)
+    cut = cut if cut > room // 2 else room
+    return markdown[:cut] + note, markdown[cut:]
+
+
+def cap(text: str, limit: int = CHECK_LIMIT) -> str:
+    if len(text) <= limit:
+        return text
+    tail = "\n\n*(cut to fit GitHub's limit)*"
+    return text[: limit - len(tail)] + tail
+
+
+class Publisher:
+    def __init__(self, repo, check_name: str = "Drift Audit"):
+        self.repo = repo
+        self.check_name = check_name
+
+    # ------------------------------------------------------------------ comments
+    def _ours(self, comment, marker: str) -> bool:
+        user = comment.user
+        return marker in (comment.body or "") and user is not None and user.type == "Bot"
+
+    def find_comment(self, pr: int, marker: str = COMMENT_MARKER):
+        for comment in self.repo.get_issue(pr).get_comments():
+            if self._ours(comment, marker):
+                return comment
+        return None
+
+    def upsert_comment(self, pr: int, body: str, marker: str = COMMENT_MARKER) -> int:
+        if marker not in body:
+            body = f"{marker}\n{body}"
+        if len(body) > COMMENT_LIMIT:
+            body, _ = split_comment(body)
+        existing = self.find_comment(pr, marker)
+        if existing is None:
+            return self.repo.get_issue(pr).create_comment(body).id
+        if existing.body != body:
+            existing.edit(body)
+        return existing.id
+
+    def react(self, comment_id: int | None, content: str) -> None:
+        """Reactions are idempotent on GitHub: the same one twice is one reaction."""
+        if comment_id is None:
+            return
+        try:
+            self.repo.requester.requestJsonAndCheck("POST", f"{self.repo.url}/issues/comments/{comment_id}/reactions",
+                                                    input={"content": content})
+        except GithubException as exc:
+            if exc.status != 404:  # the comment was deleted meanwhile: nothing to react to
+                raise
+
+    # ------------------------------------------------------------------ check runs
+    def start_check(self, head_sha: str, external_id: str, details_url: str | None, *,
+                    existing_id: int | None = None):
+        """Create the in-progress check run, or find the one an earlier attempt created."""
+        run = None
+        if existing_id:
+            run = self.repo.get_check_run(existing_id)
+        else:
+            for candidate in self.repo.get_commit(head_sha).get_check_runs(check_name=self.check_name):
+                if candidate.external_id == external_id:
+                    run = candidate
+                    break
+        kwargs = {"details_url": details_url} if details_url else {}
+        if run is None:
+            return self.repo.create_check_run(name=self.check_name, head_sha=head_sha, status="in_progress",
+                                              external_id=external_id,
+                                              output={"title": "Auditing…", "summary": "The audit is running."},
+                                              **kwargs)
+        if run.status == "completed" and existing_id:
+            run.edit(status="in_progress", output={"title": "Auditing again…", "summary": "Re-run requested."},
+                     **kwargs)
+        return run
+
+    def finish_check(self, run, report: Report, *, overflow: str = "", complete: bool = True,
+                     conclusion: str | None = None) -> None:
+        text = report.check_text
+        if overflow:
+            text = (overflow + ("\n\n" + text if text else "")).strip()
+        output = {"title": cap(report.check_title, 1000), "summary": cap(report.check_summary or report.headline)}
+        if text:
+            output["text"] = cap(text)
+        self._annotate(run, report.annotations, output)
+        if complete:
+            run.edit(status="completed", conclusion=conclusion or CONCLUSIONS[report.verdict], output=output)
+        else:
+            run.edit(status="in_progress", output=output)
+
+    def _annotate(self, run, annotations: list[Annotation], output: dict) -> None:
+        """Send annotations 50 per request, skipping those an earlier attempt already sent."""
+        if not annotations:
+            return
+        posted = run.get_annotations().totalCount
+        todo = annotations[posted:]
+        for i in range(0, len(todo), ANNOTATION_BATCH):
+            batch = [_annotation(a) for a in todo[i: i + ANNOTATION_BATCH]]
+            run.edit(output=dict(output, annotations=batch))
+
+    def conclude(self, run, conclusion: str, title: str, summary: str) -> None:
+        run.edit(status="completed", conclusion=conclusion, output={"title": cap(title, 1000), "summary": cap(summary)})
+
+
+def _annotation(a: Annotation) -> dict:
+    out = {"path": a.path, "start_line": a.start_line, "end_line": max(a.end_line, a.start_line),
+           "annotation_level": a.level, "message": cap(a.message, 64 * 1024)}
+    if a.title:
+        out["title"] = cap(a.title, 255)
+    return out

@@ -1,0 +1,64 @@
+"""Who may send work to self-hosted GPU runners.
+
+Self-hosted runners execute the PR's code, so code from a fork or a first-time
+contributor only reaches them after someone with write access says ``/audit``
+on that head. Permissions come from the collaborator-permission API, never
+from the payload's ``author_association`` alone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from dataclasses import dataclass
+
+from github import GithubException
+
+WRITER_PERMISSIONS = ("admin", "maintain", "write")
+
+
+@dataclass
+class Gate:
+    allowed: bool
+    reason: str  # shown next to suites that were not run
+
+
+def signature_of(secret: str, body: bytes) -> str:
+    return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+
+
+def verify_signature(secret: str, body: bytes, header: str | None) -> bool:
+    """X-Hub-Signature-256: HMAC-SHA256 of the raw body, compared in constant time."""
+    if not secret or not header:
+        return False
+    return hmac.compare_digest(signature_of(secret, body).encode(), header.strip().encode())
+
+
+def permission_of(repo, login: str | None) -> str:
+    """admin | maintain | write | triage | read | none, via GET .../collaborators/{login}/permission."""
+    if not login:
+        return "none"
+    try:
+        _, data = repo.requester.requestJsonAndCheck("GET", f"{repo.url}/collaborators/{login}/permission")
+    except GithubException as exc:
+        if exc.status == 404:
+            return "none"
+        raise
+    return data.get("role_name") or data.get("permission") or "none"
+
+
+def is_writer(repo, login: str | None) -> bool:
+    return permission_of(repo, login) in WRITER_PERMISSIONS
+
+
+def gpu_gate(repo, *, trigger: str, untrusted: bool, actor: str | None) -> Gate:
+    """May this request's suites go to self-hosted runners?"""
+    if trigger == "merge_group":
+        return Gate(True, "")  # only code a writer queued reaches the merge queue
+    if trigger in ("comment", "check_run"):
+        if is_writer(repo, actor):
+            return Gate(True, "")
+        return Gate(False, f"GPU suites need a /audit from someone with write access (@{actor} has none)")
+    if untrusted:
+        return Gate(False, "fork or first-time contributor: GPU suites wait for a writer's /audit")
+    return Gate(True, "")

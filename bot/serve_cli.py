@@ -1,0 +1,49 @@
+"""``drift-audit serve``: the webhook app and its worker pool in one process."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="run the GitHub App webhook service")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--db", help="job database path (default: settings 'db', drift-audit.db)")
+    p.add_argument("--settings", metavar="FILE", help="TOML settings file (DRIFT_AUDIT_* variables override it)")
+    p.add_argument("--workers", type=int, help="worker threads (default: settings 'workers')")
+    p.set_defaults(handler=serve)
+
+
+def serve(args: argparse.Namespace) -> int:
+    import logging
+
+    import uvicorn
+
+    from bot.app import create_app
+    from bot.queue import SqliteJobStore
+    from bot.settings import SettingsError, load_settings
+    from bot.worker import Service
+
+    try:
+        settings = load_settings(args.settings)
+        if args.db:
+            settings.db = args.db
+        if args.workers:
+            settings.workers = args.workers
+        settings.require_app()
+    except SettingsError as exc:
+        print(f"drift-audit serve: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("drift_audit").info("settings: %s", settings.redacted())
+    store = SqliteJobStore(settings.db)
+    service = Service(settings, store)
+    service.start()
+    try:
+        uvicorn.run(create_app(settings, store, service), host=args.host, port=args.port, log_level="warning",
+                    access_log=False)
+    finally:
+        service.stop()
+    return 0

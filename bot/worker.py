@@ -1,0 +1,309 @@
+"""Workers: lease a job, run it, publish, finish; a crash anywhere means the job runs again.
+
+A job's lease is renewed by a heartbeat while it runs. If the process dies,
+the lease runs out and another worker (or the restarted service) takes the job
+over from the start; publishing is idempotent (see ``bot.publish``), so the
+re-run edits the same comment and check run instead of adding new ones.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import traceback
+from dataclasses import replace
+
+from github import GithubException
+
+from bot.commands import HELP, parse_command
+from bot.events import Job, is_untrusted
+from bot.github import GitHubApp
+from bot.gpu import GpuDispatch, actions_module, failed_suites, merge_results
+from bot.mirror import Mirrors
+from bot.publish import Publisher, reply_marker, split_comment
+from bot.queue import DONE, FAILED, SUPERSEDED, AuditRecord, JobRow, JobStore
+from bot.security import gpu_gate, is_writer
+from bot.settings import BotSettings
+from checks.model import Audit, AuditRequest, from_json, to_json
+
+log = logging.getLogger("drift_audit.worker")
+PERMANENT_HTTP = (400, 401, 404, 410, 422)
+
+
+class LeaseLost(RuntimeError):
+    """Another worker owns this job now; stop without publishing."""
+
+
+class _Heartbeat:
+    def __init__(self, store: JobStore, job_id: int, owner: str, lease: float):
+        self.store, self.job_id, self.owner, self.lease = store, job_id, owner, lease
+        self.ok = True
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name=f"heartbeat:{job_id}")
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.lease / 3):
+            if not self.store.heartbeat(self.job_id, self.owner, self.lease):
+                self.ok = False
+                return
+
+    def __enter__(self) -> _Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def check(self) -> None:
+        if not self.ok:
+            raise LeaseLost(f"job {self.job_id}: lease lost")
+
+
+class Service:
+    """The worker pool plus everything a job needs: store, GitHub App, mirrors, settings."""
+
+    def __init__(self, settings: BotSettings, store: JobStore, app: GitHubApp | None = None,
+                 mirrors: Mirrors | None = None):
+        self.settings = settings
+        self.store = store
+        self.app = app or GitHubApp(settings)
+        self.mirrors = mirrors or Mirrors(settings.mirrors)
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._wake = threading.Event()
+        self.owner_prefix = f"{socket.gethostname()}:{os.getpid()}"
+
+    # ------------------------------------------------------------------ pool
+    def start(self, workers: int | None = None) -> None:
+        for i in range(workers or self.settings.workers):
+            t = threading.Thread(target=self._loop, args=(f"{self.owner_prefix}:{i}",), daemon=True, name=f"worker-{i}")
+            t.start()
+            self._threads.append(t)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        for t in self._threads:
+            t.join(timeout=30)
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def _loop(self, owner: str) -> None:
+        while not self._stop.is_set():
+            try:
+                worked = self.run_once(owner)
+            except Exception:  # the loop itself must survive anything a job does
+                log.exception("worker %s: unexpected error", owner)
+                worked = False
+            if not worked:
+                self._wake.wait(0.5)
+                self._wake.clear()
+
+    def run_once(self, owner: str | None = None) -> bool:
+        """Lease and run one job; False when there was nothing to do."""
+        owner = owner or f"{self.owner_prefix}:once"
+        row = self.store.lease(owner, self.settings.lease_seconds)
+        if row is None:
+            return False
+        with _Heartbeat(self.store, row.id, owner, self.settings.lease_seconds) as beat:
+            try:
+                status = self.process(row, beat)
+            except LeaseLost:
+                log.warning("job %s: lease lost; leaving it to its new owner", row.id)
+                return True
+            except Exception as exc:
+                self._failed_attempt(row, owner, exc)
+                return True
+        self.store.finish(row.id, owner, status)
+        return True
+
+    def _failed_attempt(self, row: JobRow, owner: str, exc: Exception) -> None:
+        permanent = isinstance(exc, GithubException) and exc.status in PERMANENT_HTTP
+        text = f"{type(exc).__name__}: {exc}"
+        log.warning("job %s attempt %s failed: %s", row.id, row.attempts, text)
+        if permanent:
+            self.store.finish(row.id, owner, FAILED, text)
+            status = FAILED
+        else:
+            delay = self.settings.retry_backoff * 2 ** max(row.attempts - 1, 0)
+            status = self.store.retry_later(row.id, owner, text + "\n" + traceback.format_exc()[-1500:], delay)
+        if status == FAILED:
+            self._report_failure(row, text)
+
+    def _report_failure(self, row: JobRow, text: str) -> None:
+        """Best effort: the check run and the command say the audit could not finish."""
+        job = row.job
+        try:
+            repo = self._repo(job)
+            pub = Publisher(repo, self.settings.check_name)
+            current = self.store.get(row.id)
+            if current and current.check_run_id:
+                pub.conclude(repo.get_check_run(current.check_run_id), "neutral", "The audit could not finish",
+                             f"Drift Audit gave up after {row.attempts} attempt(s): {text[:2000]}")
+            pub.react(job.comment_id, "confused")
+        except Exception:
+            log.exception("job %s: could not report its failure", row.id)
+
+    # ------------------------------------------------------------------ jobs
+    def _repo(self, job: Job):
+        inst = job.installation_id or self.app.installation_for(job.repo)
+        job.installation_id = inst
+        return self.app.client(inst).get_repo(job.repo)
+
+    def process(self, row: JobRow, beat: _Heartbeat) -> str:
+        job = row.job
+        if job.kind == "installation":
+            log.info("installation %s: %s", job.installation_id, job.note)
+            return DONE
+        if row.superseded_by and job.kind == "audit" and not row.check_run_id:
+            return SUPERSEDED  # never started: nothing on GitHub to close
+        repo = self._repo(job)
+        if job.kind == "collect":
+            return self._collect(row, repo, beat)
+        if job.kind == "command":
+            return self._command(row, repo, beat)
+        return self._audit(row, job, repo, beat)
+
+    def _details_url(self, row: JobRow) -> str:
+        return f"{self.settings.public_url.rstrip('/')}/audits/job-{row.id}"
+
+    def _external_id(self, row: JobRow, job: Job) -> str:
+        if job.trigger == "merge_group":
+            return f"mg:{job.base_sha}:{job.key.split('@', 1)[1]}"
+        return f"job:{row.id}"
+
+    def _audit(self, row: JobRow, job: Job, repo, beat: _Heartbeat) -> str:
+        pub = Publisher(repo, self.settings.check_name)
+        details = self._details_url(row)
+        run = pub.start_check(job.head_sha, self._external_id(row, job), details,
+                              existing_id=row.check_run_id or job.check_run_id)
+        if run.id != row.check_run_id:
+            self.store.set_check_run(row.id, run.id)
+        newer = self.store.superseded_by(row.id)
+        if newer:
+            pub.conclude(run, "cancelled", "Superseded by a newer push",
+                         f"`{newer[:12]}` is audited instead of `{job.head_sha[:12]}`.")
+            return SUPERSEDED
+        beat.check()
+
+        token = self.app.installation_token(job.installation_id)
+        clone = job.clone_url or repo.clone_url
+        mirror = self.mirrors.fetch(job.repo, clone, [job.base_sha, job.head_sha], token)
+        gate = gpu_gate(repo, trigger=job.trigger, untrusted=job.untrusted, actor=job.actor)
+        dispatch = GpuDispatch(repo, gate=gate, head_sha=job.head_sha, workflow=self.settings.gpu_workflow,
+                               ref=repo.default_branch)
+        request = AuditRequest(repo=mirror, base=job.base_sha, head=job.head_sha, pr=job.pr, trigger=job.trigger,
+                               options=job.options)
+        from bot.pipeline import run_audit  # heavy: git, tree-sitter, the checks
+
+        blob_url = f"{repo.html_url}/blob/{job.head_sha}" if getattr(repo, "html_url", None) else None
+        audit = run_audit(request, blob_url=blob_url, details_url=details, dispatch=dispatch)
+        beat.check()
+
+        newer = self.store.superseded_by(row.id)
+        if newer:
+            pub.conclude(run, "cancelled", "Superseded by a newer push",
+                         f"The head moved to `{newer[:12]}` while this audit of `{job.head_sha[:12]}` ran; "
+                         "that commit is audited instead.")
+            self._save(row, job, audit, "superseded", [])
+            return SUPERSEDED
+
+        pending = list(dispatch.pending)
+        self._save(row, job, audit, "awaiting-gpu" if pending else "done", pending)
+        self._publish(pub, run, job, audit, details, complete=not pending)
+        return DONE
+
+    def _publish(self, pub: Publisher, run, job: Job, audit: Audit, details: str, *, complete: bool) -> None:
+        report = audit.report
+        comment, overflow = split_comment(report.markdown, details)
+        if job.pr is not None:
+            pub.upsert_comment(job.pr, comment)
+        pub.finish_check(run, report, overflow=overflow, complete=complete)
+
+    def _save(self, row: JobRow, job: Job, audit: Audit, status: str, pending: list[str]) -> None:
+        audit_id = audit.plan.audit_id if audit.plan else f"job-{row.id}"
+        verdict = audit.report.verdict if audit.report else "neutral"
+        self.store.save_audit(AuditRecord(audit_id=audit_id, job_id=row.id, repo=job.repo, pr=job.pr,
+                                          head_sha=job.head_sha or "", status=status, verdict=verdict,
+                                          audit_json=to_json(audit, indent=None), pending=pending))
+
+    # ------------------------------------------------------------------ /audit commands
+    def _command(self, row: JobRow, repo, beat: _Heartbeat) -> str:
+        job = row.job
+        pub = Publisher(repo, self.settings.check_name)
+        pub.react(job.comment_id, "eyes")
+        cmd = parse_command(job.command or "/audit")
+        if cmd.replies_with_help:
+            lead = f"`{cmd.text[:200]}`: {cmd.error}.\n\n" if cmd.error else ""
+            marker = reply_marker(job.comment_id or 0)
+            pub.upsert_comment(job.pr, f"{marker}\n{lead}{HELP}", marker=marker)
+            pub.react(job.comment_id, "confused" if cmd.error else "rocket")
+            return DONE
+        pr = repo.get_pull(job.pr)
+        options = cmd.options
+        if cmd.action == "retry":
+            last = self.store.latest_audit(job.repo, job.pr)
+            failed = failed_suites(from_json(Audit, last.audit_json).results) if last else []
+            if not failed:
+                marker = reply_marker(job.comment_id or 0)
+                pub.upsert_comment(job.pr, f"{marker}\nNothing to retry: no suite failed in the last audit.", marker=marker)
+                pub.react(job.comment_id, "confused")
+                return DONE
+            options = replace(options, suites=failed)
+        self.store.mark_head(row.id, pr.head.sha)
+        audit_job = replace(job, head_sha=pr.head.sha, base_sha=pr.base.sha, options=options,
+                            untrusted=is_untrusted(pr.raw_data))
+        status = self._audit(row, audit_job, repo, beat)
+        if job.comment_id:
+            denied = cmd.wants_gpu and not is_writer(repo, job.actor)
+            pub.react(job.comment_id, "confused" if denied else "rocket")
+        return status
+
+    # ------------------------------------------------------------------ GPU results
+    def _collect(self, row: JobRow, repo, beat: _Heartbeat) -> str:
+        job = row.job
+        if not (job.note or "").endswith(self.settings.gpu_workflow):
+            return DONE  # some other workflow
+        actions = actions_module()
+        if actions is None or not hasattr(actions, "collect"):
+            log.warning("workflow run %s: no runner.actions collector installed", job.run_id)
+            return DONE
+        names = [a.name for a in repo.get_workflow_run(job.run_id).get_artifacts()]
+        for record in self.store.awaiting(job.repo, job.head_sha or ""):
+            if not any(record.audit_id in n for n in names):
+                continue
+            audit = from_json(Audit, record.audit_json)
+            try:
+                incoming = actions.collect(repo, job.run_id, record.audit_id)
+            except Exception as exc:  # missing / malformed / oversized artifact: a failed suite row, not a crash
+                from checks.model import Results, SuiteResult
+
+                labels = [lab for lab in record.pending if any(lab in n for n in names)] or record.pending[:1]
+                incoming = Results(record.audit_id, record.head_sha, [
+                    SuiteResult(suite=s.id, runner=s.runner, outcome="error", reason=f"results unusable: {exc}"[:500])
+                    for s in (audit.plan.suites if audit.plan else []) if s.runner in labels])
+            audit.results = merge_results(audit.results, incoming)
+            got = {s.runner for s in incoming.suites} | {d.label for d in incoming.devices}
+            pending = [lab for lab in record.pending if lab not in got]
+            from bot.report import render
+
+            origin = self.store.get(record.job_id)
+            details = f"{self.settings.public_url.rstrip('/')}/audits/job-{record.job_id}"
+            blob_url = f"{repo.html_url}/blob/{record.head_sha}"
+            audit.report = render(audit, blob_url=blob_url, details_url=details)
+            beat.check()
+            origin_job = origin.job if origin else job
+            self.store.save_audit(replace(record, status="awaiting-gpu" if pending else "done", pending=pending,
+                                          verdict=audit.report.verdict, audit_json=to_json(audit, indent=None)))
+            pub = Publisher(repo, self.settings.check_name)
+            if origin and origin.check_run_id:
+                run = repo.get_check_run(origin.check_run_id)
+                self._publish(pub, run, replace(origin_job, pr=record.pr), audit, details, complete=not pending)
+            elif record.pr is not None:
+                pub.upsert_comment(record.pr, split_comment(audit.report.markdown, details)[0])
+        return DONE
