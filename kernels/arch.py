@@ -28,14 +28,3 @@ def fp8_hw_cast(cap: tuple[int, int] | None) -> bool:
     becomes 64), so both encode the byte in integer arithmetic instead (``fp8_quant._e4m3_bits``)."""
     return cap is not None and cap >= (8, 9)
 
-
-def rows_per_program(n_rows: int, row_bytes: int, cap: tuple[int, int] | None, sm_count: int = 132) -> int:
-    """Rows per program for a row-wise memory-bound kernel: enough bytes in flight per program to hide
-    latency when rows are short, but at least ~4 waves of programs over the SMs when rows are many."""
-    if cap is None:
-        return 1
-    target = 16384  # bytes per program
-    r = 1
-    while r * row_bytes < target and n_rows // (r * 2) >= sm_count * 4:
-        r *= 2
-    return r

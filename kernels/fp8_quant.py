@@ -138,9 +138,10 @@ def _groups_per_program(n_groups: int, on_gpu: bool) -> int:
     return min(next_pow2(n_groups), 64 if on_gpu else 256)
 
 
-def act_quant(x: torch.Tensor, block: int = 128, ue8m0: bool = False, *, out=None):
+def act_quant(x: torch.Tensor, block: int = 128, ue8m0: bool = False, *, out=None, tune: dict | None = None):
     """Triton :func:`act_quant_ref`; ``out=(q, scale)`` to write into preallocated (e.g. poisoned) tensors.
-    ``block`` must be a power of two; leading dims may be strided."""
+    ``block`` must be a power of two; leading dims may be strided. ``tune``: ``groups`` (blocks per
+    program), ``warps``."""
     if block & (block - 1):
         raise ValueError(f"block must be a power of two, got {block}")
     k = x.shape[-1]
@@ -151,11 +152,12 @@ def act_quant(x: torch.Tensor, block: int = 128, ue8m0: bool = False, *, out=Non
     x2 = as_rows(x)
     cap = capability(x.device)
     hw = fp8_hw_cast(cap)
-    g = _groups_per_program(nb, cap is not None)
+    g = (tune or {}).get("groups") or _groups_per_program(nb, cap is not None)
+    warps = (tune or {}).get("warps") or (8 if g * block >= 4096 else 4)
     grid = (x2.shape[0], triton.cdiv(nb, g))
     _act_quant_kernel[grid](
         x2, q2 if hw else q2.view(torch.uint8), s2, k, nb, x2.stride(0), q2.stride(0), s2.stride(0),
-        QBLOCK=block, G=g, UE8M0=ue8m0, HW_CAST=hw, num_warps=8 if g * block >= 4096 else 4,
+        QBLOCK=block, G=g, UE8M0=ue8m0, HW_CAST=hw, num_warps=warps,
     )
     return q, s
 
@@ -180,7 +182,7 @@ def act_dequant(q: torch.Tensor, scale: torch.Tensor, out_dtype: torch.dtype = t
 
 
 def weight_dequant(w: torch.Tensor, scale_inv: torch.Tensor, block: int = 128,
-                   out_dtype: torch.dtype = torch.float32, *, out=None):
+                   out_dtype: torch.dtype = torch.float32, *, out=None, tune: dict | None = None):
     """Triton :func:`weight_dequant_ref`: one program per ``TILE_N × block`` slice of a scale block."""
     if w.dim() != 2:
         raise ValueError(f"weight must be 2-D, got {tuple(w.shape)}")
@@ -191,10 +193,10 @@ def weight_dequant(w: torch.Tensor, scale_inv: torch.Tensor, block: int = 128,
     out, _ = out_rows(out, w.shape, out_dtype, w.device)
     w2 = as_rows(w)
     on_gpu = capability(w.device) is not None
-    tile_n = 32 if on_gpu else block
+    tile_n = (tune or {}).get("tile_n") or (32 if on_gpu else block)
     _weight_dequant_kernel[(want[0], want[1], block // tile_n)](
         w2, scale_inv, out, n, k, w2.stride(0), scale_inv.stride(0), out.stride(0),
-        BLOCK=block, TILE_N=tile_n, EXACT=interpreting(), num_warps=4,
+        BLOCK=block, TILE_N=tile_n, EXACT=interpreting(), num_warps=(tune or {}).get("warps", 4),
     )
     return out
 

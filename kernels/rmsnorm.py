@@ -62,9 +62,10 @@ def _config(n_rows: int, n_cols: int, cap) -> tuple[int, int, int]:
 
 
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None,
-            *, out: torch.Tensor | None = None, h_out: torch.Tensor | None = None):
+            *, out: torch.Tensor | None = None, h_out: torch.Tensor | None = None, tune: dict | None = None):
     """Triton RMSNorm over the last dim (leading dims may be strided). With ``residual`` returns
-    ``(out, h)`` like :func:`rmsnorm_ref`; ``h_out=residual`` updates the residual stream in place."""
+    ``(out, h)`` like :func:`rmsnorm_ref`; ``h_out=residual`` updates the residual stream in place. ``tune`` overrides the
+    launch (``rows`` per program, ``warps``) for benchmarks."""
     if weight.shape != (x.shape[-1],):
         raise ValueError(f"weight must be ({x.shape[-1]},), got {tuple(weight.shape)}")
     x2 = as_rows(x)
@@ -77,6 +78,7 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.T
         h_out, h2 = out_rows(h_out, x.shape, x.dtype, x.device, "h_out")
     n_rows, n_cols = x2.shape
     rows, block, warps = _config(n_rows, n_cols, capability(x.device))
+    rows, warps = (tune or {}).get("rows", rows), (tune or {}).get("warps", warps)
     _rmsnorm_kernel[(triton.cdiv(n_rows, rows),)](
         x2, r2, weight, o2, h2, n_rows, n_cols,
         x2.stride(0), r2.stride(0), o2.stride(0), h2.stride(0), eps,

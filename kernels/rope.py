@@ -134,11 +134,12 @@ def _as_vectors(t: torch.Tensor, name: str, must_view: bool) -> torch.Tensor:
 
 
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, positions: torch.Tensor | None = None,
-         out: torch.Tensor | None = None, inplace: bool = False) -> torch.Tensor:
+         out: torch.Tensor | None = None, inplace: bool = False, tune: dict | None = None) -> torch.Tensor:
     """Triton :func:`rope_ref`. ``x`` is ``[..., seq, heads, dim]`` or ``[seq, dim]`` and may be a strided
     slice (q_pe = ``q[..., nope:]``). Without ``positions``, row ``s`` of ``cos``/``sin`` ``[seq, dim/2]``
     serves sequence index ``s``; with ``positions`` (``x.shape[:-2]``, or ``[seq]`` for 2-D ``x``) row
-    ``positions[...]`` of a full table does. ``inplace=True`` rotates ``x`` itself."""
+    ``positions[...]`` of a full table does. ``inplace=True`` rotates ``x`` itself.
+    ``tune``: ``block`` (head vectors per program), ``warps``."""
     dim = x.shape[-1]
     half = dim // 2
     if dim % 2 or cos.shape[-1] != half or sin.shape != cos.shape or cos.dim() != 2:
@@ -166,12 +167,12 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, positions: to
         raise ValueError(f"cos/sin have {cos.shape[0]} rows for a sequence of {seq}; slice the table or pass positions")
     n_vec = rows * heads
     on_gpu = capability(x.device) is not None
-    block = max(1, min(next_pow2(n_vec), (4096 if on_gpu else 16384) // next_pow2(half)))
+    block = (tune or {}).get("block") or max(1, min(next_pow2(n_vec), (4096 if on_gpu else 16384) // next_pow2(half)))
     _rope_kernel[(triton.cdiv(n_vec, block),)](
         x3, o3, cos, sin, positions if positions is not None else cos,
         n_vec, heads, seq, x3.stride(0), x3.stride(1), o3.stride(0), o3.stride(1), cos.stride(0), sin.stride(0),
         HALF=half, HALF_P2=next_pow2(half), BLOCK=block, HAS_POS=positions is not None, EXACT=interpreting(),
-        num_warps=4 if on_gpu else 1,
+        num_warps=(tune or {}).get("warps") or (4 if on_gpu else 1),
     )
     return out
 

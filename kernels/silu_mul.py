@@ -62,20 +62,21 @@ def _split(x: torch.Tensor) -> int:
     return x.shape[-1] // 2
 
 
-def silu_mul(x: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
-    """Triton :func:`silu_mul_ref`."""
+def silu_mul(x: torch.Tensor, *, out: torch.Tensor | None = None, tune: dict | None = None) -> torch.Tensor:
+    """Triton :func:`silu_mul_ref`; ``tune``: ``block``, ``warps``."""
     n = _split(x)
     out, o2 = out_rows(out, (*x.shape[:-1], n), x.dtype, x.device)
     x2 = as_rows(x)
     on_gpu = capability(x.device) is not None
-    block = min(next_pow2(n), 2048 if on_gpu else 16384)
+    block = (tune or {}).get("block") or min(next_pow2(n), 2048 if on_gpu else 16384)
     _silu_mul_kernel[(x2.shape[0], triton.cdiv(n, block))](
-        x2, o2, n, x2.stride(0), o2.stride(0), BLOCK=block, EXACT=interpreting(), num_warps=8 if on_gpu else 1,
+        x2, o2, n, x2.stride(0), o2.stride(0), BLOCK=block, EXACT=interpreting(),
+        num_warps=(tune or {}).get("warps") or (8 if on_gpu else 1),
     )
     return out
 
 
-def silu_mul_quant(x: torch.Tensor, block: int = 128, ue8m0: bool = False, *, out=None):
+def silu_mul_quant(x: torch.Tensor, block: int = 128, ue8m0: bool = False, *, out=None, tune: dict | None = None):
     """Triton :func:`silu_mul_quant_ref`: ``(q e4m3 [..., N], scale fp32 [..., ceil(N/block)])``."""
     n = _split(x)
     nb = -(-n // block)
@@ -85,10 +86,11 @@ def silu_mul_quant(x: torch.Tensor, block: int = 128, ue8m0: bool = False, *, ou
     x2 = as_rows(x)
     cap = capability(x.device)
     hw = fp8_hw_cast(cap)
-    g = min(next_pow2(nb), 16 if cap is not None else 256)
+    g = (tune or {}).get("groups") or min(next_pow2(nb), 16 if cap is not None else 256)
     _silu_mul_quant_kernel[(x2.shape[0], triton.cdiv(nb, g))](
         x2, q2 if hw else q2.view(torch.uint8), s2, n, nb, x2.stride(0), q2.stride(0), s2.stride(0),
-        QBLOCK=block, G=g, UE8M0=ue8m0, HW_CAST=hw, EXACT=interpreting(), num_warps=8 if cap is not None else 1,
+        QBLOCK=block, G=g, UE8M0=ue8m0, HW_CAST=hw, EXACT=interpreting(),
+        num_warps=(tune or {}).get("warps") or (8 if cap is not None else 1),
     )
     return q, s
 
