@@ -34,6 +34,8 @@ class Job:
     command: str | None = None  # the /audit line
     run_id: int | None = None  # workflow_run completed
     check_run_id: int | None = None  # check_run rerequested: conclude this run again
+    audit_id: str | None = None  # workflow_run: the audit and runner label its title names
+    label: str | None = None
     note: str = ""
 
 
@@ -137,8 +139,14 @@ def job_for(event: str, payload: dict[str, Any], *, audit_drafts: bool = False, 
         run = payload.get("workflow_run") or {}
         if action != "completed":
             return Ignored(f"workflow_run.{action}")
-        return Job("collect", repo, f"{repo}!run:{run.get('id')}", installation_id=inst, head_sha=run.get("head_sha"),
-                   trigger="workflow_run", run_id=run.get("id"), clone_url=clone,
-                   note=run.get("path") or run.get("name") or "")
+        from runner.actions import run_of_event  # pure: reads the run's title and path
+
+        ours = run_of_event(payload)
+        if ours is None:
+            return Ignored("workflow run that is not a Drift Audit GPU run")
+        run_id, audit_id, label = ours
+        return Job("collect", repo, f"{repo}!run:{run_id}", installation_id=inst, head_sha=run.get("head_sha"),
+                   trigger="workflow_run", run_id=run_id, clone_url=clone, audit_id=audit_id, label=label,
+                   note=run.get("path") or "")
 
     return Ignored(f"unhandled event '{event}'")

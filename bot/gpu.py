@@ -37,11 +37,11 @@ class GpuDispatch:
         for label in plan.runners:
             if not self.gate.allowed:
                 reason = self.gate.reason
-            elif actions is None or not hasattr(actions, "dispatch"):
+            elif actions is None:
                 reason = f"no {label} runner dispatcher is installed on this bot"
             else:
                 try:
-                    actions.dispatch(self.repo, plan, label=label, ref=self.ref, workflow=self.workflow)
+                    actions.Dispatcher(self.repo, workflow=self.workflow, ref=self.ref).dispatch(plan, labels=[label])
                 except Exception as exc:  # a failed dispatch is a reported outcome, not a crashed audit
                     reason = f"dispatch to the {label} runners failed: {str(exc)[:300]}"
                 else:
@@ -53,9 +53,9 @@ class GpuDispatch:
         return results
 
 
-def merge_results(current: Results | None, incoming: Results) -> Results:
-    """Replace the placeholder rows of the labels ``incoming`` reports on."""
-    labels = {s.runner for s in incoming.suites} | {d.label for d in incoming.devices}
+def merge_results(current: Results | None, incoming: Results, labels: set[str] | None = None) -> Results:
+    """Replace the placeholder rows of ``labels`` (default: the labels ``incoming`` reports on)."""
+    labels = labels or ({s.runner for s in incoming.suites} | {d.label for d in incoming.devices})
     if current is None:
         return incoming
     kept = [s for s in current.suites if s.runner not in labels]

@@ -27,7 +27,7 @@ from bot.publish import Publisher, reply_marker, split_comment
 from bot.queue import DONE, FAILED, SUPERSEDED, AuditRecord, JobRow, JobStore
 from bot.security import gpu_gate, is_writer
 from bot.settings import BotSettings
-from checks.model import Audit, AuditRequest, from_json, to_json
+from checks.model import Audit, AuditRequest, Results, SuiteResult, from_json, to_json
 
 log = logging.getLogger("drift_audit.worker")
 PERMANENT_HTTP = (400, 401, 404, 410, 422)
@@ -76,6 +76,7 @@ class Service:
         self._threads: list[threading.Thread] = []
         self._wake = threading.Event()
         self.owner_prefix = f"{socket.gethostname()}:{os.getpid()}"
+        self._unrunnable: set[int] = set()  # job ids whose audit could not run (bad config, unknown suite)
 
     # ------------------------------------------------------------------ pool
     def start(self, workers: int | None = None) -> None:
@@ -202,7 +203,17 @@ class Service:
         from bot.pipeline import run_audit  # heavy: git, tree-sitter, the checks
 
         blob_url = f"{repo.html_url}/blob/{job.head_sha}" if getattr(repo, "html_url", None) else None
-        audit = run_audit(request, blob_url=blob_url, details_url=details, dispatch=dispatch)
+        try:
+            audit = run_audit(request, blob_url=blob_url, details_url=details, dispatch=dispatch)
+        except ValueError as exc:  # bad config on the base, unknown suite id: the user's to fix, not a retry
+            beat.check()
+            message = str(exc)[:3000]
+            pub.conclude(run, "neutral", "The audit could not run", message)
+            if job.comment_id and job.pr is not None:
+                marker = reply_marker(job.comment_id)
+                pub.upsert_comment(job.pr, f"{marker}\n`{(job.command or '/audit')[:200]}`: {message}", marker=marker)
+            self._unrunnable.add(row.id)
+            return DONE
         beat.check()
 
         newer = self.store.superseded_by(row.id)
@@ -261,49 +272,46 @@ class Service:
         status = self._audit(row, audit_job, repo, beat)
         if job.comment_id:
             denied = cmd.wants_gpu and not is_writer(repo, job.actor)
-            pub.react(job.comment_id, "confused" if denied else "rocket")
+            failed = row.id in self._unrunnable
+            self._unrunnable.discard(row.id)
+            pub.react(job.comment_id, "confused" if denied or failed else "rocket")
         return status
 
     # ------------------------------------------------------------------ GPU results
     def _collect(self, row: JobRow, repo, beat: _Heartbeat) -> str:
+        """A GPU workflow run finished: fold its Results into the audit it belongs to and publish again."""
         job = row.job
-        if not (job.note or "").endswith(self.settings.gpu_workflow):
-            return DONE  # some other workflow
-        actions = actions_module()
-        if actions is None or not hasattr(actions, "collect"):
-            log.warning("workflow run %s: no runner.actions collector installed", job.run_id)
+        record = self.store.audit(job.audit_id or "")
+        if record is None or job.label not in record.pending:
+            log.info("workflow run %s: no audit %s waiting for %s", job.run_id, job.audit_id, job.label)
             return DONE
-        names = [a.name for a in repo.get_workflow_run(job.run_id).get_artifacts()]
-        for record in self.store.awaiting(job.repo, job.head_sha or ""):
-            if not any(record.audit_id in n for n in names):
-                continue
-            audit = from_json(Audit, record.audit_json)
-            try:
-                incoming = actions.collect(repo, job.run_id, record.audit_id)
-            except Exception as exc:  # missing / malformed / oversized artifact: a failed suite row, not a crash
-                from checks.model import Results, SuiteResult
+        audit = from_json(Audit, record.audit_json)
+        actions = actions_module()
+        try:
+            incoming = actions.Collector(repo).collect(job.run_id, record.audit_id, head_sha=record.head_sha)
+        except Exception as exc:  # missing / malformed / oversized artifact: error rows, never a silent pass
+            if isinstance(exc, GithubException) and exc.status >= 500:
+                raise
+            reason = f"results unusable: {exc}"[:600]
+            incoming = Results(record.audit_id, record.head_sha, [
+                SuiteResult(suite=s.id, runner=s.runner, outcome="error", reason=reason)
+                for s in (audit.plan.for_runner(job.label) if audit.plan else [])])
+        labels = {s.runner for s in incoming.suites} | {d.label for d in incoming.devices} | {job.label}
+        audit.results = merge_results(audit.results, incoming, labels)
+        pending = [lab for lab in record.pending if lab not in labels]
+        origin = self.store.get(record.job_id)
+        details = f"{self.settings.public_url.rstrip('/')}/audits/job-{record.job_id}"
+        from bot.report import render
 
-                labels = [lab for lab in record.pending if any(lab in n for n in names)] or record.pending[:1]
-                incoming = Results(record.audit_id, record.head_sha, [
-                    SuiteResult(suite=s.id, runner=s.runner, outcome="error", reason=f"results unusable: {exc}"[:500])
-                    for s in (audit.plan.suites if audit.plan else []) if s.runner in labels])
-            audit.results = merge_results(audit.results, incoming)
-            got = {s.runner for s in incoming.suites} | {d.label for d in incoming.devices}
-            pending = [lab for lab in record.pending if lab not in got]
-            from bot.report import render
-
-            origin = self.store.get(record.job_id)
-            details = f"{self.settings.public_url.rstrip('/')}/audits/job-{record.job_id}"
-            blob_url = f"{repo.html_url}/blob/{record.head_sha}"
-            audit.report = render(audit, blob_url=blob_url, details_url=details)
-            beat.check()
-            origin_job = origin.job if origin else job
-            self.store.save_audit(replace(record, status="awaiting-gpu" if pending else "done", pending=pending,
-                                          verdict=audit.report.verdict, audit_json=to_json(audit, indent=None)))
-            pub = Publisher(repo, self.settings.check_name)
-            if origin and origin.check_run_id:
-                run = repo.get_check_run(origin.check_run_id)
-                self._publish(pub, run, replace(origin_job, pr=record.pr), audit, details, complete=not pending)
-            elif record.pr is not None:
-                pub.upsert_comment(record.pr, split_comment(audit.report.markdown, details)[0])
+        audit.report = render(audit, blob_url=f"{repo.html_url}/blob/{record.head_sha}", details_url=details)
+        beat.check()
+        self.store.save_audit(replace(record, status="awaiting-gpu" if pending else "done", pending=pending,
+                                      verdict=audit.report.verdict, audit_json=to_json(audit, indent=None)))
+        pub = Publisher(repo, self.settings.check_name)
+        origin_job = replace(origin.job if origin else job, pr=record.pr)
+        if origin and origin.check_run_id:
+            self._publish(pub, repo.get_check_run(origin.check_run_id), origin_job, audit, details,
+                          complete=not pending)
+        elif record.pr is not None:
+            pub.upsert_comment(record.pr, split_comment(audit.report.markdown, details)[0])
         return DONE

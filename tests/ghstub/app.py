@@ -7,6 +7,7 @@ through the same auth, rate-limit-header and fault-injection code.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import secrets
@@ -664,6 +665,12 @@ def build_app(state: StubState, prefix: str = "") -> Starlette:
         try:
             if api_path is None:
                 raise not_found()
+            with state.lock:
+                state.arrivals.append((method, api_path))
+                stall = max((sec for key, sec in state.delays.items()
+                             if key.split(" ", 1)[0] == method and key.split(" ", 1)[1] in api_path), default=0)
+            if stall:
+                await asyncio.sleep(stall)
             injected = state.fault.pick(api_path)
             if injected is not None:
                 with state.lock:

@@ -91,6 +91,8 @@ class StubState:
     artifacts: dict[int, dict] = field(default_factory=dict)  # id -> artifact json (+ "_repo", "_run", "_zip")
     blobs: dict[str, int] = field(default_factory=dict)  # signed download key -> artifact id
     requests: list[tuple[str, str, int]] = field(default_factory=list)  # (method, path, status) served
+    arrivals: list[tuple[str, str]] = field(default_factory=list)  # (method, path) as each request arrives
+    delays: dict[str, float] = field(default_factory=dict)  # "METHOD path-substring" -> seconds to stall first
     fault: Fault = field(default_factory=Fault)
     faults_injected: int = 0
     on_dispatch: Callable[[StubState, dict], None] | None = None  # e.g. seed a run for each dispatch
@@ -176,7 +178,7 @@ class StubState:
 
     def add_run(self, repo: str, *, head_sha: str, workflow: str = "drift-audit-gpu.yml",
                 status: str = "completed", conclusion: str | None = "success", event: str = "workflow_dispatch",
-                head_branch: str = "main", inputs: dict | None = None) -> dict:
+                head_branch: str = "main", inputs: dict | None = None, display_title: str | None = None) -> dict:
         """Seed a workflow run (as if a dispatch had started one)."""
         with self.lock:
             wf = self.workflows.get((repo, workflow)) or self.add_workflow(repo, workflow)
@@ -185,7 +187,7 @@ class StubState:
                    "head_branch": head_branch, "path": wf["path"], "run_number": rid, "run_attempt": 1,
                    "event": event, "status": status, "conclusion": conclusion if status == "completed" else None,
                    "workflow_id": wf["id"], "created_at": iso(), "updated_at": iso(),
-                   "display_title": wf["name"], "_repo": repo, "_inputs": inputs or {}}
+                   "display_title": display_title or wf["name"], "_repo": repo, "_inputs": inputs or {}}
             self.runs[rid] = run
             return run
 
@@ -232,6 +234,10 @@ class StubState:
         with self.lock:
             return [c for c in self.check_runs.values() if c["_repo"] == repo
                     and (head_sha is None or c["head_sha"] == head_sha) and (name is None or c["name"] == name)]
+
+    def arrived(self, method: str, fragment: str) -> int:
+        with self.lock:
+            return sum(1 for m, p in self.arrivals if m == method and fragment in p)
 
     def count(self, method: str, fragment: str, status: int | None = None) -> int:
         with self.lock:
