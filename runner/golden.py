@@ -27,25 +27,36 @@ def compare_files(golden_path: str, produced_path: str, label: str) -> tuple[str
 
 def _from_engine(eg: Any, golden_path: str, produced_path: str, label: str) -> tuple[str, str, dict[str, Any]]:
     try:
-        expected = eg.load(golden_path)
-        actual = eg.load(produced_path)
-    except Exception as exc:  # a malformed file is a result, not a crash of the runner
-        return "error", f"cannot read goldens: {type(exc).__name__}: {exc}", {}
-    report = eg.compare(expected, actual)
-    return _adapt(report, label)
+        comparison = eg.compare_files(golden_path, produced_path)
+    except eg.GoldenError as exc:  # a malformed or mismatched file is a result, not a runner crash
+        return "error", f"cannot compare with '{label}': {exc}", {}
+    return adapt(comparison, label)
 
 
-def _adapt(report: Any, label: str) -> tuple[str, str, dict[str, Any]]:
-    first = getattr(report, "first_divergence", None)
-    margin = getattr(report, "near_tie_margin", None)
-    near_tie = bool(getattr(report, "near_tie", False))
-    metrics: dict[str, Any] = {}
-    if first is not None:
-        metrics["first_divergence"] = first
-    if margin is not None:
-        metrics["near_tie_margin"] = margin
-    if first is None:
+def adapt(comparison: Any, label: str) -> tuple[str, str, dict[str, Any]]:
+    """Suite outcome and metrics from the engine's Comparison: the earliest divergence decides."""
+    diverged = [p for p in comparison.prompts if p.first_divergence is not None]
+    metrics: dict[str, Any] = {
+        "prompts": len(comparison.prompts),
+        "prompts_matched": sum(p.status == "match" for p in comparison.prompts),
+        "near_tie_threshold": comparison.near_tie,
+    }
+    if not diverged:
         return "passed", "", metrics
-    if near_tie:
-        return "passed", f"diverges from '{label}' at step {first}, a near-tie (margin {margin})", metrics
-    return "failed", f"diverges from '{label}' at step {first}", metrics
+    first = min(diverged, key=lambda p: (p.first_divergence, p.index))
+    metrics["first_divergence"] = first.first_divergence
+    margins = [p.reference_margin for p in diverged if p.reference_margin is not None]
+    if margins:
+        metrics["near_tie_margin"] = min(margins)
+    breaks = [p for p in diverged if p.status in ("break", "short")]
+    where = f"prompt {first.index} step {first.first_divergence}"
+    if not breaks:
+        return "passed", f"diverges from '{label}' only at near-ties (first: {where})", metrics
+    b = min(breaks, key=lambda p: (p.first_divergence, p.index))
+    detail = (
+        f"prompt {b.index} stops at step {b.first_divergence}"
+        if b.status == "short"
+        else f"prompt {b.index} step {b.first_divergence}: expected token {b.expected}, got {b.got}"
+        + (f" (reference margin {b.reference_margin:.3g})" if b.reference_margin is not None else "")
+    )
+    return "failed", f"{len(breaks)} of {len(comparison.prompts)} prompt(s) break from '{label}'; {detail}", metrics

@@ -8,7 +8,10 @@ The contract for suites (documented in docs/runners.md):
   A line with a ``name`` is a case, shaped like ``CaseResult``:
   ``{"name", "outcome", "duration", "message", "metrics": {...}}``; it merges into
   the JUnit case of the same name or adds a case. A line without a name carries
-  suite-level ``metrics``.
+  suite-level ``metrics``. The file may instead hold one JSON object with a
+  ``cases`` list of such records (what ``drift-audit kernels parity --json``
+  writes). A harness's ``{"metric": "gemm_diff", "value": v}`` is also read as
+  ``gemm_diff = v``.
 
 The suite's headline metrics are the worst over its cases, so the comment can
 show one row per suite.
@@ -25,7 +28,17 @@ from typing import Any
 OUTCOMES = ("passed", "failed", "error", "skipped", "timeout", "segfault", "abort", "cuda-error", "not-run")
 
 # metric → how cases combine into the suite's headline value
-WORST = {"max_abs": max, "rel": max, "cos_diff": max, "first_divergence": min, "near_tie_margin": min}
+WORST = {
+    "max_abs": max,
+    "rel": max,
+    "max_rel": max,
+    "cos_diff": max,
+    "gemm_diff": max,
+    "lse_abs": max,
+    "bit_exact": max,
+    "first_divergence": min,
+    "near_tie_margin": min,
+}
 KEY_METRICS = tuple(WORST)
 
 
@@ -93,7 +106,14 @@ def read_metrics_lines(path: str) -> tuple[list[tuple], dict[str, Any], int]:
             lines = fh.readlines()
     except FileNotFoundError:
         return [], {}, 0
-    for line in lines:
+    whole = _whole_object("".join(lines))
+    if whole is not None:
+        items = [json.dumps(c) for c in whole.get("cases", [])]
+        if isinstance(whole.get("metrics"), dict):
+            suite.update(whole["metrics"])
+    else:
+        items = lines
+    for line in items:
         line = line.strip()
         if not line:
             continue
@@ -121,28 +141,46 @@ def read_metrics_lines(path: str) -> tuple[list[tuple], dict[str, Any], int]:
         except (TypeError, ValueError):
             bad += 1
             continue
-        records.append((str(rec["name"]), outcome, duration, str(rec.get("message") or ""), metrics))
+        records.append((str(rec["name"]), outcome, duration, str(rec.get("message") or ""), _named(metrics)))
     return records, suite, bad
 
 
+def _whole_object(text: str) -> dict | None:
+    """The file as one JSON object with a ``cases`` list, or None when it is JSON lines."""
+    stripped = text.strip()
+    if not stripped.startswith("{"):
+        return None
+    try:
+        obj = json.loads(stripped)
+    except json.JSONDecodeError:
+        return None
+    return obj if isinstance(obj, dict) and isinstance(obj.get("cases"), list) else None
+
+
+def _named(metrics: dict[str, Any]) -> dict[str, Any]:
+    """Spell out a harness's ``{"metric": name, "value": v}`` as ``name: v``."""
+    name, value = metrics.get("metric"), metrics.get("value")
+    if isinstance(name, str) and isinstance(value, (int, float)) and not isinstance(value, bool) and name not in metrics:
+        return {**metrics, name: value}
+    return metrics
+
+
 def merge(cases: list[Case], records: list[tuple], default_outcome: str) -> list[Case]:
-    """Fold metric records into JUnit cases by name (exact, or the part after '::')."""
+    """Fold metric records into JUnit cases by name (exact, or the part after '::'); others become cases."""
     by_name: dict[str, Case] = {}
     for c in cases:
         by_name.setdefault(c.name, c)
         by_name.setdefault(c.name.rsplit("::", 1)[-1], c)
     for name, outcome, duration, message, metrics in records:
         hit = by_name.get(name)
-        if hit is None:
-            hit = Case(name, outcome or default_outcome, duration, message, {})
-            cases.append(hit)
-            by_name[name] = hit
-        else:
-            # JUnit decides pass/fail; a harness may only make a case worse.
-            if outcome and outcome not in ("passed", "skipped") and hit.outcome == "passed":
-                hit.outcome = outcome
-            if message and not hit.message:
-                hit.message = message
+        if hit is None:  # a harness may report several checks under one name: keep each
+            cases.append(Case(name, outcome or default_outcome, duration, message, dict(metrics)))
+            continue
+        # JUnit decides pass/fail; a harness may only make a case worse.
+        if outcome and outcome not in ("passed", "skipped") and hit.outcome == "passed":
+            hit.outcome = outcome
+        if message and not hit.message:
+            hit.message = message
         hit.metrics.update(metrics)
     return cases
 

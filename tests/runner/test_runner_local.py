@@ -174,3 +174,68 @@ def test_classify_shell_signal_codes():
     assert classify(0, False, 1, "CUDA error: in a passing log", [], False) == ("passed", "")
     assert classify(5, False, 1, "", [], True) == ("error", "pytest collected no tests (exit 5)")
     assert classify(5, False, 1, "", [], False) == ("error", "exit code 5")
+
+
+GOLDEN = "\n".join([
+    json.dumps({"format": "drift-audit-golden", "version": 1, "model": "tiny"}),
+    json.dumps({"index": 0, "prompt": [1, 2], "tokens": [5, 6, 7, 8], "margins": [2.0, 0.01, 3.0, 3.0]}),
+    json.dumps({"index": 1, "prompt": [3], "tokens": [9, 9, 9], "margins": [1.0, 1.0, 4.0]}),
+]) + "\n"
+
+WRITE_CANDIDATE = '''
+import json, os, sys
+t0, t1 = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+with open(os.environ["DRIFT_AUDIT_GOLDEN_OUT"], "w") as fh:
+    fh.write(json.dumps({"index": 0, "prompt": [1, 2], "tokens": t0}) + "\\n")
+    fh.write(json.dumps({"index": 1, "prompt": [3], "tokens": t1}) + "\\n")
+'''
+
+
+@pytest.mark.parametrize("t0,t1,outcome,reason,first", [
+    ("[5,6,7,8]", "[9,9,9]", "passed", "", None),
+    ("[5,4,7,8]", "[9,9,9]", "passed", "diverges from 'golden.jsonl' only at near-ties (first: prompt 0 step 1)", 1),
+    ("[5,6,7,8]", "[9,9,1]", "failed",
+     "1 of 2 prompt(s) break from 'golden.jsonl'; prompt 1 step 2: expected token 9, got 1 (reference margin 4)", 2),
+    ("[5,6]", "[9,9,9]", "failed", "1 of 2 prompt(s) break from 'golden.jsonl'; prompt 0 stops at step 2", 2),
+])
+def test_decode_suite_compared_with_its_golden(tree, t0, t1, outcome, reason, first):
+    pytest.importorskip("engine.golden", reason="the engine's golden comparator is not in this tree")
+    (tree / "golden.jsonl").write_text(GOLDEN)
+    (tree / "candidate.py").write_text(WRITE_CANDIDATE)
+    got, _ = run(tree, [suite("dec", f"python candidate.py '{t0}' '{t1}'", kind="decode", golden="golden.jsonl")])
+    r = got["dec"]
+    assert (r.outcome, r.reason) == (outcome, reason)
+    assert r.metrics.get("first_divergence") == first
+    assert r.metrics["prompts"] == 2
+
+
+def test_decode_suite_golden_problems(tree):
+    pytest.importorskip("engine.golden", reason="the engine's golden comparator is not in this tree")
+    (tree / "golden.jsonl").write_text(GOLDEN)
+    got, _ = run(tree, [
+        suite("silent", "true", kind="decode", golden="golden.jsonl"),
+        suite("nofile", "true", kind="decode", golden="missing.jsonl"),
+        suite("junk", "echo '{bad' > \"$DRIFT_AUDIT_GOLDEN_OUT\"", kind="decode", golden="golden.jsonl"),
+        suite("crash", "exit 2", kind="decode", golden="golden.jsonl"),
+    ])
+    assert (got["silent"].outcome, got["silent"].reason) == ("failed", "the suite wrote no outputs to $DRIFT_AUDIT_GOLDEN_OUT")
+    assert (got["nofile"].outcome, got["nofile"].reason) == ("error", "golden file 'missing.jsonl' is not in the head tree")
+    assert got["junk"].outcome == "error" and "invalid JSON" in got["junk"].reason
+    assert (got["crash"].outcome, got["crash"].reason) == ("error", "exit code 2")
+
+
+def test_kernels_parity_json_is_read_as_cases(tree):
+    report = {"device": {"label": "cpu"}, "passed": False, "rows": [], "cases": [
+        {"name": "rmsnorm[1x7168 bf16]::out", "outcome": "passed", "duration": 0.01, "message": "",
+         "metrics": {"metric": "allclose", "value": 0.5, "tol": 1.0}},
+        {"name": "rmsnorm[1x7168 bf16]::out", "outcome": "passed", "duration": 0.01, "message": "",
+         "metrics": {"metric": "max_abs", "value": 0.0078, "tol": 0.02}},
+        {"name": "fp8_gemm[128x512 bf16]::out", "outcome": "failed", "duration": 0.02, "message": "2.1e-3 > 1e-3",
+         "metrics": {"metric": "gemm_diff", "value": 0.0021, "tol": 0.001, "worst_index": [3, 7]}},
+    ]}
+    (tree / "report.json").write_text(json.dumps(report, indent=1))
+    got, _ = run(tree, [suite("k", 'cp report.json "$DRIFT_AUDIT_METRICS"; exit 1', kind="parity")])
+    r = got["k"]
+    assert (r.outcome, r.reason) == ("failed", "1 of 3 test(s) failed")
+    assert [c.metrics.get(c.metrics["metric"]) for c in r.cases] == [0.5, 0.0078, 0.0021]
+    assert r.metrics == {"max_abs": 0.0078, "gemm_diff": 0.0021}
