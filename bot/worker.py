@@ -193,7 +193,7 @@ class Service:
         beat.check()
 
         token = self.app.installation_token(job.installation_id)
-        clone = job.clone_url or repo.clone_url
+        clone = repo.clone_url or job.clone_url  # the API's answer, which also covers GHE hosts
         mirror = self.mirrors.fetch(job.repo, clone, [job.base_sha, job.head_sha], token)
         gate = gpu_gate(repo, trigger=job.trigger, untrusted=job.untrusted, actor=job.actor)
         dispatch = GpuDispatch(repo, gate=gate, head_sha=job.head_sha, workflow=self.settings.gpu_workflow,

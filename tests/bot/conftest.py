@@ -144,3 +144,35 @@ def bot_factory(tmp_path, ghstub):  # noqa: F811
     yield make, state
     for b in made:
         b.close()
+
+
+GPU_CONFIG = """\
+[[suite]]
+id = "parity-loader"
+kind = "parity"
+command = "pytest tests/test_loader.py"
+runners = ["sm90"]
+paths = ["engine/weights/**"]
+"""
+
+
+@pytest.fixture
+def gpu_repo(tmp_path):
+    """A repo whose base config declares an sm90 suite that the PR head's loader change selects."""
+    repo = tmp_path / "gpu-src"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    base = commit(repo, {".github/drift-audit.toml": GPU_CONFIG,
+                         "engine/weights/loader.py": "def load(path):\n    return {}\n"}, "base")
+    git(repo, "checkout", "-q", "-b", "feature")
+    head = commit(repo, {"engine/weights/loader.py": "def load(path):\n    return {'w': 1}\n"}, "loader")
+    return repo, base, head
+
+
+def workflow_run_payload(run: dict, *, repo: str = REPO, installation: int = 1) -> dict:
+    """The real workflow_run fixture, re-pointed at a run the stand-in holds."""
+    p = fixture_payload("workflow_run.completed")
+    p["installation"] = {"id": installation}
+    p["repository"]["full_name"] = repo
+    p["workflow_run"].update({k: run[k] for k in ("id", "head_sha", "display_title", "path", "status", "conclusion")})
+    return p

@@ -1,0 +1,168 @@
+"""Bot behaviour end to end over loopback: redelivery, supersede, /audit, fork safety, merge queue, GPU results."""
+
+from __future__ import annotations
+
+from bot.publish import COMMENT_MARKER, reply_marker
+from checks.model import DeviceFingerprint, Results, SuiteResult, to_json
+from runner.actions import artifact_name, run_title
+from tests.bot.conftest import REPO, commit, fixture_payload, git, pr_payload, wait_for, workflow_run_payload
+
+
+def _comment_payload(number: int, body: str, user: str, comment_id: int) -> dict:
+    p = fixture_payload("issue_comment.created")
+    p["installation"] = {"id": 1}
+    p["repository"]["full_name"] = REPO
+    p["issue"].update(number=number, pull_request={"url": f"https://api.github.com/repos/{REPO}/pulls/{number}"})
+    p["comment"].update(id=comment_id, body=body)
+    p["comment"]["user"] = dict(p["comment"]["user"], login=user, type="User")
+    return p
+
+
+def _marked(state, number: int) -> list[dict]:
+    return [c for c in state.comments_on(REPO, number) if c["body"].startswith(COMMENT_MARKER)]
+
+
+def test_redelivery_and_a_new_push_edit_the_same_comment(bot_factory, engine_repo):
+    make, state = bot_factory
+    repo_path, base, head = engine_repo
+    state.add_repo(REPO, str(repo_path))
+    state.add_pull(REPO, 7, head_sha=head, base_sha=base)
+    bot = make()
+    payload = pr_payload("opened", number=7, head=head, base=base)
+    assert bot.deliver("pull_request", payload, "delivery-1").status_code == 202
+    bot.settle()
+    assert bot.deliver("pull_request", payload, "delivery-1").json()["status"] == "duplicate"
+    new_head = commit(repo_path, {"engine/runtime/scheduler.py": "class Scheduler:\n    pass\n"}, "again")
+    state.pulls[(REPO, 7)]["head"]["sha"] = new_head
+    bot.deliver("pull_request", pr_payload("synchronize", number=7, head=new_head, base=base))
+    bot.settle()
+    (comment,) = _marked(state, 7)
+    assert new_head[:12] in comment["body"] and state.count("POST", "/issues/7/comments") == 1
+    assert len(state.check_runs_for(REPO, head)) == 1 and len(state.check_runs_for(REPO, new_head)) == 1
+    assert len(bot.store.jobs()) == 2
+
+
+def test_a_newer_push_supersedes_running_and_queued_audits(bot_factory, engine_repo):
+    make, state = bot_factory
+    repo_path, base, h1 = engine_repo
+    h2 = commit(repo_path, {"README.md": "two\n"}, "two")
+    h3 = commit(repo_path, {"README.md": "three\n"}, "three")
+    state.add_repo(REPO, str(repo_path))
+    state.add_pull(REPO, 8, head_sha=h3, base_sha=base)
+    state.delays["POST /check-runs"] = 1.0
+    bot = make()
+    bot.deliver("pull_request", pr_payload("opened", number=8, head=h1, base=base))
+    wait_for(lambda: state.arrived("POST", "/check-runs"))
+    bot.deliver("pull_request", pr_payload("synchronize", number=8, head=h2, base=base))
+    bot.deliver("pull_request", pr_payload("synchronize", number=8, head=h3, base=base))
+    bot.settle()
+    (first,) = state.check_runs_for(REPO, h1)
+    assert first["conclusion"] == "cancelled" and h3[:12] in first["output"]["summary"]
+    assert state.check_runs_for(REPO, h2) == []  # superseded while queued: never started
+    (last,) = state.check_runs_for(REPO, h3)
+    assert last["status"] == "completed" and last["conclusion"] != "cancelled"
+    (comment,) = _marked(state, 8)
+    assert h3[:12] in comment["body"]
+    assert [j.status for j in bot.store.jobs()] == ["superseded", "superseded", "done"]
+
+
+def test_help_and_unknown_options_reply_once(bot_factory, engine_repo):
+    make, state = bot_factory
+    repo_path, base, head = engine_repo
+    state.add_repo(REPO, str(repo_path))
+    state.add_pull(REPO, 9, head_sha=head, base_sha=base)
+    asked = state.add_comment(REPO, 9, "/audit frobnicate", user="alice")
+    bot = make()
+    payload = _comment_payload(9, "/audit frobnicate", "alice", asked["id"])
+    bot.deliver("issue_comment", payload)
+    bot.settle()
+    bot.deliver("issue_comment", payload)  # a second delivery (new GUID) of the same comment
+    bot.settle()
+    replies = [c for c in state.comments_on(REPO, 9) if reply_marker(asked["id"]) in c["body"]]
+    assert len(replies) == 1 and "unknown option `frobnicate`" in replies[0]["body"] and "/audit run" in replies[0]["body"]
+    assert [r["content"] for r in state.reactions[asked["id"]]] == ["eyes", "confused"]
+    assert state.check_runs == {}  # help never starts an audit
+
+
+def test_gpu_suites_wait_for_a_writer_and_results_come_back(bot_factory, gpu_repo):
+    make, state = bot_factory
+    repo_path, base, head = gpu_repo
+    state.add_repo(REPO, str(repo_path))
+    state.add_pull(REPO, 11, head_sha=head, base_sha=base, head_repo="stranger/octo-repo",
+                   author_association="FIRST_TIME_CONTRIBUTOR")
+    state.add_workflow(REPO, inputs=["plan", "plan_url", "head_sha", "label", "audit_id"])
+    state.set_permission(REPO, "maintainer", "maintain")
+    sent: list[dict] = []
+
+    def on_dispatch(st, record):  # the self-hosted runner: a run that uploads Results for the audit
+        inputs = record["inputs"]
+        run = st.add_run(REPO, head_sha=inputs["head_sha"], display_title=run_title(inputs["audit_id"], inputs["label"]))
+        results = Results(inputs["audit_id"], inputs["head_sha"],
+                          [SuiteResult("parity-loader", "sm90", "passed", duration=1.5)],
+                          [DeviceFingerprint("sm90", gpu="NVIDIA H200", compute_capability="9.0")])
+        st.add_artifact(run["id"], artifact_name(inputs["audit_id"], inputs["label"]), {"results.json": to_json(results)})
+        sent.append(run)
+
+    state.on_dispatch = on_dispatch
+    bot = make()
+    bot.deliver("pull_request", pr_payload("opened", number=11, head=head, base=base, fork="stranger/octo-repo",
+                                           association="FIRST_TIME_CONTRIBUTOR"))
+    bot.settle()
+    assert state.dispatches == []  # a fork never reaches self-hosted runners on its own
+    (comment,) = _marked(state, 11)
+    assert "writer" in comment["body"]
+    (run,) = state.check_runs_for(REPO, head)
+    assert run["status"] == "completed"
+
+    drive_by = state.add_comment(REPO, 11, "/audit full", user="stranger")
+    bot.deliver("issue_comment", _comment_payload(11, "/audit full", "stranger", drive_by["id"]))
+    bot.settle()
+    assert state.dispatches == []
+    assert [r["content"] for r in state.reactions[drive_by["id"]]] == ["eyes", "confused"]
+
+    ok = state.add_comment(REPO, 11, "/audit", user="maintainer")
+    bot.deliver("issue_comment", _comment_payload(11, "/audit", "maintainer", ok["id"]))
+    bot.settle()
+    (dispatch,) = state.dispatches
+    assert dispatch["inputs"]["label"] == "sm90" and dispatch["ref"] == "main"
+    assert [r["content"] for r in state.reactions[ok["id"]]] == ["eyes", "rocket"]
+    pending = [c for c in state.check_runs_for(REPO, head) if c["status"] == "in_progress"]
+    assert len(pending) == 1  # the writer's audit waits for the GPU results
+
+    bot.deliver("workflow_run", workflow_run_payload(sent[0]))
+    bot.settle()
+    assert state.check_runs[pending[0]["id"]]["status"] == "completed"
+    record = bot.store.audit(dispatch["inputs"]["audit_id"])
+    assert record.status == "done" and record.pending == []
+    assert '"outcome": "passed"' in record.audit_json.replace('":"', '": "')
+    (comment,) = _marked(state, 11)
+    assert "H200" in comment["body"] or "passed" in comment["body"]
+
+
+def test_merge_queue_reports_on_the_queue_head(bot_factory, engine_repo):
+    make, state = bot_factory
+    repo_path, base, head = engine_repo
+    git(repo_path, "checkout", "-q", "main")
+    git(repo_path, "merge", "-q", "--no-ff", "-m", "queue", "feature")
+    mq_head = git(repo_path, "rev-parse", "HEAD")
+    state.add_repo(REPO, str(repo_path))
+    payload = fixture_payload("merge_group.checks_requested")
+    payload["installation"] = {"id": 1}
+    payload["repository"]["full_name"] = REPO
+    payload["merge_group"].update(head_sha=mq_head, base_sha=base)
+    bot = make()
+    bot.deliver("merge_group", payload)
+    bot.settle()
+    (run,) = state.check_runs_for(REPO, mq_head)
+    assert run["status"] == "completed" and run["external_id"].startswith(f"mg:{base}:")
+    assert state.comments == {}  # no PR to comment on
+
+    rerun = fixture_payload("check_run.rerequested")
+    rerun["installation"] = {"id": 1}
+    rerun["repository"]["full_name"] = REPO
+    rerun["check_run"].update(id=run["id"], head_sha=mq_head, external_id=run["external_id"])
+    rerun["check_run"]["app"]["id"] = state.app_id
+    bot.deliver("check_run", rerun)
+    bot.settle()
+    assert len(state.check_runs_for(REPO, mq_head)) == 1  # the same run, concluded again
+    assert state.count("PATCH", f"/check-runs/{run['id']}") >= 2
