@@ -1,0 +1,106 @@
+"""The engine's Triton backend: paged latent cache, Triton kernels, greedy tokens equal to the torch backend's.
+
+On CPU every kernel runs through the Triton interpreter, so the runs are a few steps long; the GPU benchmark
+(benchmarks/kernels_heavy.py) runs 32+. Pages of 8 tokens make short prompts cross page boundaries.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.generate import generate
+from engine.loader import load_model
+from engine.paged_cache import CacheFull, PagedLatentCache
+from engine.triton_decode import GRAPH_MAX_BATCH, PagedDecoder, use_cuda_graph
+
+PROMPTS = [[5, 6, 7, 8, 9, 10, 11, 12, 13, 14], [9, 10], [200, 3, 77]]
+
+
+def _same_tokens(ref, out):
+    for r, o in zip(ref, out):
+        if r.tokens != o.tokens:
+            i = next(k for k, (a, b) in enumerate(zip(r.tokens, o.tokens)) if a != b)
+            return f"prompt {r.prompt}: first divergence at step {i} (torch margin {r.margins[i]:.4g}): {r.tokens} vs {o.tokens}"
+    return None
+
+
+@pytest.fixture(scope="module")
+def bf16_pair(tiny_dir):
+    return (load_model(tiny_dir, dtype=torch.bfloat16, backend="torch"),
+            load_model(tiny_dir, dtype=torch.bfloat16, backend="triton"))
+
+
+def test_triton_backend_matches_torch_backend_tokens(bf16_pair):
+    torch_model, triton_model = bf16_pair
+    steps = 5
+    ref = generate(torch_model, PROMPTS, steps, mla="absorbed")
+    dec = PagedDecoder(triton_model, page_size=8)
+    out = dec.generate(PROMPTS, steps)
+    assert not dec.graphed  # CPU: eager
+    assert triton_model.ops.backend_of("moe_experts") == "triton"
+    assert _same_tokens(ref, out) is None, _same_tokens(ref, out)
+    assert all(len(o.margins) == steps for o in out)
+    # the paged cache really held the sequences: each one's pages are distinct and its rows are filled
+    cache = dec.cache
+    lens = [len(p) + steps - 1 for p in PROMPTS]
+    assert cache.seq_lens[: len(PROMPTS)].tolist() == lens
+    pages = cache.block_table[: len(PROMPTS)].flatten().tolist()
+    assert len(set(pages)) == len(pages)
+    for b, n in enumerate(lens):
+        pos = torch.arange(n)
+        rows = cache.layer(0)[cache.block_table[b, pos // 8].long(), pos % 8]
+        assert not torch.isnan(rows.float()).any()
+    assert torch.isnan(cache.layer(0).float()).any()  # slots past seq_lens stay poisoned
+
+
+def test_torch_ops_through_the_paged_path_match_the_dense_path(bf16_pair):
+    torch_model, _ = bf16_pair
+    ref = generate(torch_model, PROMPTS[:2], 4, mla="absorbed")
+    out = PagedDecoder(torch_model, page_size=8).generate(PROMPTS[:2], 4)
+    assert _same_tokens(ref, out) is None, _same_tokens(ref, out)
+
+
+def test_fp8_checkpoint_keeps_fp8_weights_on_the_triton_path(tmp_path):
+    from engine.tiny import write_tiny
+
+    d = write_tiny(tmp_path / "fp8", seed=3, fp8=True)
+    torch_model = load_model(d, dtype=torch.bfloat16, backend="torch", fp8="keep")
+    triton_model = load_model(d, dtype=torch.bfloat16, backend="triton", fp8="keep")
+    experts = triton_model.decoder_layers[1].mlp.experts
+    assert experts.gate_proj.dtype == torch.float8_e4m3fn and experts.gate_proj_scale_inv is not None
+    ref = generate(torch_model, PROMPTS[:2], 3, mla="absorbed")
+    out = PagedDecoder(triton_model, page_size=8).generate(PROMPTS[:2], 3)
+    assert _same_tokens(ref, out) is None, _same_tokens(ref, out)
+
+
+def test_cuda_graphs_only_for_gpu_decode_batches():
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+    assert use_cuda_graph(cuda, 1, interpreting=False)
+    assert use_cuda_graph(cuda, GRAPH_MAX_BATCH, interpreting=False)
+    assert not use_cuda_graph(cuda, GRAPH_MAX_BATCH + 1, interpreting=False)
+    assert not use_cuda_graph(cuda, 8, interpreting=True)
+    assert not use_cuda_graph(cpu, 8, interpreting=False)
+
+
+def test_paged_cache_allocates_from_a_pool_and_reports_exhaustion():
+    cache = PagedLatentCache(2, 32, 8, num_pages=5, max_batch=3, max_pages_per_seq=3, page_size=4)
+    cache.reserve(0, 9)  # 3 pages
+    cache.reserve(1, 4)  # 1 page
+    assert cache.free_pages() == 1
+    with pytest.raises(CacheFull, match="needs 2 more page"):
+        cache.reserve(2, 8)
+    with pytest.raises(CacheFull, match="exceed the 12 a sequence can hold"):
+        cache.reserve(2, 13)
+    cache.release(0)
+    assert cache.free_pages() == 4
+    cache.reserve(2, 8)
+    pos = torch.tensor([[0, 1], [2, 3], [4, 5]])
+    lat = torch.randn(3, 2, 32).bfloat16()
+    pe = torch.randn(3, 2, 8).bfloat16()
+    cache.write(1, pos, lat, pe)
+    for b in (1, 2):
+        for s in range(2):
+            p = int(pos[b, s])
+            row = cache.layer(1)[cache.block_table[b, p // 4], p % 4]
+            assert torch.equal(row[:32], lat[b, s]) and torch.equal(row[32:], pe[b, s])
