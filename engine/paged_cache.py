@@ -74,7 +74,8 @@ class PagedLatentCache:
             self.block_table[seq, len(have) - len(new): len(have)] = torch.tensor(new, dtype=torch.int32)
 
     def release(self, seq: int) -> None:
-        """Return sequence ``seq``'s pages to the pool and mark it empty."""
+        """Return sequence ``seq``'s pages to the pool and mark it empty. Its block-table row still names
+        the old pages until it is reserved again, so :meth:`write` must not target it meanwhile."""
         self._free += reversed(self._owned.pop(seq, []))
         self.seq_lens[seq] = 0
 

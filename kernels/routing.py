@@ -72,65 +72,65 @@ def noaux_tc_ref(
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-
-@triton.jit
-def _argmax_lowest(vals, idx, BIG: tl.constexpr):
-    """Index of the largest value, the lowest index among equals (the reference's stable sort order)."""
-    best = tl.max(vals, 0)
-    return tl.min(tl.where(vals == best, idx, BIG), 0)
-
-
-@triton.jit
-def _argmax_lowest_2d(vals, idx, BIG: tl.constexpr):
-    best = tl.max(tl.max(vals, 1), 0)
-    return tl.min(tl.min(tl.where(vals == best, idx, BIG), 1), 0)
+from kernels.arch import interpreting  # noqa: E402
 
 
 @triton.jit
 def _noaux_tc_kernel(
     logits_ptr, bias_ptr, w_ptr, ids_ptr,
-    n_exp, stride_lt, scaling,
+    n_tok, stride_lt, scaling,
     N_GROUP: tl.constexpr, PER_GROUP: tl.constexpr, G_P2: tl.constexpr, PG_P2: tl.constexpr,
     TOPK_GROUP: tl.constexpr, TOP_K: tl.constexpr, K_P2: tl.constexpr, NORM: tl.constexpr,
+    BLOCK_T: tl.constexpr,
 ):
-    t = tl.program_id(0)
+    # [tokens, groups, experts-in-group] tiles; every selection is an arg-max taking the lowest index
+    # among equal values, which is the reference's stable descending sort order
+    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    t_ok = t < n_tok
     g = tl.arange(0, G_P2)
     j = tl.arange(0, PG_P2)
-    e2 = g[:, None] * PER_GROUP + j[None, :]
-    ok = (g[:, None] < N_GROUP) & (j[None, :] < PER_GROUP)
-    logit = tl.load(logits_ptr + t * stride_lt + e2, mask=ok, other=0.0).to(tl.float32)
+    e3 = g[None, :, None] * PER_GROUP + j[None, None, :]
+    ok = (g[None, :, None] < N_GROUP) & (j[None, None, :] < PER_GROUP)
+    logit = tl.load(logits_ptr + t[:, None, None].to(tl.int64) * stride_lt + e3, mask=ok & t_ok[:, None, None],
+                    other=0.0).to(tl.float32)
     scores = tl.sigmoid(logit)
-    biased = tl.where(ok, scores + tl.load(bias_ptr + e2, mask=ok, other=0.0).to(tl.float32), float("-inf"))
+    bias = tl.load(bias_ptr + e3, mask=ok, other=0.0).to(tl.float32)
+    biased = tl.where(ok, scores + bias, float("-inf"))
     BIG: tl.constexpr = 1 << 30
     if N_GROUP > 1:
         # group score = sum of its two best biased scores (one of each, so equal maxima count twice)
-        top1 = tl.max(biased, 1)
-        first = tl.min(tl.where(biased == top1[:, None], j[None, :], BIG), 1)
+        top1 = tl.max(biased, 2)
         if PER_GROUP > 1:
-            rest = tl.where(j[None, :] == first[:, None], float("-inf"), biased)
-            gscore = top1 + tl.max(rest, 1)
+            first = tl.min(tl.where(biased == top1[:, :, None], j[None, None, :], BIG), 2)
+            rest = tl.where(j[None, None, :] == first[:, :, None], float("-inf"), biased)
+            gscore = top1 + tl.max(rest, 2)
         else:
             gscore = top1
-        gscore = tl.where(g < N_GROUP, gscore, float("-inf"))
-        keep = g < 0
+        g2 = g[None, :]
+        gscore = tl.where(g2 < N_GROUP, gscore, float("-inf"))
+        keep = gscore != gscore  # all False, [BLOCK_T, G_P2]
         for _ in tl.static_range(TOPK_GROUP):
-            pick = _argmax_lowest(gscore, g, BIG)
-            keep = keep | (g == pick)
-            gscore = tl.where(g == pick, float("-inf"), gscore)
-        biased = tl.where(keep[:, None], biased, float("-inf"))
-    kk = tl.arange(0, K_P2)
-    out_ids = tl.zeros((K_P2,), dtype=tl.int64)
-    out_w = tl.zeros((K_P2,), dtype=tl.float32)
+            pick = tl.min(tl.where(gscore == tl.max(gscore, 1)[:, None], g2, BIG), 1)
+            keep = keep | (g2 == pick[:, None])
+            gscore = tl.where(g2 == pick[:, None], float("-inf"), gscore)
+        biased = tl.where(keep[:, :, None], biased, float("-inf"))
+    kk = tl.arange(0, K_P2)[None, :]
+    out_ids = tl.zeros((BLOCK_T, K_P2), dtype=tl.int64)
+    out_w = tl.zeros((BLOCK_T, K_P2), dtype=tl.float32)
     for i in tl.static_range(TOP_K):
-        pick = _argmax_lowest_2d(biased, e2, BIG)
-        w = tl.sum(tl.sum(tl.where(e2 == pick, scores, 0.0), 1), 0)
-        out_ids = tl.where(kk == i, pick.to(tl.int64), out_ids)
-        out_w = tl.where(kk == i, w, out_w)
-        biased = tl.where(e2 == pick, float("-inf"), biased)
+        best = tl.max(tl.max(biased, 2), 1)
+        pick = tl.min(tl.min(tl.where(biased == best[:, None, None], e3, BIG), 2), 1)
+        hit = e3 == pick[:, None, None]
+        w = tl.sum(tl.sum(tl.where(hit, scores, 0.0), 2), 1)
+        out_ids = tl.where(kk == i, pick[:, None].to(tl.int64), out_ids)
+        out_w = tl.where(kk == i, w[:, None], out_w)
+        biased = tl.where(hit, float("-inf"), biased)
     if NORM:
-        out_w = out_w / tl.sum(out_w, 0)
-    tl.store(ids_ptr + t * TOP_K + kk, out_ids, mask=kk < TOP_K)
-    tl.store(w_ptr + t * TOP_K + kk, out_w * scaling, mask=kk < TOP_K)
+        out_w = out_w / tl.sum(out_w, 1)[:, None]
+    dst = t[:, None].to(tl.int64) * TOP_K + kk
+    st_ok = t_ok[:, None] & (kk < TOP_K)
+    tl.store(ids_ptr + dst, out_ids, mask=st_ok)
+    tl.store(w_ptr + dst, out_w * scaling, mask=st_ok)
 
 
 def noaux_tc(
@@ -144,8 +144,8 @@ def noaux_tc(
     *,
     out: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Triton twin of :func:`noaux_tc_ref` (into ``out=(weights, ids)`` when given): one program per
-    token, the whole row of experts in registers.
+    """Triton twin of :func:`noaux_tc_ref` (into ``out=(weights, ids)`` when given): each program holds a
+    few tokens' whole rows of experts in registers.
 
     Each selection is an arg-max that takes the lowest index among equal values, which is exactly the
     reference's stable descending sort, so ties resolve the same way on every device.
@@ -175,13 +175,16 @@ def noaux_tc(
             raise ValueError("noaux_tc: out tensors must be contiguous")
     if n_tok == 0:
         return weights, ids
-    _noaux_tc_kernel[(n_tok,)](
+    width = triton.next_power_of_2(n_group) * triton.next_power_of_2(per_group)
+    # the interpreter pays per operation, not per element: many tokens per program there
+    block_t = 16 if interpreting() else max(1, min(16, 512 // width))
+    _noaux_tc_kernel[(triton.cdiv(n_tok, block_t),)](
         logits, bias.contiguous(), weights, ids,
-        n_exp, logits.stride(0), float(routed_scaling_factor),
+        n_tok, logits.stride(0), float(routed_scaling_factor),
         N_GROUP=n_group, PER_GROUP=per_group,
         G_P2=triton.next_power_of_2(n_group), PG_P2=triton.next_power_of_2(per_group),
         TOPK_GROUP=topk_group, TOP_K=top_k, K_P2=triton.next_power_of_2(top_k), NORM=bool(norm_topk_prob),
-        num_warps=1 if n_exp <= 64 else 2,
+        BLOCK_T=block_t, num_warps=4 if block_t * width >= 512 else 2,
     )
     return weights, ids
 

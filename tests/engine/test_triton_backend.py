@@ -92,15 +92,20 @@ def test_paged_cache_allocates_from_a_pool_and_reports_exhaustion():
         cache.reserve(2, 8)
     with pytest.raises(CacheFull, match="exceed the 12 a sequence can hold"):
         cache.reserve(2, 13)
-    cache.release(0)
-    assert cache.free_pages() == 4
-    cache.reserve(2, 8)
-    pos = torch.tensor([[0, 1], [2, 3], [4, 5]])
+    cache.release(1)
+    assert cache.free_pages() == 2
+    cache.reserve(2, 4)
+    cache.reserve(1, 3)
+    assert cache.free_pages() == 0
+    pages = cache.block_table[0, :3].tolist() + [int(cache.block_table[1, 0]), int(cache.block_table[2, 0])]
+    assert sorted(pages) == [0, 1, 2, 3, 4]  # every page owned by exactly one sequence
+    pos = torch.tensor([[0, 8], [1, 2], [3, 0]])
     lat = torch.randn(3, 2, 32).bfloat16()
     pe = torch.randn(3, 2, 8).bfloat16()
     cache.write(1, pos, lat, pe)
-    for b in (1, 2):
+    for b in range(3):
         for s in range(2):
             p = int(pos[b, s])
             row = cache.layer(1)[cache.block_table[b, p // 4], p % 4]
             assert torch.equal(row[:32], lat[b, s]) and torch.equal(row[32:], pe[b, s])
+    assert torch.isnan(cache.layer(0).float()).all()  # layer 0 untouched
