@@ -25,6 +25,6 @@ def fp8_hw_cast(cap: tuple[int, int] | None) -> bool:
     """Whether to cast to e4m3 with the hardware convert (sm89+: Ada, Hopper, Blackwell incl. sm120).
 
     Older parts have no e4m3 convert, and the interpreter's cast misrounds ties and binade edges (124.9
-    becomes 64), so both encode the byte in integer arithmetic instead (``fp8_quant._e4m3_bits``)."""
+    becomes 64), so both encode the byte in integer arithmetic instead (``kernels._tl.e4m3_bits``)."""
     return cap is not None and cap >= (8, 9)
 

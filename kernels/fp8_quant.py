@@ -7,7 +7,7 @@ import triton
 import triton.language as tl
 
 from kernels._launch import as_rows, next_pow2, out_rows
-from kernels._tl import cast_rne, e4m3_bits
+from kernels._tl import cast_rne, e4m3_bits, round_e4m3
 from kernels.arch import capability, fp8_hw_cast, interpreting
 from kernels.harness import Case, Check, ParitySpec
 
@@ -78,8 +78,8 @@ def quant_block_e4m3(x, q_ptrs, mask, UE8M0: tl.constexpr, HW_CAST: tl.constexpr
         s = ((((b >> 23) & 0xFF) + up) << 23).to(tl.float32, bitcast=True)
     y = tl.math.div_rn(x, s[:, None])
     y = tl.minimum(tl.maximum(y, -448.0), 448.0)
-    if HW_CAST:
-        tl.store(q_ptrs, y.to(tl.float8e4nv), mask=mask)
+    if HW_CAST:  # pre-rounded, so the convert is exact however the compiler lowers it (no double rounding)
+        tl.store(q_ptrs, round_e4m3(y).to(tl.float8e4nv), mask=mask)
     else:
         tl.store(q_ptrs, e4m3_bits(y).to(tl.uint8), mask=mask)
     return s

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import triton
@@ -42,11 +44,31 @@ def test_integer_e4m3_encoding_matches_torch_everywhere():
     assert bad.numel() == 0, f"{bad.numel()} differ, e.g. x={x[bad[:5]].tolist()} got {q[bad[:5]].tolist()} want {want[bad[:5]].tolist()}"
 
 
-def test_edges_case_catches_the_interpreter_cast(monkeypatch):
-    """The spec's edge values are the ones the interpreter's own fp8 cast misrounds: forcing that path fails."""
-    monkeypatch.setattr(fq, "fp8_hw_cast", lambda cap: True)
-    rows = [r for r in run_spec(fq.SPEC, "cpu", case_filter="edges") if r.output == "q"]
+@triton.jit
+def _naive_quant(x_ptr, q_ptr, s_ptr, K: tl.constexpr):
+    row = tl.program_id(0)
+    x = tl.load(x_ptr + row * K + tl.arange(0, K)).to(tl.float32)
+    s = tl.maximum(tl.max(tl.abs(x)), 1e-4) / 448.0
+    tl.store(q_ptr + row * K + tl.arange(0, K), (x / s).to(tl.float8e4nv))
+    tl.store(s_ptr + row, s)
+
+
+def test_edges_case_catches_a_plain_convert():
+    """A quantiser that relies on the interpreter's own e4m3 convert misrounds the spec's edge values."""
+
+    def naive(out, x, block, ue8m0):
+        _naive_quant[(x.numel() // 128,)](x.contiguous(), out[0], out[1], K=128)
+
+    spec = dataclasses.replace(fq.SPEC, kernel=naive)
+    rows = [r for r in run_spec(spec, "cpu", case_filter="edges") if r.output == "q"]
     assert rows and rows[0].outcome == "failed" and "reference 128.0" in rows[0].message
+
+
+def test_hardware_convert_path_is_exact_once_pre_rounded(monkeypatch):
+    """The sm89+ path (pre-round, then convert) also passes bit-exact where the convert is the interpreter's."""
+    monkeypatch.setattr(fq, "fp8_hw_cast", lambda cap: True)
+    rows = run_spec(fq.SPEC, "cpu") + run_spec(fq.SPEC_UE8M0, "cpu", case_filter="edges")
+    assert rows and all(r.passed for r in rows), format_table(rows)
 
 
 def test_ue8m0_rounds_up_exactly_just_above_a_power_of_two():
