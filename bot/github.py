@@ -17,6 +17,8 @@ from github.Auth import Auth as _AuthBase
 
 from bot.settings import BotSettings
 
+IDEMPOTENT_METHODS = ("GET", "HEAD", "OPTIONS", "PUT", "PATCH", "DELETE")
+
 
 @dataclass
 class _Token:
@@ -47,14 +49,18 @@ class GitHubApp:
         self._lock = threading.Lock()
         self._app_auth = Auth.AppAuth(settings.app_id, settings.private_key)
 
-    def retry(self) -> GithubRetry:
+    def retry(self, *, post: bool = False) -> GithubRetry:
+        """Bounded retries. POST is left out for API clients: a create that failed after GitHub applied it
+        must not be sent again blindly; ``bot.publish`` retries creates after checking whether they landed."""
         s = self.settings
+        methods = set(IDEMPOTENT_METHODS) | ({"POST"} if post else set())
         return GithubRetry(total=s.http_retries, backoff_factor=s.http_backoff, backoff_max=30,
                            secondary_rate_wait=min(60.0, s.max_rate_limit_wait),
-                           max_rate_limit_wait=s.max_rate_limit_wait)
+                           max_rate_limit_wait=s.max_rate_limit_wait, allowed_methods=frozenset(methods))
 
     def integration(self) -> GithubIntegration:
-        return GithubIntegration(auth=self._app_auth, base_url=self.settings.github_url, retry=self.retry(),
+        # minting a token twice is harmless, so token requests may retry POST
+        return GithubIntegration(auth=self._app_auth, base_url=self.settings.github_url, retry=self.retry(post=True),
                                  seconds_between_requests=self.settings.seconds_between_requests,
                                  seconds_between_writes=self.settings.seconds_between_writes)
 

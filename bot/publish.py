@@ -7,6 +7,9 @@ the comment is found again by its hidden marker, the check run by its
 
 from __future__ import annotations
 
+import time
+from typing import Callable, TypeVar
+
 from github import GithubException
 
 from checks.model import Annotation, Report
@@ -17,6 +20,36 @@ CHECK_LIMIT = 65_535
 ANNOTATION_BATCH = 50
 CONCLUSIONS = {"pass": "success", "fail": "failure", "neutral": "neutral"}
 _OVERFLOW_NOTE = "\n\n---\n*The rest of this report did not fit in a comment; it is in the check run{where}.*\n"
+
+
+T = TypeVar("T")
+CREATE_ATTEMPTS = 5
+
+
+def transient(exc: GithubException) -> bool:
+    """5xx, or a rate limit (403/429 that says so or carries Retry-After)."""
+    if exc.status >= 500 or exc.status == 429:
+        return True
+    headers = {k.lower(): v for k, v in (exc.headers or {}).items()}
+    message = str((exc.data or {}).get("message", "")) if isinstance(exc.data, dict) else ""
+    return exc.status == 403 and ("retry-after" in headers or "rate limit" in message.lower())
+
+
+def create_once(create: Callable[[], T], find: Callable[[], T | None] | None, *, attempts: int = CREATE_ATTEMPTS,
+                backoff: float = 0.2) -> T:
+    """Run a non-idempotent create; after a transient failure, look for what it may have created first."""
+    for attempt in range(attempts):
+        try:
+            return create()
+        except GithubException as exc:
+            if not transient(exc) or attempt == attempts - 1:
+                raise
+            retry_after = {k.lower(): v for k, v in (exc.headers or {}).items()}.get("retry-after")
+            time.sleep(min(float(retry_after), 60.0) if retry_after and retry_after.isdigit() else backoff * 2**attempt)
+            landed = find() if find else None
+            if landed is not None:
+                return landed
+    raise AssertionError("unreachable")
 
 
 def reply_marker(comment_id: int) -> str:
@@ -64,7 +97,8 @@ class Publisher:
             body, _ = split_comment(body)
         existing = self.find_comment(pr, marker)
         if existing is None:
-            return self.repo.get_issue(pr).create_comment(body).id
+            issue = self.repo.get_issue(pr)
+            return create_once(lambda: issue.create_comment(body), lambda: self.find_comment(pr, marker)).id
         if existing.body != body:
             existing.edit(body)
         return existing.id
@@ -74,8 +108,9 @@ class Publisher:
         if comment_id is None:
             return
         try:
-            self.repo.requester.requestJsonAndCheck("POST", f"{self.repo.url}/issues/comments/{comment_id}/reactions",
-                                                    input={"content": content})
+            create_once(lambda: self.repo.requester.requestJsonAndCheck(
+                "POST", f"{self.repo.url}/issues/comments/{comment_id}/reactions", input={"content": content}),
+                None)  # the same reaction twice is one reaction, so a plain retry is safe
         except GithubException as exc:
             if exc.status != 404:  # the comment was deleted meanwhile: nothing to react to
                 raise
@@ -84,24 +119,25 @@ class Publisher:
     def start_check(self, head_sha: str, external_id: str, details_url: str | None, *,
                     existing_id: int | None = None):
         """Create the in-progress check run, or find the one an earlier attempt created."""
-        run = None
-        if existing_id:
-            run = self.repo.get_check_run(existing_id)
-        else:
-            for candidate in self.repo.get_commit(head_sha).get_check_runs(check_name=self.check_name):
-                if candidate.external_id == external_id:
-                    run = candidate
-                    break
+        run = self.repo.get_check_run(existing_id) if existing_id else self.find_check(head_sha, external_id)
         kwargs = {"details_url": details_url} if details_url else {}
         if run is None:
-            return self.repo.create_check_run(name=self.check_name, head_sha=head_sha, status="in_progress",
-                                              external_id=external_id,
-                                              output={"title": "Auditing…", "summary": "The audit is running."},
-                                              **kwargs)
+            return create_once(
+                lambda: self.repo.create_check_run(name=self.check_name, head_sha=head_sha, status="in_progress",
+                                                   external_id=external_id,
+                                                   output={"title": "Auditing…", "summary": "The audit is running."},
+                                                   **kwargs),
+                lambda: self.find_check(head_sha, external_id))
         if run.status == "completed" and existing_id:
             run.edit(status="in_progress", output={"title": "Auditing again…", "summary": "Re-run requested."},
                      **kwargs)
         return run
+
+    def find_check(self, head_sha: str, external_id: str):
+        for candidate in self.repo.get_commit(head_sha).get_check_runs(check_name=self.check_name):
+            if candidate.external_id == external_id:
+                return candidate
+        return None
 
     def finish_check(self, run, report: Report, *, overflow: str = "", complete: bool = True,
                      conclusion: str | None = None) -> None:

@@ -12,7 +12,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--port", type=int, default=8080)
     p.add_argument("--db", help="job database path (default: settings 'db', drift-audit.db)")
     p.add_argument("--settings", metavar="FILE", help="TOML settings file (DRIFT_AUDIT_* variables override it)")
-    p.add_argument("--workers", type=int, help="worker threads (default: settings 'workers')")
+    p.add_argument("--workers", type=int, help="worker threads (default: settings 'workers'; 0 = intake only)")
     p.set_defaults(handler=serve)
 
 
@@ -30,7 +30,7 @@ def serve(args: argparse.Namespace) -> int:
         settings = load_settings(args.settings)
         if args.db:
             settings.db = args.db
-        if args.workers:
+        if args.workers is not None:
             settings.workers = args.workers
         settings.require_app()
     except SettingsError as exc:

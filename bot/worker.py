@@ -80,7 +80,8 @@ class Service:
 
     # ------------------------------------------------------------------ pool
     def start(self, workers: int | None = None) -> None:
-        for i in range(workers or self.settings.workers):
+        """``workers=0`` runs intake only (jobs wait in the store for another replica)."""
+        for i in range(self.settings.workers if workers is None else workers):
             t = threading.Thread(target=self._loop, args=(f"{self.owner_prefix}:{i}",), daemon=True, name=f"worker-{i}")
             t.start()
             self._threads.append(t)

@@ -118,3 +118,17 @@ def test_ghe_base_url_is_honoured():
         assert Github(auth=Auth.Token("x"), base_url=base)  # PyGithub accepts the GHE-style root
     finally:
         stop()
+
+
+def test_a_create_that_landed_before_failing_is_not_sent_twice(ghstub):
+    from tests.ghstub import Fault
+
+    repo, state = _repo(ghstub)
+    state.fault = Fault(rate=1.0, kinds=(502,), methods=("POST",), paths=("/issues/4/comments", "/check-runs"),
+                        after_apply=True)
+    pub = Publisher(repo)
+    cid = pub.upsert_comment(4, f"{COMMENT_MARKER}\nonce")
+    run = pub.start_check(SHA, "job:9", None)
+    assert [c["id"] for c in state.comments_on("octo/eng", 4)] == [cid]
+    assert [c["id"] for c in state.check_runs_for("octo/eng", SHA)] == [run.id]
+    assert state.faults_injected == 2

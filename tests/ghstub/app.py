@@ -671,7 +671,9 @@ def build_app(state: StubState, prefix: str = "") -> Starlette:
                              if key.split(" ", 1)[0] == method and key.split(" ", 1)[1] in api_path), default=0)
             if stall:
                 await asyncio.sleep(stall)
-            injected = state.fault.pick(api_path)
+            injected = state.fault.pick(api_path, method)
+            if injected is not None and state.fault.after_apply:
+                await _serve(request, method, api_path)
             if injected is not None:
                 with state.lock:
                     state.faults_injected += 1

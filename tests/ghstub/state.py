@@ -43,8 +43,10 @@ def app_private_key() -> tuple[str, Any]:
 class Fault:
     """Replace a fraction of responses with GitHub's 5xx or secondary-rate-limit 403.
 
-    Faults are injected *before* the request is applied, so a retried POST never
-    double-applies; ``paths`` (substrings) limits which requests may fail.
+    By default a fault is injected *before* the request is applied (as GitHub's
+    rate limiter does); ``after_apply=True`` applies the request and then fails
+    the response, like a gateway timing out after the backend committed.
+    ``paths`` (substrings) and ``methods`` limit which requests may fail.
     """
 
     rate: float = 0.0
@@ -52,13 +54,17 @@ class Fault:
     retry_after: int = 0
     seed: int = 0
     paths: tuple[str, ...] = ()
+    methods: tuple[str, ...] = ()
+    after_apply: bool = False
     rng: random.Random = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
 
-    def pick(self, path: str) -> int | None:
+    def pick(self, path: str, method: str = "GET") -> int | None:
         if self.rate <= 0 or (self.paths and not any(p in path for p in self.paths)):
+            return None
+        if self.methods and method not in self.methods:
             return None
         if self.rng.random() < self.rate:
             return self.rng.choice(self.kinds)
