@@ -26,8 +26,8 @@ ap.add_argument("--no-compile", action="store_true", help="skip torch.compile")
 ap.add_argument("--no-variants", action="store_true", help="skip the launch-config sweep")
 ap.add_argument("--budget", type=float, default=330.0, help="seconds; later items are skipped past it")
 ARGS = ap.parse_args()
-if ARGS.smoke:
-    os.environ["TRITON_INTERPRET"] = "1"
+# compiled kernels on the GPU, the interpreter for --smoke; decided before any kernel module is imported
+os.environ["TRITON_INTERPRET"] = "1" if ARGS.smoke else "0"
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402

@@ -24,8 +24,8 @@ def register(subparsers) -> None:
 
 
 def _parity(args: argparse.Namespace) -> int:
-    if args.device == "cpu":
-        os.environ["TRITON_INTERPRET"] = "1"  # before any kernel module is imported
+    if args.device:  # before any kernel module is imported: interpreter for cpu, compiled kernels for cuda
+        os.environ["TRITON_INTERPRET"] = "1" if args.device == "cpu" else "0"
     from kernels import registry
 
     if args.list:
