@@ -317,6 +317,10 @@ def main() -> int:
                     rep = {"kernel": name, "n_regs": getattr(k, "n_regs", None), "n_spills": getattr(k, "n_spills", None),
                            "num_warps": getattr(k.metadata, "num_warps", None), "shared": getattr(k.metadata, "shared", None)}
                     RESULTS["compiler"].append(rep)
+                    ptx = getattr(k, "asm", {}).get("ptx") if name in ("rope", "act_quant", "rmsnorm") else None
+                    if ptx and not os.path.exists(os.path.join(ARGS.out, f"{name}.ptx")):
+                        with open(os.path.join(ARGS.out, f"{name}.ptx"), "w") as f:
+                            f.write(ptx)
         except Exception as exc:
             RESULTS["notes"].append(f"compiler report {name}: {exc!r}")
     spills = [c for c in RESULTS["compiler"] if c.get("n_spills")]
