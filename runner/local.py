@@ -70,7 +70,10 @@ def run_plan(
         raise ValueError(f"{repo_dir}: not a directory; pass the directory holding the head tree")
     gpu = _resolve_gpu(capability)
     cap = gpu.capability if gpu else None
-    fp = device.fingerprint(labels[0] if labels and len(labels) == 1 else None, gpu)
+    asked = labels[0] if labels and len(labels) == 1 else None
+    if asked and device.label_unmet(asked, cap) is not None:
+        asked = None  # say what this machine is, not what it was asked to be
+    fp = device.fingerprint(asked, gpu)
     results = m.Results(audit_id=plan.audit_id, head_sha=plan.head_sha, devices=[fp])
     suites = [s for s in plan.suites if labels is None or s.runner in labels]
     for i, suite in enumerate(suites, 1):

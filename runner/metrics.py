@@ -36,6 +36,7 @@ WORST = {
     "gemm_diff": max,
     "lse_abs": max,
     "bit_exact": max,
+    "allclose": max,
     "first_divergence": min,
     "near_tie_margin": min,
 }
@@ -160,7 +161,9 @@ def _whole_object(text: str) -> dict | None:
 def _named(metrics: dict[str, Any]) -> dict[str, Any]:
     """Spell out a harness's ``{"metric": name, "value": v}`` as ``name: v``."""
     name, value = metrics.get("metric"), metrics.get("value")
-    if isinstance(name, str) and isinstance(value, (int, float)) and not isinstance(value, bool) and name not in metrics:
+    if isinstance(name, str):
+        name = name.split("(", 1)[0].strip()  # "allclose(atol=..,rtol=..)" → "allclose"
+    if isinstance(name, str) and name and isinstance(value, (int, float)) and not isinstance(value, bool) and name not in metrics:
         return {**metrics, name: value}
     return metrics
 

@@ -150,3 +150,32 @@ def test_plan_command(git_repo, tmp_path, capsys):
     assert [(s.id, s.runner, s.reasons) for s in plan.suites] == [("k", "sm90", ["path 'kernels/**' matched kernels/a.py"])]
     assert cli(["runner", "plan", str(git_repo.path), "--suite", "nope"]) == 2
     assert "unknown suite 'nope'" in capsys.readouterr().err
+
+
+def test_gpu_smoke_script_on_a_cpu_box(tmp_path):
+    import tomllib
+
+    from runner.smoke import suites_toml
+
+    proc = subprocess.run(["bash", str(ROOT / "runner" / "gpu_smoke.sh"), "sm90", str(tmp_path)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    text, _ = suites_toml(ROOT)
+    expected = [s["id"] for s in tomllib.loads(text)["suite"] if "sm90" in s.get("runners", [])]
+    results = from_json(Results, (tmp_path / "results.json").read_text())
+    assert [s.suite for s in results.suites] == expected and expected
+    assert {(s.outcome, s.reason) for s in results.suites} == {("skipped", "needs sm90")}
+    assert results.devices[0].label == "cpu"
+    assert "needs sm90" in proc.stdout and "suite" in proc.stdout.splitlines()[1]
+
+
+def test_smoke_plan_prefers_the_repo_config(tmp_path):
+    from runner.smoke import plan_for_label
+
+    (tmp_path / ".github").mkdir()
+    (tmp_path / ".github/drift-audit.toml").write_text(
+        '[[suite]]\nid = "a"\nkind = "parity"\ncommand = "x"\nrunners = ["sm90"]\n'
+        + '\n[[suite]]\nid = "b"\nkind = "unit"\ncommand = "y"\n')
+    plan = plan_for_label(tmp_path, "sm90", "aid", "sha")
+    assert [(s.id, s.runner, s.reasons) for s in plan.suites] == [("a", "sm90", ["every sm90 suite of .github/drift-audit.toml"])]
+    assert [s.id for s in plan_for_label(tmp_path, "cpu", "aid", "sha").suites] == ["b"]

@@ -239,3 +239,15 @@ def test_kernels_parity_json_is_read_as_cases(tree):
     assert (r.outcome, r.reason) == ("failed", "1 of 3 test(s) failed")
     assert [c.metrics.get(c.metrics["metric"]) for c in r.cases] == [0.5, 0.0078, 0.0021]
     assert r.metrics == {"max_abs": 0.0078, "gemm_diff": 0.0021}
+
+
+@pytest.mark.slow
+def test_kernels_harness_through_the_executor():
+    """A real parity run (Triton interpreter on CPU) reported through $DRIFT_AUDIT_METRICS."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    command = 'python -m bot.cli kernels parity --device cpu --op rmsnorm --case 3x1000 --json "$DRIFT_AUDIT_METRICS"'
+    got, _ = run(root, [suite("parity-rmsnorm-cpu", command, kind="parity")])
+    r = got["parity-rmsnorm-cpu"]
+    assert r.outcome == "passed", r.output_tail
+    assert [c.name for c in r.cases] == ["rmsnorm[3x1000 bfloat16]::out"]
+    assert r.cases[0].metrics["allclose"] <= 1.0 and r.metrics["allclose"] == r.cases[0].metrics["allclose"]
