@@ -84,6 +84,18 @@ class _Reader:
         return f.get_tensor(name)
 
 
+class _DictReader(_Reader):
+    """The same interface over tensors already in memory (benchmarks, conversions)."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor]):
+        super().__init__({name: Path("<memory>") for name in tensors})
+        self.tensors = tensors
+
+    def get(self, name: str) -> torch.Tensor:
+        self.used.add(name)
+        return self.tensors[name]
+
+
 def _full_shape(name: str, local: tuple[int, ...], world: int) -> tuple[int, ...]:
     kind = placement(name)
     if world == 1 or kind == "replicated":
@@ -163,10 +175,22 @@ def load_model(
     progress: Progress | None = None,
 ) -> DeepseekV3:
     """Build the model for ``config.json`` in ``model_dir`` and fill it from the checkpoint there."""
+    cfg = load_config(model_dir)
+    return _build(cfg, _Reader(checkpoint_index(model_dir)), str(model_dir), dtype=dtype, device=device,
+                  backend=backend, fp8=fp8, tp=tp, max_positions=max_positions, strict=strict, progress=progress)
+
+
+def load_tensors(cfg: ModelConfig, tensors: dict[str, torch.Tensor], **kwargs) -> DeepseekV3:
+    """Like :func:`load_model`, from HF-named tensors already in memory (same checks, same options)."""
+    return _build(cfg, _DictReader(tensors), "<tensors>", **kwargs)
+
+
+def _build(cfg: ModelConfig, r: _Reader, source: str, *, dtype: torch.dtype = torch.bfloat16,
+           device: str | torch.device = "cpu", backend: str | dict = "torch", fp8: str = "dequant",
+           tp: TP | None = None, max_positions: int | None = None, strict: bool = True,
+           progress: Progress | None = None) -> DeepseekV3:
     if fp8 not in ("dequant", "keep"):
         raise ValueError(f"fp8 must be 'dequant' or 'keep', got {fp8!r}")
-    cfg = load_config(model_dir)
-    r = _Reader(checkpoint_index(model_dir))
     tp = tp or TP()
     device = torch.device(device)
     with torch.device("meta"):
@@ -216,7 +240,7 @@ def load_model(
                        and not (n.endswith("_scale_inv") and n.removesuffix("_scale_inv") in r.used))
         if extra:
             more = f" (and {len(extra) - 5} more)" if len(extra) > 5 else ""
-            raise CheckpointError(f"unexpected tensor(s) in {model_dir} that config.json does not account for: "
+            raise CheckpointError(f"unexpected tensor(s) in {source} that config.json does not account for: "
                                   f"{', '.join(repr(n) for n in extra[:5])}{more}")
     model.eval()
     return model

@@ -1,0 +1,281 @@
+"""Decode throughput of the bundled engine against HF transformers, plus an HF-vs-engine parity check.
+
+    PYTHONPATH=. python3 benchmarks/engine_decode.py                  # cuda: tiny + small, batch 1 and 32
+    PYTHONPATH=. python3 benchmarks/engine_decode.py --device cpu --quick
+
+Both models get the same random weights (engine.tiny) in the same dtype. Decode tokens/s counts only
+decode steps: ``batch * (N - 1) / (t(N new tokens) - t(1 new token))``, so prefill is excluded on both sides.
+HF transformers in this same run is the anchor every ratio is taken against. The parity part prefills a
+batch in both models (max |Δlogit|, cosine) and compares 32 greedy steps with the golden comparator
+(HF as reference; a divergence is a near-tie when HF's top-2 margin there is below max(0.1, the prefill's
+max |Δlogit|), i.e. within the disagreement the two implementations already show on the same input).
+
+Imports only torch, transformers, safetensors and this repo's engine/kernels packages.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from engine.config import parse_config  # noqa: E402
+from engine.generate import generate  # noqa: E402
+from engine.golden import GoldenRecord, compare_records  # noqa: E402
+from engine.loader import load_tensors  # noqa: E402
+from engine.tiny import PRESETS, random_weights  # noqa: E402
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def hf_model(cfg_dict: dict, tensors: dict[str, torch.Tensor], dtype: torch.dtype, device: torch.device):
+    """HF DeepseekV3ForCausalLM holding ``tensors`` (stacking experts if this transformers fuses them)."""
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+    cfg = DeepseekV3Config(**{k: v for k, v in cfg_dict.items() if k not in ("architectures", "torch_dtype")})
+    prev = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model = DeepseekV3ForCausalLM(cfg)
+    finally:
+        torch.set_default_dtype(prev)
+    state = {}
+    for name, p in model.state_dict().items():
+        if name in tensors:
+            state[name] = tensors[name]
+        elif name.endswith("experts.gate_up_proj"):
+            pre = name.removesuffix("gate_up_proj")
+            e = p.shape[0]
+            state[name] = torch.stack([torch.cat([tensors[f"{pre}{i}.gate_proj.weight"],
+                                                  tensors[f"{pre}{i}.up_proj.weight"]]) for i in range(e)])
+        elif name.endswith("experts.down_proj"):
+            pre = name.removesuffix("down_proj")
+            state[name] = torch.stack([tensors[f"{pre}{i}.down_proj.weight"] for i in range(p.shape[0])])
+        elif name.endswith("rotary_emb.inv_freq") or "original_inv_freq" in name:
+            continue
+        else:
+            raise KeyError(f"no source tensor for HF parameter {name!r}")
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [m for m in missing if "inv_freq" not in m]
+    if missing or unexpected:
+        raise RuntimeError(f"HF load: missing {missing[:4]}, unexpected {unexpected[:4]}")
+    # keep HF's router in fp32 as its from_pretrained does (_keep_in_fp32_modules_strict)
+    for layer in model.model.layers:
+        gate = getattr(layer.mlp, "gate", None)
+        if gate is not None and hasattr(gate, "e_score_correction_bias"):
+            gate.float()
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    return model.eval()
+
+
+@torch.inference_mode()
+def hf_greedy(model, ids: torch.Tensor, n: int):
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
+                         do_sample=False, return_dict_in_generate=True, output_scores=True)
+    return out.sequences[:, ids.shape[1]:], out.scores
+
+
+def time_decode(fn, n: int, device: torch.device, repeats: int) -> float:
+    """Seconds for ``n - 1`` decode steps: t(n new tokens) - t(1 new token), best of ``repeats``."""
+    def best(k: int) -> float:
+        ts = []
+        for _ in range(repeats):
+            sync(device)
+            t0 = time.perf_counter()
+            fn(k)
+            sync(device)
+            ts.append(time.perf_counter() - t0)
+        return min(ts)
+
+    fn(2)  # warm-up: allocator, cuBLAS handles, kernel compilation
+    return max(best(n) - best(1), 1e-9)
+
+
+def bench_config(name: str, args, device: torch.device, dtype: torch.dtype) -> tuple[list[list[str]], list[str]]:
+    cfg_dict = dict(PRESETS[name], num_nextn_predict_layers=0)
+    t0 = time.perf_counter()
+    tensors = random_weights(cfg_dict, seed=0, dtype=dtype, device=device)
+    cfg = parse_config(cfg_dict, name)
+    max_pos = args.prompt_len + args.steps + 8
+    engines = {}
+    for label, mla, backend in (("engine naive", "naive", "torch"), ("engine absorbed", "absorbed", "torch"),
+                                ("engine triton", "absorbed", "triton")):
+        if backend not in args.backends:
+            continue
+        try:
+            engines[label] = (load_tensors(cfg, tensors, dtype=dtype, device=device, backend=backend,
+                                           max_positions=max_pos), mla)
+        except Exception as exc:  # a backend missing an op is a result, not a crash
+            engines[label] = (exc, mla)
+    hf = None
+    if not args.skip_hf:
+        try:
+            hf = hf_model(cfg_dict, tensors, dtype, device)
+        except Exception as exc:
+            hf = exc
+    del tensors
+    notes = [f"{name}: built in {time.perf_counter() - t0:.1f} s"]
+
+    gen = torch.Generator().manual_seed(1)
+    rows = []
+    for batch in args.batches:
+        ids = torch.randint(2, cfg.vocab_size, (batch, args.prompt_len), generator=gen).to(device)
+        prompts = ids.tolist()
+        row = [name, str(batch)]
+        anchor = None
+        if isinstance(hf, Exception) or hf is None:
+            row.append("n/a")
+        else:
+            try:
+                dt = time_decode(lambda k: hf_greedy(hf, ids, k), args.steps, device, args.repeats)
+                anchor = batch * (args.steps - 1) / dt
+                row.append(f"{anchor:,.1f}")
+            except Exception as exc:
+                row.append("error")
+                notes.append(f"HF {name} b{batch}: {type(exc).__name__}: {exc}".splitlines()[0])
+        for label, (model, mla) in engines.items():
+            if isinstance(model, Exception):
+                row.append("n/a")
+                continue
+            try:
+                dt = time_decode(lambda k: generate(model, prompts, k, mla=mla), args.steps, device, args.repeats)
+                tps = batch * (args.steps - 1) / dt
+                row.append(f"{tps:,.1f}" + (f" ({tps / anchor:.2f}x)" if anchor else ""))
+            except Exception as exc:
+                row.append("error")
+                notes.append(f"{label} {name} b{batch}: {type(exc).__name__}: {exc}".splitlines()[0])
+        rows.append(row)
+    for label, (model, _) in engines.items():
+        if isinstance(model, Exception):
+            notes.append(f"{label} {name}: not built: {type(model).__name__}: {model}".splitlines()[0])
+    if isinstance(hf, Exception):
+        notes.append(f"HF {name}: not built: {type(hf).__name__}: {hf}".splitlines()[0])
+
+    parity = []
+    if not isinstance(hf, Exception) and hf is not None and "engine absorbed" in engines \
+            and not isinstance(engines["engine absorbed"][0], Exception):
+        parity = parity_rows(name, cfg, hf, engines, device, args)
+    del engines, hf
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return rows, notes + parity
+
+
+@torch.inference_mode()
+def parity_rows(name, cfg, hf, engines, device, args) -> list[str]:
+    """Prefill logits and greedy decode, HF against each torch-backend engine form."""
+    from engine.generate import prefill_logits
+
+    gen = torch.Generator().manual_seed(2)
+    ids = torch.randint(2, cfg.vocab_size, (4, args.prompt_len), generator=gen).to(device)
+    ref_logits = hf(ids).logits.float()
+    seqs, scores = hf_greedy(hf, ids, args.parity_steps)
+    top2 = torch.stack(scores, dim=1).float().topk(2, dim=-1).values  # [B, N, 2]
+    margins = (top2[..., 0] - top2[..., 1]).tolist()
+    ref = [GoldenRecord(i, ids[i].tolist(), seqs[i].tolist(), margins[i]) for i in range(ids.shape[0])]
+    out = []
+    for label in ("engine naive", "engine absorbed"):
+        if label not in engines or isinstance(engines[label][0], Exception):
+            continue
+        model, mla = engines[label]
+        logits = prefill_logits(model, ids, mla)
+        diff = (logits - ref_logits).abs().max().item()
+        cos = torch.nn.functional.cosine_similarity(logits.flatten(), ref_logits.flatten(), dim=0).item()
+        cand = [GoldenRecord(i, g.prompt, g.tokens, g.margins)
+                for i, g in enumerate(generate(model, ids.tolist(), args.parity_steps, mla=mla))]
+        # a step whose HF margin is below the logit disagreement measured on the prefill can flip either way
+        threshold = max(0.1, diff)
+        cmp = compare_records(ref, cand, near_tie=threshold)
+        per = ", ".join(f"{p.match_length}/{p.compared}" + ("" if p.status == "match" else
+                        f" {p.status}@{p.first_divergence} (margin {p.reference_margin:.3g})") for p in cmp.prompts)
+        out.append(f"parity {name} {label} vs HF ({args.dtype}, {device.type}): max|dlogit| {diff:.3g} of "
+                   f"max|logit| {ref_logits.abs().max().item():.3g}, cosine {cos:.6f}; greedy match over "
+                   f"{args.parity_steps} steps {per} (near-tie < {threshold:.3g}) -> {'OK' if cmp.ok else 'BREAK'}")
+    return out
+
+
+def table(rows: list[list[str]], header: list[str]) -> str:
+    allrows = [header] + rows
+    w = [max(len(r[i]) for r in allrows) for i in range(len(header))]
+    lines = ["  ".join(c.rjust(w[i]) if i else c.ljust(w[i]) for i, c in enumerate(r)) for r in allrows]
+    lines.insert(1, "  ".join("-" * x for x in w))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
+    p.add_argument("--configs", default=None, help="comma list of presets (default: tiny,small; --quick: tiny)")
+    p.add_argument("--batches", default=None, help="comma list (default 1,32; --quick: 1,4)")
+    p.add_argument("--steps", type=int, default=None, help="new tokens per timed run (default 32; --quick 6)")
+    p.add_argument("--parity-steps", type=int, default=32)
+    p.add_argument("--prompt-len", type=int, default=16)
+    p.add_argument("--repeats", type=int, default=None, help="best of N timings (default 3; --quick 1)")
+    p.add_argument("--backends", default="torch,triton", help="engine backends to time: torch and/or triton")
+    p.add_argument("--skip-hf", action="store_true")
+    p.add_argument("--quick", action="store_true", help="tiny config, small batches, few steps (CPU smoke run)")
+    args = p.parse_args(argv)
+    args.configs = (args.configs or ("tiny" if args.quick else "tiny,small")).split(",")
+    args.batches = [int(b) for b in (args.batches or ("1,4" if args.quick else "1,32")).split(",")]
+    args.steps = args.steps or (6 if args.quick else 32)
+    args.repeats = args.repeats or (1 if args.quick else 3)
+    if args.quick:
+        args.parity_steps = min(args.parity_steps, 8)
+    args.backends = args.backends.split(",")
+    device = torch.device(args.device)
+    dtype = getattr(torch, args.dtype)
+    bad = [c for c in args.configs if c not in PRESETS]
+    if bad:
+        p.error(f"unknown config(s) {bad}; choose from {list(PRESETS)}")
+
+    env = [f"torch {torch.__version__}"]
+    try:
+        import transformers
+        env.append(f"transformers {transformers.__version__}")
+    except ImportError:
+        args.skip_hf = True
+        env.append("transformers missing: HF columns skipped")
+    if device.type == "cuda":
+        env.append(torch.cuda.get_device_name(device))
+        env.append("sm%d%d" % torch.cuda.get_device_capability(device))
+    print(f"# engine decode benchmark: {', '.join(env)}; {args.dtype}; prompt {args.prompt_len} tokens, "
+          f"{args.steps} new tokens timed (decode only), best of {args.repeats}", flush=True)
+    t0 = time.perf_counter()
+    rows, notes = [], []
+    for name in args.configs:
+        try:
+            r, n = bench_config(name, args, device, dtype)
+        except Exception:
+            traceback.print_exc()
+            notes.append(f"{name}: failed (traceback above)")
+            continue
+        rows += r
+        notes += n
+        print(f"# {name} done at {time.perf_counter() - t0:.0f} s", flush=True)
+    header = ["config", "batch", "HF tok/s (anchor)"]
+    header += [h for h, b in (("engine naive", "torch"), ("engine absorbed", "torch"), ("engine triton", "triton"))
+               if b in args.backends]
+    for line in notes:
+        print(line)
+    print()
+    print(table(rows, header) if rows else "no results")
+    print(f"\ntotal {time.perf_counter() - t0:.0f} s")
+    return 0 if rows else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
