@@ -118,9 +118,22 @@ class ImportGraph:
     _edges: dict[str, list[str]] = field(default_factory=dict, init=False)
 
     def __post_init__(self) -> None:
+        self.paths = set(self.paths)
         for path in list(self.paths) + list(self.extra_paths):
             for name in module_names(path):
                 self._index.setdefault(name, path)
+
+    def conftests(self, path: str) -> list[str]:
+        """conftest.py files pytest loads for a test file: its directory's and every parent's."""
+        name = PurePosixPath(path).name
+        if not (name.startswith("test_") or name.endswith("_test.py") or name == "conftest.py"):
+            return []
+        out = []
+        for parent in PurePosixPath(path).parents:
+            candidate = str(parent / "conftest.py") if str(parent) != "." else "conftest.py"
+            if candidate != path and candidate in self.paths:
+                out.append(candidate)
+        return out
 
     def resolve(self, name: str, importer: str) -> list[str]:
         """Files executed by importing ``name`` from ``importer``: the module and its packages."""
@@ -147,6 +160,7 @@ class ImportGraph:
                         if name != "*":
                             found += self.resolve(f"{imp.module}.{name}", path)
                     targets += [t for t in found if t != path and t not in targets]
+            targets += [c for c in self.conftests(path) if c not in targets]
             self._edges[path] = targets
         return self._edges[path]
 

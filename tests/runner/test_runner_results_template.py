@@ -87,7 +87,9 @@ def test_plan_without_results_and_empty_plan(audit):
     audit.results = None
     text = section(audit)
     assert "| Suite |" not in text
-    assert "- `decode` on sm90: selected, not run in this audit." in text
+    assert "4 suite runs selected and not run in this audit: run them with `drift-audit review --run`" in text
+    assert "selected, no result came back" not in text
+    assert "- `engine-unit`: `/audit run engine-unit`" in text
     audit.plan = Plan("da-1", "b" * 40)
     assert "No test suites are declared" in section(audit)
     audit.plan = None

@@ -79,6 +79,9 @@ BASE = {
     "tests/unit/test_broken.py": "import engine.consts\ndef test_(:\n",
     "tests/engine/test_engine.py": "import engine.model\n\ndef test_e():\n    pass\n",
     "tests/kernels/test_rmsnorm.py": "from kernels.rmsnorm import rms\n\ndef test_r():\n    pass\n",
+    "tests/conftest.py": "",
+    "tests/fast/conftest.py": "from engine.consts import K\n",
+    "tests/fast/test_fast.py": "def test_f():\n    pass\n",
 }
 
 
@@ -150,6 +153,9 @@ def test_relative_and_local_imports_reach_changed_module(repo):
     assert "pytest:tests/unit/test_broken.py" in suites
     assert "pytest:tests/unit/test_model.py" not in suites
     assert "parity-rmsnorm" not in suites
+    # pytest loads conftest.py files without an import statement
+    assert suites["pytest:tests/fast/test_fast.py"][0].reasons == [
+        "imports: tests/fast/test_fast.py → tests/fast/conftest.py → engine/consts.py"]
 
 
 def test_deleted_module_selects_its_importers(repo):
