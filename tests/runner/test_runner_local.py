@@ -238,7 +238,7 @@ def test_kernels_parity_json_is_read_as_cases(tree):
     r = got["k"]
     assert (r.outcome, r.reason) == ("failed", "1 of 3 test(s) failed")
     assert [c.metrics.get(c.metrics["metric"]) for c in r.cases] == [0.5, 0.0078, 0.0021]
-    assert r.metrics == {"max_abs": 0.0078, "gemm_diff": 0.0021}
+    assert r.metrics == {"max_abs": 0.0078, "gemm_diff": 0.0021, "allclose": 0.5}
 
 
 @pytest.mark.slow
