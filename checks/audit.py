@@ -16,7 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from checks.config import Config, Fact, Rule
-from checks.facts import FactError, FactResult, Row, describe, extract
+import json
+
+from checks.facts import FactError, FactResult, Row, compile_fact, describe, extract, prefetch
 from checks.model import ChangeSet, Checkout, Finding, Findings, Unchecked
 from checks.workspace import Tree
 
@@ -41,11 +43,13 @@ def evaluate_tree(config: Config, tree: Tree) -> SideResult:
     from checks.rules import REGISTRY
 
     side = SideResult()
+    inputs: dict[str, tuple[str, int]] = {}  # fact id → (signature, hash of the blobs it read)
     broken: dict[str, str] = {}  # fact id → why its rules cannot run
     facts: dict[str, Fact] = {f.id: f for f in config.facts}
+    data = prefetch(config.facts, tree)
     for fact in config.facts:
         try:
-            result: FactResult = extract(fact, tree)
+            result: FactResult = extract(fact, tree, data)
         except FactError as exc:
             broken[fact.id] = str(exc)
             side.unchecked.append(Unchecked(_entry("fact", fact.id, fact.line, config.source), str(exc)))
@@ -55,6 +59,7 @@ def evaluate_tree(config: Config, tree: Tree) -> SideResult:
             side.unchecked.append(Unchecked(_entry("fact", fact.id, fact.line, config.source), broken[fact.id]))
             continue
         side.rows[fact.id] = result.rows
+        inputs[fact.id] = (compile_fact(fact).signature, result.inputs)
         for problem in result.problems:
             side.unchecked.append(Unchecked(_entry("fact", fact.id, fact.line, config.source), problem))
         if not result.rows:
@@ -77,14 +82,33 @@ def evaluate_tree(config: Config, tree: Tree) -> SideResult:
             side.skipped_rules.add(rule.id)
             side.unchecked.append(Unchecked(_entry("rule", rule.id, rule.line, config.source), f"not evaluated: {why}"))
             continue
+        key = (_rule_signature(rule), tuple(inputs[f] for f in rule.facts))
+        cached = _rule_cache.get(key)
+        if cached is not None:
+            side.findings += [_copy(f) for f in cached]
+            continue
         try:
-            side.findings += kind.evaluate(rule, {f: side.rows[f] for f in rule.facts})
+            found = kind.evaluate(rule, {f: side.rows[f] for f in rule.facts})
+            if len(_rule_cache) > 1024:
+                _rule_cache.clear()
+            _rule_cache[key] = [_copy(f) for f in found]
+            side.findings += found
         except Exception as exc:  # one rule's failure is reported, the others still run
             side.skipped_rules.add(rule.id)
             side.unchecked.append(
                 Unchecked(_entry("rule", rule.id, rule.line, config.source), f"failed: {type(exc).__name__}: {exc}")
             )
     return side
+
+
+# Findings of a rule are a function of the rule and the blobs its facts read, so a
+# rule whose inputs did not change since the last audit is not evaluated again.
+_rule_cache: dict[tuple, list[Finding]] = {}
+
+
+def _rule_signature(rule: Rule) -> str:
+    return json.dumps([rule.id, rule.kind, rule.facts, rule.pillar, rule.severity, rule.message, rule.options],
+                      sort_keys=True, default=str)
 
 
 def classify(base: SideResult, head: SideResult) -> list[Finding]:
@@ -133,8 +157,4 @@ def _copy(f: Finding) -> Finding:
     return Finding(f.rule, f.pillar, f.severity, f.message, list(f.locations), f.status, f.fingerprint)
 
 
-def describe_fact(fact: Fact) -> str:
-    return describe(fact)
-
-
-__all__ = ["run_checks", "evaluate_tree", "classify", "SideResult", "Rule"]
+__all__ = ["run_checks", "evaluate_tree", "classify", "SideResult", "describe"]

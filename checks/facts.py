@@ -89,6 +89,7 @@ class FactResult:
     rows: list[Row] = field(default_factory=list)
     files: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)  # "path:line: syntax error ..."
+    inputs: int = 0  # hash of the (path, blob) pairs read: equal inputs, equal rows
 
 
 def describe(fact: Fact) -> str:
@@ -99,12 +100,27 @@ def describe(fact: Fact) -> str:
 
 
 @dataclass(frozen=True)
+class _Finish:
+    """Row transforms resolved once per fact, not per row."""
+
+    unquote: bool
+    subs: tuple[tuple[str, re.Pattern, str], ...]
+    cases: tuple[tuple[str, str], ...]
+    ignore: tuple[str, ...]
+
+    @property
+    def identity(self) -> bool:
+        return not (self.unquote or self.subs or self.cases or self.ignore)
+
+
+@dataclass(frozen=True)
 class _Compiled:
     fact: Fact
     query: ts.Query | None
     regex: re.Pattern | None
     spec: pathspec.PathSpec
     signature: str
+    finish: _Finish
 
 
 def validate_options(fact: Fact) -> None:
@@ -181,7 +197,16 @@ def _compile(sig: str, fact: Fact) -> _Compiled:
         if wanted not in ("@index",) and wanted not in regex.groupindex:
             raise FactError(f"{describe(fact)}: regex has no (?P<{wanted}>...) group; add one for the row key")
     spec = compile_globs(fact.files)
-    out = _Compiled(fact, query, regex, spec, sig)
+    cases = fact.options.get("case", {})
+    if isinstance(cases, str):
+        cases = {"key": cases}
+    finish = _Finish(
+        unquote=bool(fact.options.get("unquote", True)),
+        subs=tuple((f, re.compile(p), r) for f, (p, r) in fact.options.get("sub", {}).items()),
+        cases=tuple(cases.items()),
+        ignore=tuple(fact.options.get("ignore", [])),
+    )
+    out = _Compiled(fact, query, regex, spec, sig, finish)
     with _compile_lock:
         _compiled[key] = out
     return out
@@ -197,40 +222,119 @@ _ROWS_MAX = 50000
 _files_cache: dict[tuple[str, str, str], list[str]] = {}
 
 
+def _literal_tails(globs: list[str]) -> tuple[str, ...] | None:
+    """The fixed text every match must end with, per glob; None when some glob has none."""
+    tails = []
+    for g in globs:
+        if g.startswith("!") or g.endswith(("/", "*", "]", "?")):
+            return None
+        tail = re.split(r"[*?\]]", g)[-1].lstrip("/")
+        # A glob without a file extension may name a directory, which matches everything below it.
+        if not tail or "[" in tail or "." not in tail.rsplit("/", 1)[-1]:
+            return None
+        tails.append(tail)
+    return tuple(tails)
+
+
 def files_for(compiled: _Compiled, tree: Any) -> list[str]:
     """Paths of ``tree`` the fact's globs select, cached per (globs, repo, commit)."""
     key = (json.dumps(compiled.fact.files), str(getattr(tree, "repo_path", "")), tree.sha)
     hit = _files_cache.get(key)
     if hit is None:
-        hit = [p for p in tree.paths() if compiled.spec.match_file(p)]
+        paths = tree.paths()
+        tails = _literal_tails(compiled.fact.files)
+        if tails:  # str.endswith in C first; the glob match then confirms the few candidates
+            paths = [p for p in paths if p.endswith(tails)]
+        hit = [p for p in paths if compiled.spec.match_file(p)]
         if len(_files_cache) > 1024:
             _files_cache.clear()
         _files_cache[key] = hit
     return hit
 
 
-def extract(fact: Fact, tree: Any) -> FactResult:
+_results: dict[tuple[str, str, str, str], FactResult] = {}
+
+
+def prefetch(facts: list[Fact], tree: Any) -> dict[str, bytes]:
+    """Read every blob that ``facts`` still need from ``tree`` in one git process."""
+    repo_path = str(getattr(tree, "repo_path", ""))
+    want: list[str] = []
+    for fact in facts:
+        try:
+            compiled = compile_fact(fact)
+        except FactError:
+            continue
+        if (compiled.signature, json.dumps(fact.files), repo_path, tree.sha) in _results:
+            continue
+        for path in files_for(compiled, tree):
+            blob = tree.blob_sha(path)
+            if blob is not None and (compiled.signature, path, blob) not in _rows_cache:
+                want.append(blob)
+    return read_blobs(repo_path, want) if want and repo_path else {}
+
+
+def extract(fact: Fact, tree: Any, prefetched: dict[str, bytes] | None = None) -> FactResult:
     """Rows of ``fact`` over a ``checks.workspace.Tree``; raises FactError if the fact cannot run."""
     compiled = compile_fact(fact)
+    repo_path = str(getattr(tree, "repo_path", ""))
+    whole = (compiled.signature, json.dumps(fact.files), repo_path, tree.sha)
+    hit = _results.get(whole)
+    if hit is not None:
+        return hit
     result = FactResult(files=files_for(compiled, tree))
-    for path in result.files:
-        blob = tree.blob_sha(path)
+    blobs = [(path, tree.blob_sha(path)) for path in result.files]
+    data = prefetched or {}
+    missing = [b for p, b in blobs if b is not None and b not in data and (compiled.signature, p, b) not in _rows_cache]
+    if missing and repo_path:
+        data = {**data, **read_blobs(repo_path, missing)}
+    inputs = []
+    for path, blob in blobs:
         if blob is None:
             continue
+        inputs.append((path, blob))
         cache_key = (compiled.signature, path, blob)
-        hit = _rows_cache.get(cache_key)
-        if hit is None:
-            data = tree.read(path) or b""
-            hit = extract_blob(compiled, path, data, blob)
+        got = _rows_cache.get(cache_key)
+        if got is None:
+            raw = data.get(blob)
+            got = extract_blob(compiled, path, raw if raw is not None else (tree.read(path) or b""), blob)
             with _rows_lock:
                 if len(_rows_cache) >= _ROWS_MAX:
                     _rows_cache.clear()
-                _rows_cache[cache_key] = hit
-        rows, problem = hit
+                _rows_cache[cache_key] = got
+        rows, problem = got
         result.rows.extend(rows)
         if problem:
             result.problems.append(problem)
+    result.inputs = hash(tuple(inputs))
+    if len(_results) > 256:
+        _results.clear()
+    _results[whole] = result
     return result
+
+
+def read_blobs(repo_path: str, shas: list[str]) -> dict[str, bytes]:
+    """Many blobs in one ``git cat-file --batch`` process instead of a round trip per blob."""
+    import subprocess
+
+    unique = list(dict.fromkeys(shas))
+    proc = subprocess.run(
+        ["git", "cat-file", "--batch"], cwd=repo_path, input=("\n".join(unique) + "\n").encode(),
+        capture_output=True, check=False,
+    )
+    out: dict[str, bytes] = {}
+    if proc.returncode != 0:
+        return out  # the caller falls back to reading one blob at a time
+    buf, pos = proc.stdout, 0
+    while pos < len(buf):
+        nl = buf.index(b"\n", pos)
+        header = buf[pos:nl].split()
+        pos = nl + 1
+        if len(header) < 3 or header[1] == b"missing":
+            continue
+        size = int(header[2])
+        out[header[0].decode()] = buf[pos : pos + size]
+        pos += size + 1
+    return out
 
 
 def extract_text(fact: Fact, path: str, data: bytes) -> tuple[list[Row], str | None]:
@@ -254,7 +358,7 @@ def _regex_rows(c: _Compiled, path: str, data: bytes) -> list[Row]:
             continue
         values = {k: v for k, v in m.groupdict().items() if k != key_name and v is not None and not k.startswith("_")}
         line = text.count("\n", 0, m.start(key_name) if key_name != "@index" else m.start()) + 1
-        row = _finish(c.fact, Row(c.fact.id, key, values, path, line))
+        row = _finish(c, Row(c.fact.id, key, values, path, line))
         if row is not None:
             rows.append(row)
     return rows
@@ -320,55 +424,54 @@ def _query_rows(c: _Compiled, path: str, data: bytes, blob: str | None) -> tuple
             found = counted.get(fn.id if fn else -1, [])
             lo = sum(1 for n in found if not _conditional(n, fn))
             row.values["count"] = Count(lo, len(found))
-    rows = [r for r in (_finish(fact, r) for r in rows) if r is not None]
+    rows = [r for r in (_finish(c, r) for r in rows) if r is not None]
     return _dedupe(rows), problem
 
 
 def _dedupe(rows: list[Row]) -> list[Row]:
     """Overlapping query patterns can yield one row twice from one node; keep the first."""
-    seen: set[tuple[str, int, str]] = set()
+    seen: set[tuple] = set()
     out = []
     for r in rows:
         anchor = r.nodes.get("key")
         at = anchor.start_byte if anchor is not None else r.line
-        k = (r.key, at, json.dumps(r.values, sort_keys=True, default=str))
+        k = (r.key, at, tuple(r.values.items()))
         if k not in seen:
             seen.add(k)
             out.append(r)
     return out
 
 
-def _finish(fact: Fact, row: Row) -> Row | None:
+def _finish(c: _Compiled, row: Row) -> Row | None:
     """Apply unquote, sub, case and ignore to a raw row."""
-    opts = fact.options
-    unquote = opts.get("unquote", True)
-    subs = opts.get("sub", {})
-    cases = opts.get("case", {})
-    if isinstance(cases, str):
-        cases = {"key": cases}
+    fin = c.finish
+    if fin.identity:
+        return row
 
     def clean(name: str, value: Any) -> Any:
         if not isinstance(value, str):
             return value
         value = value.strip()
-        if unquote:
+        if fin.unquote and value[-1:] in _QUOTES:  # every quoted form ends in a quote
             value = _unquote(value)
-        if name in subs:
-            value = re.sub(subs[name][0], subs[name][1], value)
-        if cases.get(name) == "upper":
-            value = value.upper()
-        elif cases.get(name) == "lower":
-            value = value.lower()
+        for f, pattern, repl in fin.subs:
+            if f == name:
+                value = pattern.sub(repl, value)
+        for f, how in fin.cases:
+            if f == name:
+                value = value.upper() if how == "upper" else value.lower()
         return value
 
     row.key = clean("key", row.key)
-    row.values = {k: clean(k, v) for k, v in row.values.items()}
-    for pattern in opts.get("ignore", []):
+    if row.values:
+        row.values = {k: clean(k, v) for k, v in row.values.items()}
+    for pattern in fin.ignore:
         if fnmatch.fnmatchcase(row.key, pattern):
             return None
     return row
 
 
+_QUOTES = ('"', "'")
 _QUOTED = re.compile(r'^(?:[rbuRBUfF]{0,2})("""|\'\'\'|"|\')(.*)\1$', re.S)
 
 

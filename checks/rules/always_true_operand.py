@@ -67,12 +67,15 @@ def evaluate(rule: Rule, rows: Rows) -> list[Finding]:
             ops = _chain(node)
             if len(ops) < 2 or not any(_is_comparison(o) for o in ops):
                 continue
+            first = next(o for o in ops if _is_comparison(o))
+            lhs = first.child_by_field_name("left") or first.named_children[0]
+            subject = syntax.text(lhs)
             for o in ops:
                 if o.type in _BARE:
                     bare = syntax.text(o)
                     cond = " ".join(syntax.text(node).split())
                     line = o.start_point[0] + 1
-                    detail = f"'{bare}' is a bare operand in '{cond}', so the condition is always true; compare it (e.g. x == {bare})"
+                    detail = f"'{bare}' is a bare operand in '{cond}', so the condition is always true; write {subject} == {bare}"
                     out.append(finding(rule, detail, [_at(r, line)], [cond, bare]))
     return out
 

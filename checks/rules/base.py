@@ -100,6 +100,8 @@ def literal(value: Any) -> Any:
 
 def same(a: Any, b: Any) -> bool:
     """Equal as literals; a Count matches a number inside its range."""
+    if a == b and type(a) is type(b):
+        return True
     a, b = literal(a), literal(b)
     if isinstance(a, Count) and isinstance(b, Count):
         return a.lo <= b.hi and b.lo <= a.hi

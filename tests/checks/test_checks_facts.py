@@ -93,3 +93,16 @@ def test_rows_are_read_from_git_objects_and_cached_by_blob(tmp_path):
     assert first.files == ["a/x.h", "b/y.h"] and [r.key for r in first.rows] == ["TASK_A", "TASK_B"]
     again = extract(f, tree)
     assert again.rows[0] is first.rows[0]  # the same cached row object
+
+
+def test_file_globs_follow_gitignore_rules(tmp_path):
+    repo = shape.init_repo(tmp_path / "g")
+    files = {p: "enum T { TASK_A };\n" for p in ("a.h", "src/a.h", "src/deep/b.h", "src/b.cc", "other/xa.h", "srcx/c.h")}
+    sha = shape.commit(repo, files, "c")
+    tree = Tree(str(repo), sha)
+    def sel(*globs):
+        return extract(Fact("g" + str(len(globs)) + globs[0], "cpp", list(globs), query="(enumerator name: (identifier) @key)"), tree).files
+    assert sel("**/a.h") == ["a.h", "src/a.h"]
+    assert sel("src") == ["src/a.h", "src/b.cc", "src/deep/b.h"]
+    assert sel("src/**/*.h") == ["src/a.h", "src/deep/b.h"]
+    assert sel("*.h", "!src/**") == ["a.h", "other/xa.h", "srcx/c.h"]
