@@ -56,7 +56,7 @@ def parse_imports(path: str, data: bytes) -> list[Import]:
     except (SyntaxError, ValueError):
         return _imports_tree_sitter(path, data)
     out: list[Import] = []
-    for node in ast.walk(tree):
+    for node in _statements(tree.body):
         if isinstance(node, ast.Import):
             out.extend(Import(a.name) for a in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -64,6 +64,38 @@ def parse_imports(path: str, data: bytes) -> list[Import]:
             if base is not None:
                 out.append(Import(base, tuple(a.name for a in node.names)))
     return out
+
+
+_BLOCKS = ("body", "orelse", "finalbody", "handlers", "cases")
+
+
+def _statements(body: list[ast.stmt]):
+    """Every statement, nested blocks included, without descending into expressions (imports are statements)."""
+    stack = list(reversed(body))
+    while stack:
+        node = stack.pop()
+        yield node
+        for name in _BLOCKS:
+            inner = getattr(node, name, None)
+            if isinstance(inner, list):
+                stack.extend(reversed(inner))
+
+
+_CACHE: dict[tuple[str, str], tuple[Import, ...]] = {}
+_CACHE_MAX = 50_000
+
+
+def imports_of(path: str, blob: str | None, read: Callable[[str], bytes | None]) -> tuple[Import, ...]:
+    """The imports of ``path``, cached by (path, blob sha): audit after audit shares most blobs."""
+    if blob is not None and (path, blob) in _CACHE:
+        return _CACHE[(path, blob)]
+    data = read(path)
+    found = tuple(parse_imports(path, data)) if data is not None else ()
+    if blob is not None:
+        if len(_CACHE) >= _CACHE_MAX:
+            _CACHE.clear()
+        _CACHE[(path, blob)] = found
+    return found
 
 
 def _absolute(path: str, module: str | None, level: int) -> str | None:
@@ -114,6 +146,7 @@ class ImportGraph:
     paths: Iterable[str]
     read: Callable[[str], bytes | None]
     extra_paths: Iterable[str] = ()  # modules gone from the tree (deleted) that imports may still name
+    blob_sha: Callable[[str], str | None] | None = None  # enables the parse cache
     _index: dict[str, str] = field(default_factory=dict, init=False)
     _edges: dict[str, list[str]] = field(default_factory=dict, init=False)
 
@@ -151,15 +184,14 @@ class ImportGraph:
 
     def edges(self, path: str) -> list[str]:
         if path not in self._edges:
-            data = self.read(path)
             targets: list[str] = []
-            if data is not None:
-                for imp in parse_imports(path, data):
-                    found = self.resolve(imp.module, path)
-                    for name in imp.names:  # "from pkg import mod" imports pkg/mod.py
-                        if name != "*":
-                            found += self.resolve(f"{imp.module}.{name}", path)
-                    targets += [t for t in found if t != path and t not in targets]
+            blob = self.blob_sha(path) if self.blob_sha else None
+            for imp in imports_of(path, blob, self.read):
+                found = self.resolve(imp.module, path)
+                for name in imp.names:  # "from pkg import mod" imports pkg/mod.py
+                    if name != "*":
+                        found += self.resolve(f"{imp.module}.{name}", path)
+                targets += [t for t in found if t != path and t not in targets]
             targets += [c for c in self.conftests(path) if c not in targets]
             self._edges[path] = targets
         return self._edges[path]

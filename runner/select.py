@@ -218,7 +218,7 @@ def _import_graph(config: Config, changes: ChangeSet, head, head_paths: set[str]
     if not test_files:
         return
     gone = [p for p in changed_py if p not in head_paths]
-    graph = ImportGraph(paths=head_paths, read=head.read, extra_paths=gone)
+    graph = ImportGraph(paths=head_paths, read=head.read, extra_paths=gone, blob_sha=getattr(head, "blob_sha", None))
     covering = [(s, _command_paths(s.command)) for s in config.suites]
     for test_file in test_files:
         chain = graph.chain_to(test_file, changed_py)
