@@ -105,7 +105,8 @@ class JobStore(ABC):
     def audit_for_job(self, job_id: int) -> AuditRecord | None: ...
 
     @abstractmethod
-    def awaiting(self, repo: str, head_sha: str) -> list[AuditRecord]: ...
+    def awaiting(self, repo: str, *, head_sha: str | None = None, pr: int | None = None) -> list[AuditRecord]:
+        """Audits still waiting for GPU results, by head or by PR."""
 
     @abstractmethod
     def latest_audit(self, repo: str, pr: int) -> AuditRecord | None: ...
@@ -301,9 +302,10 @@ class SqliteJobStore(JobStore):
                                  (job_id,)).fetchone()
         return _audit(row) if row else None
 
-    def awaiting(self, repo: str, head_sha: str) -> list[AuditRecord]:
-        rows = self._db().execute("SELECT * FROM audits WHERE repo = ? AND head_sha = ? AND status = 'awaiting-gpu'",
-                                  (repo, head_sha)).fetchall()
+    def awaiting(self, repo: str, *, head_sha: str | None = None, pr: int | None = None) -> list[AuditRecord]:
+        rows = self._db().execute(
+            "SELECT * FROM audits WHERE repo = ? AND status = 'awaiting-gpu' AND (? IS NULL OR head_sha = ?)"
+            " AND (? IS NULL OR pr = ?) ORDER BY updated", (repo, head_sha, head_sha, pr, pr)).fetchall()
         return [_audit(r) for r in rows]
 
     def latest_audit(self, repo: str, pr: int) -> AuditRecord | None:

@@ -228,7 +228,21 @@ class Service:
         pending = list(dispatch.pending)
         self._save(row, job, audit, "awaiting-gpu" if pending else "done", pending)
         self._publish(pub, run, job, audit, details, complete=not pending)
+        if job.pr is not None:
+            self._retire_older(repo, pub, job, audit)
         return DONE
+
+    def _retire_older(self, repo, pub: Publisher, job: Job, audit: Audit) -> None:
+        """Audits of older heads of this PR still waiting for GPU results will never be shown: close them."""
+        current = audit.plan.audit_id if audit.plan else None
+        for old in self.store.awaiting(job.repo, pr=job.pr):
+            if old.audit_id == current or old.head_sha == job.head_sha:
+                continue
+            origin = self.store.get(old.job_id)
+            if origin and origin.check_run_id:
+                pub.conclude(repo.get_check_run(origin.check_run_id), "cancelled", "Superseded by a newer push",
+                             f"`{job.head_sha[:12]}` is audited instead of `{old.head_sha[:12]}`.")
+            self.store.save_audit(replace(old, status="superseded", pending=[]))
 
     def _publish(self, pub: Publisher, run, job: Job, audit: Audit, details: str, *, complete: bool) -> None:
         report = audit.report
@@ -306,13 +320,15 @@ class Service:
 
         audit.report = render(audit, blob_url=f"{repo.html_url}/blob/{record.head_sha}", details_url=details)
         beat.check()
+        latest = self.store.latest_audit(job.repo, record.pr) if record.pr is not None else None
+        shown = latest is None or latest.audit_id == record.audit_id  # never overwrite a newer head's comment
         self.store.save_audit(replace(record, status="awaiting-gpu" if pending else "done", pending=pending,
                                       verdict=audit.report.verdict, audit_json=to_json(audit, indent=None)))
         pub = Publisher(repo, self.settings.check_name)
-        origin_job = replace(origin.job if origin else job, pr=record.pr)
+        origin_job = replace(origin.job if origin else job, pr=record.pr if shown else None)
         if origin and origin.check_run_id:
             self._publish(pub, repo.get_check_run(origin.check_run_id), origin_job, audit, details,
                           complete=not pending)
-        elif record.pr is not None:
+        elif record.pr is not None and shown:
             pub.upsert_comment(record.pr, split_comment(audit.report.markdown, details)[0])
         return DONE

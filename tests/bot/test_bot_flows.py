@@ -166,3 +166,40 @@ def test_merge_queue_reports_on_the_queue_head(bot_factory, engine_repo):
     bot.settle()
     assert len(state.check_runs_for(REPO, mq_head)) == 1  # the same run, concluded again
     assert state.count("PATCH", f"/check-runs/{run['id']}") >= 2
+
+
+def test_hostile_file_names_are_escaped_in_the_comment_and_the_page(bot_factory, engine_repo):
+    make, state = bot_factory
+    repo_path, base, _ = engine_repo
+    nasty = "engine/<img src=x onerror=alert(1)>.py"
+    head = commit(repo_path, {nasty: "x = 1\n"}, "nasty")
+    state.add_repo(REPO, str(repo_path))
+    state.add_pull(REPO, 14, head_sha=head, base_sha=base)
+    bot = make()
+    bot.deliver("pull_request", pr_payload("opened", number=14, head=head, base=base))
+    bot.settle()
+    (comment,) = _marked(state, 14)
+    assert "<img" not in comment["body"] and "onerror" in comment["body"]
+    page = bot.http.get("/audits/job-1")
+    assert page.status_code == 200 and "<img" not in page.text and "&lt;img src=x onerror=alert(1)&gt;" in page.text
+    assert bot.http.get("/audits/job-99").status_code == 404
+    assert "&lt;b&gt;" in bot.http.get("/audits/<b>").text
+
+
+def test_unknown_suite_in_a_command_is_answered_not_retried(bot_factory, gpu_repo):
+    make, state = bot_factory
+    repo_path, base, head = gpu_repo
+    state.add_repo(REPO, str(repo_path))
+    state.add_pull(REPO, 15, head_sha=head, base_sha=base)
+    state.set_permission(REPO, "maintainer", "admin")
+    asked = state.add_comment(REPO, 15, "/audit run no-such-suite", user="maintainer")
+    bot = make()
+    bot.deliver("issue_comment", _comment_payload(15, "/audit run no-such-suite", "maintainer", asked["id"]))
+    bot.settle()
+    (job,) = bot.store.jobs()
+    assert job.status == "done" and job.attempts == 1
+    (reply,) = [c for c in state.comments_on(REPO, 15) if reply_marker(asked["id"]) in c["body"]]
+    assert "unknown suite 'no-such-suite'" in reply["body"] and "parity-loader" in reply["body"]
+    (run,) = state.check_runs_for(REPO, head)
+    assert run["conclusion"] == "neutral"
+    assert [r["content"] for r in state.reactions[asked["id"]]] == ["eyes", "confused"]
