@@ -195,3 +195,23 @@ def test_bad_rule_options_name_file_line_key_and_fix(rule, needle):
         parse_config(text, "cfg.toml")
     message = str(exc.value)
     assert needle in message and message.startswith("cfg.toml:1") and "[[rule]] #1" in message
+
+
+# The config this repo proposes for itself: every rule kind has a section in docs/rules.md.
+KIND_NAMES = Fact(
+    "rule_kind_names", "python", ["checks/rules/*.py"],
+    query='(call function: (identifier) @_k arguments: (argument_list . (string (string_content) @key)) (#eq? @_k "RuleKind"))',
+)
+DOC_SECTIONS = Fact("rule_kind_docs", "regex", ["docs/rules.md"], regex=r"^## (?P<key>[a-z]+(?:-[a-z]+)*)$")
+
+
+def test_every_rule_kind_is_documented():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    code = rows(KIND_NAMES, *[(str(p.relative_to(root)), p.read_text()) for p in sorted((root / "checks/rules").glob("*.py"))])
+    docs = rows(DOC_SECTIONS, ("docs/rules.md", (root / "docs/rules.md").read_text()))
+    assert sorted(r.key for r in code) == sorted(REGISTRY)
+    assert run("same-set", {"rule_kind_names": code, "rule_kind_docs": docs}) == []
+    missing = run("same-set", {"rule_kind_names": code, "rule_kind_docs": docs[1:]})
+    assert len(missing) == 1 and f"'{docs[0].key}'" in missing[0].message
