@@ -393,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(scratch, ignore_errors=True)
     rows.append(row(f"synthetic (seed {args.seed})", syn))
 
-    print(f"Suite-minutes selected per history; anchor: run-all (every suite on every runner label), same run.")
+    print("Suite-minutes selected per history; anchor: run-all (every suite on every runner label), same run.")
     print(f"Synthetic history generated in {gen_s:.1f} s; {syn.breaks} seeded breaking commits, "
           f"ground truth from running the whole test tree at each.\n")
     print("| history                | commits | run-all min | drift-audit min (share) | path-prefix min (share) | "
