@@ -171,11 +171,13 @@ class MLA(nn.Module):
         q = self.q_proj(x) if c.q_lora_rank is None else self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
         q = q.view(b, s, nh, c.qk_head_dim)
         q_nope, q_pe = q.split([c.qk_nope_head_dim, c.qk_rope_head_dim], dim=-1)
-        cs, sn = cos.unsqueeze(2), sin.unsqueeze(2)  # [B, S, 1, R/2] against [B, S, heads, R]
-        q_pe = self.ops.rope(q_pe, cs, sn)
-        kv, k_pe = self.kv_a_proj_with_mqa(x).split([c.kv_lora_rank, c.qk_rope_head_dim], dim=-1)
+        # rope sees B*S rows of heads, each with its own cos/sin row: positions may differ per sequence
+        r = c.qk_rope_head_dim
+        cs, sn = cos.reshape(b * s, r // 2), sin.reshape(b * s, r // 2)
+        q_pe = self.ops.rope(q_pe.reshape(b * s, nh, r), cs, sn).view(b, s, nh, r)
+        kv, k_pe = self.kv_a_proj_with_mqa(x).split([c.kv_lora_rank, r], dim=-1)
         kv = self.kv_a_layernorm(kv)
-        k_pe = self.ops.rope(k_pe.unsqueeze(2), cs, sn).squeeze(2)
+        k_pe = self.ops.rope(k_pe.reshape(b * s, 1, r), cs, sn).view(b, s, r)
         rows = torch.arange(b, device=x.device).unsqueeze(1).expand(b, s)
         end = int(pos.max()) + 1
         visible = torch.arange(end, device=x.device).view(1, 1, end) <= pos.unsqueeze(-1)  # [B, S, T]
