@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from bot.publish import COMMENT_MARKER, reply_marker
 from checks.model import DeviceFingerprint, Results, SuiteResult, to_json
 from runner.actions import artifact_name, run_title
@@ -203,3 +205,21 @@ def test_unknown_suite_in_a_command_is_answered_not_retried(bot_factory, gpu_rep
     (run,) = state.check_runs_for(REPO, head)
     assert run["conclusion"] == "neutral"
     assert [r["content"] for r in state.reactions[asked["id"]]] == ["eyes", "confused"]
+
+
+def test_pillars_command_restricts_the_report(bot_factory, engine_repo):
+    make, state = bot_factory
+    repo_path, base, head = engine_repo
+    state.add_repo(REPO, str(repo_path))
+    state.add_pull(REPO, 16, head_sha=head, base_sha=base)
+    bot = make()
+    bot.deliver("pull_request", pr_payload("opened", number=16, head=head, base=base))
+    bot.settle()
+    everything = bot.store.latest_audit(REPO, 16)
+    assert {"weights", "runtime"} <= {p["id"] for p in json.loads(everything.audit_json)["pillars"]["pillars"]}
+    asked = state.add_comment(REPO, 16, "/audit pillars=weights", user="alice")
+    bot.deliver("issue_comment", _comment_payload(16, "/audit pillars=weights", "alice", asked["id"]))
+    bot.settle()
+    (comment,) = _marked(state, 16)
+    assert "Weight pipeline" in comment["body"] and "Runtime and scheduler" not in comment["body"]
+    assert [r["content"] for r in state.reactions[asked["id"]]] == ["eyes", "rocket"]
