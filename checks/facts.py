@@ -216,7 +216,7 @@ def _compile(sig: str, fact: Fact) -> _Compiled:
 
 _rows_cache: dict[tuple[str, str, str], tuple[list[Row], str | None]] = {}
 _rows_lock = threading.Lock()
-_ROWS_MAX = 50000
+_ROWS_MAX = 20000  # like the parse cache: rows hold their tree's nodes
 
 
 _files_cache: dict[tuple[str, str, str], list[str]] = {}

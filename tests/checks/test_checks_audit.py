@@ -127,7 +127,6 @@ kind = "pinned"
 facts = ["finds_nothing"]
 value = "1"
 '''
-    found = audit(repo, head + "~0", head, config) if False else None
     co = checkout(AuditRequest(repo=str(repo), base=head, head=head))
     found = run_checks(co, parse_config(config), build_changeset(co))
     text = {u.entry.split(" (")[0]: u.reason for u in found.unchecked}

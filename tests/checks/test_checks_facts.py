@@ -106,3 +106,13 @@ def test_file_globs_follow_gitignore_rules(tmp_path):
     assert sel("src") == ["src/a.h", "src/b.cc", "src/deep/b.h"]
     assert sel("src/**/*.h") == ["src/a.h", "src/deep/b.h"]
     assert sel("*.h", "!src/**") == ["a.h", "other/xa.h", "srcx/c.h"]
+
+
+def test_non_utf8_and_binary_files_do_not_stop_extraction():
+    f = Fact("e", "cpp", ["*"], query="(enumerator name: (identifier) @key)")
+    rows, problem = extract_text(f, "x.h", b"// caf\xe9\nenum T { TASK_A };\n")
+    assert [r.key for r in rows] == ["TASK_A"] and problem is None
+    r = Fact("r", "regex", ["*"], regex=r"(?P<key>TASK_\w+)")
+    assert [x.key for x in extract_text(r, "x.bin", b"\x00\xff\xfeTASK_B\x00")[0]] == ["TASK_B"]
+    rows, problem = extract_text(f, "blob.h", bytes(range(256)) * 4)
+    assert rows == [] and "syntax error" in problem

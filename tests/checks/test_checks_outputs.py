@@ -12,7 +12,9 @@ import checks_shape as shape
 from checks.audit import run_checks
 from checks.config import parse_config
 from checks.diff import build_changeset
-from checks.model import Audit, AuditRequest, Finding, Findings, Location, PillarMap, Unchecked, from_json, to_json
+from checks.model import (
+    Audit, AuditRequest, ChangeSet, Checkout, Finding, Findings, Location, PillarMap, Unchecked, from_json, to_json,
+)
 from checks.sarif import to_sarif
 from checks.workspace import checkout
 
@@ -91,12 +93,12 @@ def test_comment_section_lists_new_folds_preexisting_counts_fixed(mixed_audit):
     assert "`src/graph.cc:" in plain and "](" not in plain.partition("<details>")[0]
 
 
-def test_comment_section_links_escape_odd_paths(tmp_path):
+def test_comment_section_links_escape_odd_paths():
     audit = Audit(
         request=AuditRequest(repo=".", base="a", head="b"),
-        checkout=__import__("checks.model", fromlist=["Checkout"]).Checkout(".", "a" * 40, "b" * 40, "a" * 40),
+        checkout=Checkout(".", "a" * 40, "b" * 40, "a" * 40),
         config_source="t",
-        changes=__import__("checks.model", fromlist=["ChangeSet"]).ChangeSet("a", "b", "a"),
+        changes=ChangeSet("a", "b", "a"),
         pillars=PillarMap(),
         findings=Findings(
             [Finding("r", "wiring", "error", "<script>x</script> [link](y)", [Location("dir with space/a]b.py", 7)])]
