@@ -100,3 +100,18 @@ def test_included_in_the_comment(audit):
     report = render(audit)
     assert "#### Tests" in report.markdown and "parity-rmsnorm" in report.markdown
     assert report.verdict == "fail"
+
+
+def test_long_lists_are_capped_by_the_comment_limits(audit):
+    audit.plan.suites += [PlannedSuite(f"pytest:tests/t{i}.py", "unit", "pytest", "cpu", reasons=["a", "b", "c"])
+                          for i in range(30)]
+    audit.plan.not_affected += [f"suite-{i}" for i in range(30)]
+    limits = {"files": 3, "symbols": 1, "findings": 3, "cases": 1}
+    text = environment().get_template("_results.md.j2").render(audit=audit, limits=limits)
+    assert "- … 31 more\n" in text  # 34 planned, 3 shown
+    assert "- … 28 more\n" in text  # 31 not affected, 3 shown
+    assert "- … 28 more not run" in text  # 31 with no result, 3 shown
+    assert "`pytest:tests/t29.py`" not in text
+    assert "pillar 'wiring' touched; … " not in text and "- `pytest:tests/t0.py` on cpu: a; … 2 more" in text
+    full = section(audit)
+    assert "`pytest:tests/t29.py`" in full and "`suite-29`" in full
