@@ -223,3 +223,45 @@ def test_pillars_command_restricts_the_report(bot_factory, engine_repo):
     (comment,) = _marked(state, 16)
     assert "Weight pipeline" in comment["body"] and "Runtime and scheduler" not in comment["body"]
     assert [r["content"] for r in state.reactions[asked["id"]]] == ["eyes", "rocket"]
+
+
+def test_retry_reruns_only_failed_suites(bot_factory, gpu_repo):
+    make, state = bot_factory
+    repo_path, base, head = gpu_repo
+    state.add_repo(REPO, str(repo_path))
+    state.add_pull(REPO, 17, head_sha=head, base_sha=base)
+    state.add_workflow(REPO)
+    state.set_permission(REPO, "maintainer", "write")
+    runs: list[dict] = []
+
+    def on_dispatch(st, record):
+        inputs = record["inputs"]
+        run = st.add_run(REPO, head_sha=inputs["head_sha"], display_title=run_title(inputs["audit_id"], inputs["label"]))
+        outcome = "failed" if len(runs) == 0 else "passed"
+        results = Results(inputs["audit_id"], inputs["head_sha"], [SuiteResult("parity-loader", "sm90", outcome)])
+        st.add_artifact(run["id"], artifact_name(inputs["audit_id"], inputs["label"]), {"results.json": to_json(results)})
+        runs.append(run)
+
+    state.on_dispatch = on_dispatch
+    bot = make()
+    early = state.add_comment(REPO, 17, "/audit retry", user="maintainer")
+    bot.deliver("issue_comment", _comment_payload(17, "/audit retry", "maintainer", early["id"]))
+    bot.settle()
+    assert state.dispatches == [] and "Nothing to retry" in state.comments_on(REPO, 17)[-1]["body"]
+
+    bot.deliver("pull_request", pr_payload("opened", number=17, head=head, base=base))
+    bot.settle()
+    bot.deliver("workflow_run", workflow_run_payload(runs[0]))
+    bot.settle()
+    (first,) = state.check_runs_for(REPO, head, "Drift Audit")
+    assert first["conclusion"] == "failure"
+
+    again = state.add_comment(REPO, 17, "/audit retry", user="maintainer")
+    bot.deliver("issue_comment", _comment_payload(17, "/audit retry", "maintainer", again["id"]))
+    bot.settle()
+    assert len(state.dispatches) == 2 and '"parity-loader"' in state.dispatches[1]["inputs"]["plan"]
+    bot.deliver("workflow_run", workflow_run_payload(runs[1]))
+    bot.settle()
+    latest = [c for c in state.check_runs_for(REPO, head) if c["id"] != first["id"]]
+    assert [c["conclusion"] for c in latest] == ["success"]
+    assert len(_marked(state, 17)) == 1
