@@ -112,6 +112,8 @@ def test_long_lists_are_capped_by_the_comment_limits(audit):
     assert "- … 28 more\n" in text  # 31 not affected, 3 shown
     assert "- … 28 more not run" in text  # 31 with no result, 3 shown
     assert "`pytest:tests/t29.py`" not in text
-    assert "- `pytest:tests/t0.py` on cpu: a; … 2 more" in text
+    audit.plan.suites[0].reasons = ["a", "b", "c"]
+    text = environment().get_template("_results.md.j2").render(audit=audit, limits=limits)
+    assert "- `parity-rmsnorm` on sm90: a; … 2 more" in text
     full = section(audit)
     assert "`pytest:tests/t29.py`" in full and "`suite-29`" in full
