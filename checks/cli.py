@@ -19,6 +19,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--rev", default="HEAD", help="revision whose files are read (default: HEAD)")
     p.add_argument("--config", metavar="FILE", help="read the config from FILE")
     p.add_argument("--format", choices=("text", "json"), default="text")
+    adhoc = p.add_argument_group("try a fact without a config (all three of --files, --lang and --query/--regex)")
+    adhoc.add_argument("--query", help="tree-sitter query with a @key capture")
+    adhoc.add_argument("--regex", help="regex with a (?P<key>...) group")
+    adhoc.add_argument("--lang", choices=("python", "c", "cpp", "cuda", "regex"), help="grammar for --query")
+    adhoc.add_argument("--files", action="append", metavar="GLOB", help="files to read (repeatable)")
     p.set_defaults(handler=run)
 
 
@@ -45,15 +50,28 @@ def run(args: argparse.Namespace) -> int:
     from checks.facts import FactError, extract
     from checks.workspace import Tree, WorkspaceError, open_repo, resolve
 
+    from checks.config import Fact
+
+    adhoc = bool(args.query or args.regex)
+    if adhoc and not args.files:
+        print("drift-audit facts: --query/--regex needs --files GLOB", file=sys.stderr)
+        return 2
     try:
         repo = open_repo(args.path)
         sha = resolve(repo, args.rev)
-        config = _load(args, repo, sha)
+        config = None if adhoc else _load(args, repo, sha)
     except (WorkspaceError, ConfigError, FileNotFoundError) as exc:
         print(f"drift-audit facts: {exc}", file=sys.stderr)
         return 2
-    facts = config.facts
-    if args.fact:
+    if adhoc:
+        lang = args.lang or ("regex" if args.regex and not args.query else "")
+        if not lang:
+            print("drift-audit facts: --query needs --lang python|c|cpp|cuda", file=sys.stderr)
+            return 2
+        facts = [Fact(id="adhoc", lang=lang, files=args.files, query=args.query, regex=args.regex)]
+    else:
+        facts = config.facts
+    if args.fact and not adhoc:
         known = {f.id for f in facts}
         unknown = [f for f in args.fact if f not in known]
         if unknown:

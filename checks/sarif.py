@@ -37,10 +37,10 @@ def _result(f: Finding, rule_index: int) -> dict[str, Any]:
     if f.locations:
         first, rest = f.locations[0], f.locations[1:]
         result["locations"] = [{"physicalLocation": _physical(first), "message": {"text": first.note or f.rule}}]
-        if rest:
+        if rest:  # code scanning keeps at most 1000 related locations per result
             result["relatedLocations"] = [
                 {"id": i, "physicalLocation": _physical(loc), "message": {"text": loc.note or f.rule}}
-                for i, loc in enumerate(rest, 1)
+                for i, loc in enumerate(rest[:1000], 1)
             ]
     return result
 

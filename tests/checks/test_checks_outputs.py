@@ -147,3 +147,17 @@ def test_facts_cli_reads_the_work_tree_config_and_reports_errors(tmp_path, capsy
     cfg.write_text('[[fact]]\nid = "e"\nlang = "cobol"\nfiles = ["*.h"]\nquery = "(x) @key"\n')
     assert main(["facts", str(repo)]) == 2
     assert "drift-audit.toml:3: [[fact]] #1, key 'lang'" in capsys.readouterr().err
+
+
+def test_facts_cli_tries_a_query_without_a_config(shape_repo, capsys):
+    from bot.cli import main
+
+    repo, shas = shape_repo
+    query = '(call function: (attribute attribute: (identifier) @_r) arguments: (argument_list . (_) . (string (string_content) @key)) (#eq? @_r "register_task"))'
+    assert main(["facts", str(repo), "--rev", shas["base"], "--lang", "python", "--files", "python/**/*.py", "--query", query]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "# adhoc: 5 row(s) from 3 file(s)" and out[1].startswith("embedding\tpython/engine/persistent_kernel.py:")
+    assert main(["facts", str(repo), "--files", "src/*.cc", "--regex", r"TASK_(?P<key>[A-Z]+)\] ="]) == 0
+    assert "ATTENTION\tsrc/runtime.cc:" in capsys.readouterr().out
+    assert main(["facts", str(repo), "--query", "(x) @key"]) == 2
+    assert "needs --files" in capsys.readouterr().err
