@@ -311,6 +311,24 @@ DRIFTS = {
         _edit("python/engine/config.py", "use_mtp_prefill_attention = True", "use_mtp_prefill_attention = False"),
     ),
     "derived-constant": ("kv-token-bytes", _edit("include/engine/mla.h", "ROPE_DIM = 64", "ROPE_DIM = 72")),
+    # The rest of the persistent_kernel pack.
+    "params-length": (
+        "pk-param-count",
+        _edit("python/engine/persistent_kernel.py", '"rmsnorm", [10, 11]', '"rmsnorm", [10, 11, 12]'),
+    ),
+    "dispatch-name": ("pk-dispatch-name", _edit("src/graph.cc", 'name == "linear"', 'name == "linaer"')),
+    "name-map-spelling": (
+        "pk-name-map-spelling",
+        _edit("src/runtime.cc", '= "TASK_LINEAR";', '= "TASK_LINAER";'),
+    ),
+    "outputs-arity": (
+        "pk-outputs-arity",
+        _edit(
+            "python/engine/persistent_kernel.py",
+            '        tb_graph.new_output(out)\n        self.kn_graph.register_task(tb_graph, "embedding"',
+            '        tb_graph.new_output(out)\n        tb_graph.new_output(out)\n        self.kn_graph.register_task(tb_graph, "embedding"',
+        ),
+    ),
 }
 
 
