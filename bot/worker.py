@@ -297,8 +297,10 @@ class Service:
                 return DONE
             options = replace(options, suites=failed)
         self.store.mark_head(row.id, pr.head.sha)
+        # a re-run of a check run on an older head audits the PR's current head, in a new check run
+        reuse = job.check_run_id if job.head_sha in (None, pr.head.sha) else None
         audit_job = replace(job, head_sha=pr.head.sha, base_sha=pr.base.sha, options=options,
-                            untrusted=is_untrusted(pr.raw_data))
+                            untrusted=is_untrusted(pr.raw_data), check_run_id=reuse)
         status = self._audit(row, audit_job, repo, beat)
         if job.comment_id:
             denied = cmd.wants_gpu and not is_writer(repo, job.actor)

@@ -265,3 +265,33 @@ def test_retry_reruns_only_failed_suites(bot_factory, gpu_repo):
     latest = [c for c in state.check_runs_for(REPO, head) if c["id"] != first["id"]]
     assert [c["conclusion"] for c in latest] == ["success"]
     assert len(_marked(state, 17)) == 1
+
+
+def test_rerequested_pr_check_run_is_concluded_again_in_place(bot_factory, engine_repo):
+    make, state = bot_factory
+    repo_path, base, head = engine_repo
+    state.add_repo(REPO, str(repo_path))
+    state.add_pull(REPO, 18, head_sha=head, base_sha=base)
+    bot = make()
+    bot.deliver("pull_request", pr_payload("opened", number=18, head=head, base=base))
+    bot.settle()
+    (run,) = state.check_runs_for(REPO, head)
+    rerun = fixture_payload("check_run.rerequested")
+    rerun["installation"] = {"id": 1}
+    rerun["repository"]["full_name"] = REPO
+    rerun["check_run"].update(id=run["id"], head_sha=head, external_id=run["external_id"],
+                              pull_requests=[{"number": 18, "head": {"sha": head}, "base": {"sha": base}}])
+    rerun["check_run"]["app"]["id"] = state.app_id
+    patches = state.count("PATCH", f"/check-runs/{run['id']}")
+    bot.deliver("check_run", rerun)
+    bot.settle()
+    assert [c["id"] for c in state.check_runs_for(REPO, head)] == [run["id"]]
+    assert state.count("PATCH", f"/check-runs/{run['id']}") > patches and state.check_runs[run["id"]]["status"] == "completed"
+    assert len(_marked(state, 18)) == 1
+
+    newer = commit(repo_path, {"README.md": "moved on\n"}, "newer")
+    state.pulls[(REPO, 18)]["head"]["sha"] = newer
+    bot.deliver("check_run", rerun)  # re-running the old head's check audits the current head instead
+    bot.settle()
+    (fresh,) = state.check_runs_for(REPO, newer)
+    assert fresh["status"] == "completed" and state.check_runs[run["id"]]["status"] == "completed"
