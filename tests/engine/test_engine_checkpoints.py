@@ -60,6 +60,17 @@ def test_fp8_keep_runs_w8a8_close_to_dequantised(fp8_dir):
     assert cos > 0.97, f"cosine {cos:.4f}"
 
 
+def test_router_stays_fp32_in_a_bf16_model(fp8_dir):
+    """Rounding e_score_correction_bias to bf16 changes which experts win close races (transformers #42580)."""
+    model = load_model(fp8_dir, dtype=torch.bfloat16)
+    gate = model.model.layers[1].mlp.gate
+    ck = read_checkpoint(fp8_dir)
+    assert gate.weight.dtype == gate.e_score_correction_bias.dtype == torch.float32
+    bias = ck["model.layers.1.mlp.gate.e_score_correction_bias"]
+    assert bias.dtype == torch.float32 and not torch.equal(bias, bias.bfloat16().float())
+    assert torch.equal(gate.e_score_correction_bias, bias)
+
+
 def _edit(src, dst, fn):
     """Copy checkpoint ``src`` to ``dst`` with ``fn(tensors)`` applied (single shard, no index)."""
     dst.mkdir()

@@ -1,7 +1,9 @@
 """noaux_tc routing reference (kernels/routing.py): the DeepSeek-V3 gate math and the slips engines made.
 
-Pinned: bias selects but does not weight (vLLM #12002); groups ranked by top-2 sum and masked to -inf,
-not 0 (vLLM #13474); ties resolved to the lower expert id; HF's router (fp32, unsorted top-k) agrees.
+Pinned: bias selects but does not weight (vLLM #12002, and HF's regression fixed in transformers #41647);
+groups ranked by top-2 sum and masked to -inf, not 0 (vLLM #13474); ties resolved to the lower expert id;
+HF's router (fp32, unsorted top-k) agrees. The fp32 bias of a bf16 model (transformers #42580) is pinned in
+test_engine_checkpoints.
 """
 
 from __future__ import annotations
