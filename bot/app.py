@@ -7,6 +7,7 @@ wakes a worker. Everything slow happens in ``bot.worker``.
 
 from __future__ import annotations
 
+import hmac
 import json
 import logging
 from functools import lru_cache
@@ -20,7 +21,7 @@ from starlette.routing import Route
 
 from bot.events import Ignored, job_for
 from bot.queue import JobStore
-from bot.security import verify_signature
+from bot.security import page_key, verify_signature
 from bot.settings import BotSettings
 
 log = logging.getLogger("drift_audit.app")
@@ -85,8 +86,13 @@ def create_app(settings: BotSettings, store: JobStore, service=None) -> Starlett
         return JSONResponse({"ok": True})
 
     async def audit_page(request: Request) -> HTMLResponse:
+        """The check run's details link; it carries a key, so ids cannot be enumerated."""
         key = request.path_params["audit_id"]
         record = None
+        given = request.query_params.get("key", "")
+        if not hmac.compare_digest(given.encode(), page_key(settings.webhook_secret, key).encode()):
+            return HTMLResponse(_pages().get_template("audit.html.j2").render(missing=key, record=None, audit=None,
+                                                                               job=None), status_code=404)
         if key.startswith("job-") and key[4:].isdigit():
             record = await run_in_threadpool(store.audit_for_job, int(key[4:]))
             job = await run_in_threadpool(store.get, int(key[4:]))

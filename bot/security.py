@@ -34,6 +34,16 @@ def verify_signature(secret: str, body: bytes, header: str | None) -> bool:
     return hmac.compare_digest(signature_of(secret, body).encode(), header.strip().encode())
 
 
+def page_key(secret: str, page: str) -> str:
+    """The capability in a details-page link: audit pages of private repos are not for anyone who guesses ids."""
+    return hmac.new(secret.encode(), f"audit-page:{page}".encode(), hashlib.sha256).hexdigest()[:32]
+
+
+def details_url(public_url: str, secret: str, job_id: int) -> str:
+    page = f"job-{job_id}"
+    return f"{public_url.rstrip('/')}/audits/{page}?key={page_key(secret, page)}"
+
+
 def permission_of(repo, login: str | None) -> str:
     """admin | maintain | write | triage | read | none, via GET .../collaborators/{login}/permission."""
     if not login:

@@ -25,7 +25,7 @@ from bot.gpu import GpuDispatch, actions_module, failed_suites, merge_results
 from bot.mirror import Mirrors
 from bot.publish import Publisher, reply_marker, split_comment
 from bot.queue import DONE, FAILED, SUPERSEDED, AuditRecord, JobRow, JobStore
-from bot.security import gpu_gate, is_writer
+from bot.security import details_url, gpu_gate, is_writer
 from bot.settings import BotSettings
 from checks.model import Audit, AuditRequest, Results, SuiteResult, from_json, to_json
 
@@ -180,7 +180,7 @@ class Service:
         return self._audit(row, job, repo, beat)
 
     def _details_url(self, row: JobRow) -> str:
-        return f"{self.settings.public_url.rstrip('/')}/audits/job-{row.id}"
+        return details_url(self.settings.public_url, self.settings.webhook_secret, row.id)
 
     def _external_id(self, row: JobRow, job: Job) -> str:
         if job.trigger == "merge_group":
@@ -332,7 +332,7 @@ class Service:
         audit.results = merge_results(audit.results, incoming, labels)
         pending = [lab for lab in record.pending if lab not in labels]
         origin = self.store.get(record.job_id)
-        details = f"{self.settings.public_url.rstrip('/')}/audits/job-{record.job_id}"
+        details = details_url(self.settings.public_url, self.settings.webhook_secret, record.job_id)
         from bot.report import render
 
         audit.report = render(audit, blob_url=f"{repo.html_url}/blob/{record.head_sha}", details_url=details)

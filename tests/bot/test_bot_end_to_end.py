@@ -24,8 +24,10 @@ def test_pull_request_opened_posts_one_comment_and_concludes_the_check(bot_facto
     assert "engine/weights/loader.py" in comment["body"].replace("\\", "")
     (run,) = state.check_runs_for(REPO, head, "Drift Audit")
     assert run["status"] == "completed" and run["conclusion"] in ("success", "failure", "neutral")
-    assert run["details_url"].endswith("/audits/job-1")
-    page = bot.http.get("/audits/job-1")
+    assert "/audits/job-1?key=" in run["details_url"]
+    page = bot.http.get(run["details_url"])
+    assert bot.http.get("/audits/job-1").status_code == 404  # no key, no page
+    assert bot.http.get(run["details_url"].replace("job-1", "job-2")).status_code == 404
     assert page.status_code == 200 and head in page.text
     (job,) = bot.store.jobs()
     assert job.status == "done" and job.check_run_id == run["id"]
