@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from checks.config import CONFIG_PATH
 from checks.model import Audit, Finding, Location
 
 SCHEMA = "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/sarif-schema-2.1.0.json"
@@ -34,8 +35,9 @@ def _result(f: Finding, rule_index: int) -> dict[str, Any]:
         "partialFingerprints": {"driftAudit/v1": f.fingerprint},
         "properties": {"pillar": f.pillar, "status": f.status},
     }
-    if f.locations:
-        first, rest = f.locations[0], f.locations[1:]
+    locations = f.locations or [Location(CONFIG_PATH, 1, note="no code location: the rule is declared in the config")]
+    if locations:
+        first, rest = locations[0], locations[1:]
         result["locations"] = [{"physicalLocation": _physical(first), "message": {"text": first.note or f.rule}}]
         if rest:  # code scanning keeps at most 1000 related locations per result
             result["relatedLocations"] = [
@@ -46,7 +48,8 @@ def _result(f: Finding, rule_index: int) -> dict[str, Any]:
 
 
 def to_sarif(audit: Audit) -> dict[str, Any]:
-    """One run for one audit; code scanning needs at least one location per result to show it inline."""
+    """One run for one audit. Code scanning wants a location on every result, so a finding with
+    none (a pinned key that disappeared) points at the config file."""
     shown = [f for f in audit.findings.findings if f.status in _BASELINE]
     rules: dict[str, dict[str, Any]] = {}
     for f in shown:

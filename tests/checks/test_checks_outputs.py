@@ -57,6 +57,15 @@ def test_sarif_validates_against_the_2_1_0_schema(mixed_audit):
     json.dumps(sarif)  # serialisable as is
 
 
+def test_sarif_gives_every_result_a_location(mixed_audit):
+    gone = Finding("pinned-flag", "runtime", "error", "'x' is pinned to 1 but no longer found", [], "new", "f" * 20)
+    audit = Audit(mixed_audit.request, mixed_audit.checkout, "t", mixed_audit.changes, PillarMap(), Findings([gone]))
+    sarif = to_sarif(audit)
+    jsonschema.Draft4Validator(SCHEMA).validate(sarif)
+    where = sarif["runs"][0]["results"][0]["locations"][0]["physicalLocation"]
+    assert where["artifactLocation"]["uri"] == ".github/drift-audit.toml" and where["region"]["startLine"] == 1
+
+
 def test_sarif_rejects_nothing_it_should_not(mixed_audit):
     """The validator is live: a broken document fails it."""
     sarif = to_sarif(mixed_audit)
