@@ -40,11 +40,15 @@ def md(value: object) -> str:
 
 
 def code(value: object) -> str:
-    """Inline code that survives backticks in the value."""
-    text = str(value).replace("\n", " ")
+    """Inline code that survives backticks and table pipes in the value.
+
+    GitHub renders a code span literally (no HTML), so only the fence and the
+    table cell separator need care.
+    """
+    text = str(value).replace("\n", " ").replace("|", "\\|")
     fence = "``" if "`" in text else "`"
     pad = " " if text.startswith("`") or text.endswith("`") else ""
-    return f"{fence}{pad}{html.escape(text, quote=False)}{pad}{fence}"
+    return f"{fence}{pad}{text}{pad}{fence}"
 
 
 @lru_cache(maxsize=1)
