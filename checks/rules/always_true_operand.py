@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from checks import syntax
 from checks.config import Rule
-from checks.model import Finding
+from checks.model import Finding, Location
 from checks.rules.base import Problem, RuleKind, Rows, check_options, finding, need_facts
 
 OPTIONS = {"field": str}
@@ -59,6 +59,7 @@ def _is_comparison(node) -> bool:
 def evaluate(rule: Rule, rows: Rows) -> list[Finding]:
     fld = rule.options.get("field", "key")
     out: list[Finding] = []
+    seen: dict[tuple[str, str], int] = {}  # the identity survives edits elsewhere in the chain
     for f in rule.facts:
         for r in rows.get(f, []):
             node = r.nodes.get(fld)
@@ -76,14 +77,9 @@ def evaluate(rule: Rule, rows: Rows) -> list[Finding]:
                     cond = " ".join(syntax.text(node).split())
                     line = o.start_point[0] + 1
                     detail = f"'{bare}' is a bare operand in '{cond}', so the condition is always true; write {subject} == {bare}"
-                    out.append(finding(rule, detail, [_at(r, line)], [cond, bare]))
+                    n = seen[(subject, bare)] = seen.get((subject, bare), 0) + 1
+                    out.append(finding(rule, detail, [Location(r.path, line, note=r.fact)], [subject, bare, str(n)]))
     return out
-
-
-def _at(row, line):
-    from checks.model import Location
-
-    return Location(path=row.path, line=line, note=row.fact)
 
 
 KIND = RuleKind("always-true-operand", "a bare operand in an || chain of comparisons", validate, evaluate)
