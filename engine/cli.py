@@ -13,16 +13,25 @@ def _prompt_ids(text: str) -> list[int]:
     try:
         ids = [int(t) for t in text.replace(",", " ").split()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--prompt-ids wants integers separated by commas, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"--prompt-ids wants integer token ids, got {text!r}") from None
     if not ids:
         raise argparse.ArgumentTypeError("--prompt-ids is empty")
     return ids
 
 
+class _PromptAction(argparse.Action):
+    """``--prompt-ids 5 6 7`` or ``--prompt-ids 5,6,7``: one prompt per use of the flag."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        prompts = list(getattr(namespace, self.dest) or [])
+        prompts.append([t for part in values for t in part])
+        setattr(namespace, self.dest, prompts)
+
+
 def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="checkpoint directory (config.json + safetensors)")
-    p.add_argument("--prompt-ids", type=_prompt_ids, action="append", default=[], metavar="IDS",
-                   help="one prompt as comma-separated token ids; repeat for a batch")
+    p.add_argument("--prompt-ids", type=_prompt_ids, nargs="+", action=_PromptAction, default=[], metavar="ID",
+                   help="one prompt's token ids (space- or comma-separated); repeat the flag for a batch")
     p.add_argument("--prompts", help="JSON-lines file of prompts: a list of ids per line, or objects with 'prompt'")
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--mla", choices=("naive", "absorbed"), default="naive")

@@ -15,7 +15,7 @@ def test_tiny_generate_golden_compare(tmp_path, capsys):
     assert (ckpt / "model.safetensors.index.json").exists()
     capsys.readouterr()
 
-    args = ["--model", str(ckpt), "--prompt-ids", "5,6,7", "--prompt-ids", "9, 10, 11, 12", "--max-new-tokens", "6",
+    args = ["--model", str(ckpt), "--prompt-ids", "5,6,7", "--prompt-ids", "9", "10", "11,12", "--max-new-tokens", "6",
             "--dtype", "float32"]
     assert main(["engine", "generate", *args, "--mla", "absorbed"]) == 0
     captured = capsys.readouterr()
