@@ -39,9 +39,16 @@ def test_tokens_need_a_valid_app_jwt(ghstub):
 def test_comments_paginate_and_enforce_the_body_limit(ghstub):
     base, state = ghstub
     state.add_repo("octo/eng")
-    state.add_pull("octo/eng", 7, head_sha=SHA, base_sha="b" * 40)
-    g, _ = _client(base, state)
+    diff = "diff --git a/engine/x.py b/engine/x.py\n+x = 1\n"
+    state.add_pull("octo/eng", 7, head_sha=SHA, base_sha="b" * 40, diff=diff,
+                   files=[{"filename": "engine/x.py", "status": "modified", "additions": 1, "deletions": 0,
+                           "changes": 1, "sha": "e" * 40, "patch": "+x = 1"}])
+    g, token = _client(base, state)
     pr = g.get_repo("octo/eng").get_pull(7)
+    assert [f.filename for f in pr.get_files()] == ["engine/x.py"]
+    raw = requests.get(f"{base}/repos/octo/eng/pulls/7", timeout=5,
+                       headers={"Accept": "application/vnd.github.diff", "Authorization": f"token {token}"})
+    assert raw.text == diff and raw.headers["X-RateLimit-Limit"] == "5000"
     for i in range(35):
         state.add_comment("octo/eng", 7, f"comment {i}")
     bodies = [c.body for c in pr.get_issue_comments()]
