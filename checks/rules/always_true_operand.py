@@ -3,21 +3,28 @@
 In ``task_type == TASK_A || task_type == TASK_B || (TASK_C)`` the last operand is
 an enum constant, non-zero, so every task takes that branch. The rule reads the
 tree-sitter node of each row's ``field`` capture (default ``key``), flattens its
-``||``/``or`` chain, and reports operands that are bare names, qualified names,
-attributes or literals when at least one sibling is a comparison.
+``||``/``or`` chain, and reports bare operands when at least one sibling is a
+comparison. By default only constants count as bare: literals and names whose
+last part is in CONSTANT_CASE (``TASK_C``, ``TaskType::TASK_C``, ``Kind.B``), so
+a boolean such as ``verbose`` in ``mode == A || verbose`` is left alone.
 
 Options:
   field  the capture holding the condition node; default ``key``.
+  bare   ``"constants"`` (default) or ``"any"`` (every bare name or literal).
 """
 
 from __future__ import annotations
+
+import re
 
 from checks import syntax
 from checks.config import Rule
 from checks.model import Finding, Location
 from checks.rules.base import Problem, RuleKind, Rows, check_options, finding, need_facts
 
-OPTIONS = {"field": str}
+OPTIONS = {"field": str, "bare": str}
+_CONSTANT = re.compile(r"^[A-Z][A-Z0-9_]*$")
+_LITERALS = {"number_literal", "integer", "true", "string_literal", "string", "char_literal"}
 
 _BARE = {
     "identifier", "qualified_identifier", "field_expression", "attribute", "number_literal", "integer",
@@ -27,7 +34,19 @@ _COMPARISON = {"==", "!=", "<", ">", "<=", ">=", "is", "in"}
 
 
 def validate(rule: Rule) -> Problem | None:
-    return check_options(rule, OPTIONS) or need_facts(rule, 1)
+    problem = check_options(rule, OPTIONS) or need_facts(rule, 1)
+    if problem is None and rule.options.get("bare", "constants") not in ("constants", "any"):
+        return "bare", "'bare' must be \"constants\" or \"any\"", 'write bare = "constants"'
+    return problem
+
+
+def _is_bare(node, any_name: bool) -> bool:
+    if node.type not in _BARE:
+        return False
+    if any_name or node.type in _LITERALS:
+        return True
+    last = re.split(r"::|\.|->", syntax.text(node))[-1].strip()
+    return bool(_CONSTANT.match(last))
 
 
 def _strip(node):
@@ -58,6 +77,7 @@ def _is_comparison(node) -> bool:
 
 def evaluate(rule: Rule, rows: Rows) -> list[Finding]:
     fld = rule.options.get("field", "key")
+    any_name = rule.options.get("bare", "constants") == "any"
     out: list[Finding] = []
     seen: dict[tuple[str, str], int] = {}  # the identity survives edits elsewhere in the chain
     for f in rule.facts:
@@ -72,7 +92,7 @@ def evaluate(rule: Rule, rows: Rows) -> list[Finding]:
             lhs = first.child_by_field_name("left") or first.named_children[0]
             subject = syntax.text(lhs)
             for o in ops:
-                if o.type in _BARE:
+                if _is_bare(o, any_name):
                     bare = syntax.text(o)
                     cond = " ".join(syntax.text(node).split())
                     line = o.start_point[0] + 1

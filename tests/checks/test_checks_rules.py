@@ -150,12 +150,15 @@ def test_gate_coverage_gap_and_overlap():
 
 def test_always_true_operand_in_cpp_and_python():
     cpp = Fact("c", "cpp", ["*.cc"], query="(condition_clause value: (binary_expression) @key)")
-    src = "void f() { if (t == A || t == B || (C)) {} if (t == A || ready()) {} if (x && y) {} }"
+    src = "void f() { if (t == A || t == B || (C)) {} if (t == A || ready()) {} if (x && y) {} if (t == A || verbose) {} }"
     found = run("always-true-operand", {"c": rows(cpp, ("r.cc", src))})
     assert len(found) == 1 and "'C' is a bare operand" in found[0].message and "write t == C" in found[0].message
     py = Fact("p", "python", ["*.py"], query="(if_statement condition: (_) @key)")
-    found = run("always-true-operand", {"p": rows(py, ("r.py", "if kind == A or Kind.B:\n    pass\n"))})
-    assert len(found) == 1 and "write kind == Kind.B" in found[0].message
+    found = run("always-true-operand", {"p": rows(py, ("r.py", "if kind == A or Kind.B:\n    pass\nif kind == A or 3:\n    pass\n"))})
+    assert [f.message.split(" is a bare")[0] for f in found] == ["'Kind.B'", "'3'"]
+    assert "write kind == Kind.B" in found[0].message
+    anything = run("always-true-operand", {"c": rows(cpp, ("r.cc", src))}, bare="any")
+    assert sorted(f.message.split(" is a bare")[0] for f in anything) == ["'C'", "'verbose'"]
 
 
 FACTS = '''
