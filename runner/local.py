@@ -18,6 +18,7 @@ import re
 import shlex
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -177,6 +178,8 @@ def _suite_env(suite, repo_dir: str, junit: str, metrics_path: str, golden_out: 
     env = dict(os.environ)
     # The head tree's packages come first, ahead of any installed copy of the same project.
     env["PYTHONPATH"] = os.pathsep.join(p for p in (repo_dir, env.get("PYTHONPATH", "")) if p)
+    # `python` in a suite command is this interpreter's, even when its venv is not activated.
+    env["PATH"] = os.pathsep.join(p for p in (os.path.dirname(sys.executable), env.get("PATH", "")) if p)
     env["DRIFT_AUDIT_METRICS"] = metrics_path
     env["DRIFT_AUDIT_GOLDEN_OUT"] = golden_out
     env["DRIFT_AUDIT_SUITE"] = suite.id
