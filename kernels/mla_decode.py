@@ -27,6 +27,7 @@ import triton.language as tl
 from kernels._tl import cast_rne
 from kernels.arch import capability, interpreting
 from kernels.harness import Case, Check, ParitySpec
+from kernels.tiles import fit_stages
 
 LATENT = 512
 ROPE = 64
@@ -118,17 +119,22 @@ def decode_config(
     """Tiles and split count. ``max_context`` is the cache's capacity (a shape, never a device read, so
     the choice is fixed under CUDA-graph capture).
 
-    A 64-token tile of 576 bf16 columns is 72 KB; sm90 double-buffers it in its 228 KB of shared memory,
-    smaller-memory parts (sm120: ~100 KB) take 32-token tiles. Splits aim at two waves of programs.
+    32-token tiles double-buffered (36 KB a stage at 576 bf16 columns) let several programs share an SM;
+    on H200 they beat 64-token tiles (1.84 vs 1.59 TB/s at batch 32, 4k context, 16 heads). Depth is fitted
+    to the part's shared memory, so sm120 (~99 KB) runs the same tiles. Splits aim at two waves, at most 2048 tokens each.
     """
     block_h = 16 if heads <= 16 else 32
     if capability is None:
         return DecodeConfig(16, 32, max(1, min(4, triton.cdiv(max_context, 32))), 4, 1)
-    big_smem = capability[0] == 9
-    block_n = 64 if big_smem else 32
+    block_n = 32
     programs = batch * triton.cdiv(heads, block_h)
-    splits = max(1, min(triton.cdiv(2 * num_sms, programs), triton.cdiv(max_context, 4 * block_n), 64))
-    return DecodeConfig(block_h, block_n, splits, 4 if block_h == 16 else 8, 2 if big_smem else 1)
+    # two waves of programs, and no split longer than 2048 tokens (at batch 32 and 32k context, 18 splits
+    # ran 740 µs against 913 µs for 9 on H200)
+    want = max(triton.cdiv(2 * num_sms, programs), triton.cdiv(max_context, 2048))
+    splits = max(1, min(want, triton.cdiv(max_context, 4 * block_n), 64))
+    q_bytes = block_h * (LATENT + ROPE) * 2
+    stages = fit_stages(2, block_n * (LATENT + ROPE) * 2, capability, fixed=q_bytes)
+    return DecodeConfig(block_h, block_n, splits, 4 if block_h == 16 else 8, stages)
 
 
 @triton.jit
@@ -372,8 +378,8 @@ SPEC = ParitySpec(
     checks=[
         Check("gemm_diff", 1e-5, "bf16 probabilities into an fp32-accumulated PV; FlashMLA's cos_diff bound",
               name="out"),
-        Check("lse_abs", 5e-6, "fp32 softmax stats over a different split order: a few ulps of |lse| < 16",
-              output=1, name="lse"),
+        Check("lse_abs", 1e-5, "fp32 scores over 576-wide dots in another order, exp2/log2 approximations: "
+              "~10 fp32 ulps at |lse| in 8..16 (H200: ≤ 3.8e-6 on the paged sweep)", output=1, name="lse"),
     ],
     description="absorbed MLA decode over a paged 512+64 latent cache, split-KV with an LSE merge",
 )
@@ -391,7 +397,7 @@ def _dense_inputs(case: Case, device: torch.device, gen: torch.Generator) -> dic
     return {"q_latent": torch.randn(len(lens), h, c, generator=gen, device=device).to(case.dtype),
             "q_pe": torch.randn(len(lens), h, r, generator=gen, device=device).to(case.dtype),
             "kv": kv.to(case.dtype), "pe": pe.to(case.dtype),
-            "lengths": torch.tensor(lens, device=device), "scale": 0.25}
+            "lengths": torch.tensor(lens, device=device), "scale": default_scale()}
 
 
 def _dense_ref(**inp):

@@ -24,6 +24,7 @@ import triton.language as tl
 from kernels._tl import cast_rne
 from kernels.arch import capability, interpreting
 from kernels.harness import Case, Check, ParitySpec
+from kernels.tiles import fit_stages
 
 BLOCK = 128  # fp8 weight-scale block
 
@@ -131,18 +132,32 @@ class MoeConfig:
     num_stages: int
 
 
-def moe_config(tokens: int, top_k: int, num_experts: int, capability: tuple[int, int] | None) -> MoeConfig:
-    """Decode (few pairs per expert) takes 16-row tiles and wide N; prefill 64-row tiles. sm90 pipelines
-    deeper than parts with less shared memory (sm120)."""
+def moe_smem_per_stage(cfg: MoeConfig, weight_elem: int = 2, act_elem: int = 2) -> int:
+    """Bytes one pipeline stage of the gate/up kernel buffers: an activation tile and two weight tiles."""
+    return cfg.block_m * cfg.block_k * act_elem + 2 * cfg.block_k * cfg.block_n * weight_elem
+
+
+def moe_config(tokens: int, top_k: int, num_experts: int, capability: tuple[int, int] | None,
+               weight_elem: int = 2) -> MoeConfig:
+    """Decode (few pairs per expert) takes 16-row tiles, prefill 128×128 tiles with 64-wide K steps
+    (measured on H200: 3.3 ms vs 3.6 ms for 64×128×128 at 4096 tokens of the small config). Pipeline depth
+    is fitted to the part's shared memory, so sm120 (~99 KB) gets shallower pipelines than sm90."""
     if capability is None:
         return MoeConfig(16, 32, 64, 4, 1)
-    stages = 4 if capability[0] == 9 else 2
+    hopper = capability[0] in (9, 10)
     pairs_per_expert = tokens * top_k / max(num_experts, 1)
     if pairs_per_expert <= 16:
-        return MoeConfig(16, 64, 128, 4, stages)
-    if pairs_per_expert <= 64:
-        return MoeConfig(32, 64, 128, 4, stages)
-    return MoeConfig(64, 128, 128, 8 if capability[0] == 9 else 4, 3 if capability[0] == 9 else 2)
+        cfg = MoeConfig(16, 64, 128, 4, 4)
+    elif pairs_per_expert <= 64:
+        cfg = MoeConfig(32, 64, 128, 4, 4)
+    elif hopper:
+        cfg = MoeConfig(128, 128, 64, 8, 3)
+    else:
+        cfg = MoeConfig(64, 64, 64, 4, 3)
+    # fp8 weight tiles are widened to bf16 for the dot: that copy is staged once, outside the pipeline
+    fixed = 2 * cfg.block_k * cfg.block_n * 2 if weight_elem == 1 else 0
+    stages = fit_stages(cfg.num_stages, moe_smem_per_stage(cfg, weight_elem), capability, fixed)
+    return MoeConfig(cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_warps, stages)
 
 
 @triton.jit
@@ -255,8 +270,8 @@ def moe_experts(
     e, i, _ = w1.shape
     k = topk_ids.shape[1]
     cap = capability(x.device)
-    config = config or moe_config(t, k, e, cap)
     fp8 = w1.dtype == torch.float8_e4m3fn
+    config = config or moe_config(t, k, e, cap, 1 if fp8 else 2)
     if fp8 and BLOCK % config.block_k:
         raise ValueError(f"moe: block_k={config.block_k} must divide the fp8 scale block {BLOCK}")
     if w1.stride(2) != 1 or w2.stride(2) != 1:

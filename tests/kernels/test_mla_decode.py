@@ -55,11 +55,16 @@ def test_shared_pages_and_a_sequence_of_one_token():
 
 
 def test_tiles_are_keyed_on_capability():
-    sm90 = decode_config(32, 16, 4096, (9, 0))
-    sm120 = decode_config(32, 16, 4096, (12, 0))
-    tile = lambda c: c.block_n * 576 * 2 * c.num_stages  # noqa: E731  bytes of KV staged in shared memory
-    assert tile(sm90) <= 200 * 1024 and tile(sm120) <= 90 * 1024 < tile(sm90)
-    assert decode_config(1, 16, 32768, (9, 0), 132).num_splits > decode_config(128, 16, 32768, (9, 0), 132).num_splits
+    from kernels.tiles import smem_limit
+
+    for cap in ((9, 0), (12, 0)):
+        for heads in (16, 128):
+            c = decode_config(32, heads, 4096, cap)
+            staged = c.block_n * 576 * 2 * c.num_stages + c.block_h * 576 * 2
+            assert staged <= smem_limit(cap)
+    assert decode_config(32, 128, 4096, (12, 0)).num_stages < decode_config(32, 128, 4096, (9, 0)).num_stages
+    assert decode_config(1, 16, 32768, (9, 0), 132).num_splits > decode_config(128, 16, 4096, (9, 0), 132).num_splits
+    assert decode_config(32, 16, 32768, (9, 0)).num_splits >= 32768 // 2048  # no split longer than 2048 tokens
     assert decode_config(128, 128, 4096, (9, 0)).block_h == 32
 
 

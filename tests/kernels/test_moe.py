@@ -48,9 +48,17 @@ def test_fp8_weights_use_their_block_scales():
 
 
 def test_tiles_are_keyed_on_capability():
+    from kernels.moe import moe_smem_per_stage
+    from kernels.tiles import smem_limit
+
     assert moe_config(1, 6, 64, (9, 0)).block_m == 16
-    assert moe_config(4096, 6, 64, (9, 0)).block_m == 64
-    assert moe_config(4096, 6, 64, (12, 0)).num_stages < moe_config(4096, 6, 64, (9, 0)).num_stages
+    assert moe_config(4096, 6, 64, (9, 0)).block_m == 128
+    for cap in ((9, 0), (12, 0), (8, 9)):
+        for t in (1, 64, 4096):
+            for elem in (1, 2):
+                c = moe_config(t, 6, 64, cap, elem)
+                assert c.num_stages * moe_smem_per_stage(c, elem) <= smem_limit(cap)
+    assert moe_config(64, 6, 64, (12, 0)).num_stages < moe_config(64, 6, 64, (9, 0)).num_stages
 
 
 def test_bad_inputs_are_named():
