@@ -218,3 +218,13 @@ def test_every_rule_kind_is_documented():
     assert run("same-set", {"rule_kind_names": code, "rule_kind_docs": docs}) == []
     missing = run("same-set", {"rule_kind_names": code, "rule_kind_docs": docs[1:]})
     assert len(missing) == 1 and f"'{docs[0].key}'" in missing[0].message
+
+
+def test_the_documented_self_config_is_valid():
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs/rules.md").read_text()
+    block = re.findall(r"```toml\n(.*?)```", text.split("## Example: the rules this repository runs on itself")[1], re.S)[0]
+    config = parse_config(block, "docs/rules.md")
+    assert {r.kind for r in config.rules} == {"same-set", "pinned"} and len(config.facts) == 5
