@@ -190,3 +190,12 @@ def test_cli_module_is_import_light():
 def test_row_without_value_prints():
     r = Row(op="x", case="c", dtype="-", output="-", metric="-", value=None, tol=None, outcome="error", message="m")
     assert "ERROR" in format_table([r]) and r.to_case_result()["outcome"] == "error"
+
+
+def test_kernels_run_on_cpu_when_triton_was_imported_first():
+    code = ("import triton, triton.language as tl, torch\n"
+            "import kernels.rmsnorm as r\n"
+            "x = torch.randn(3, 64)\n"
+            "torch.testing.assert_close(r.rmsnorm(x, torch.ones(64), 1e-6), r.rmsnorm_ref(x, torch.ones(64), 1e-6))\n")
+    env = {k: v for k, v in __import__("os").environ.items() if k != "TRITON_INTERPRET"}
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=str(__import__("pathlib").Path(__file__).parents[2]))
