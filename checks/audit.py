@@ -13,11 +13,11 @@ naming the config entry, and every other rule still runs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
-from checks.config import Config, Fact, Rule
 import json
+from dataclasses import dataclass, field
+from functools import lru_cache
 
+from checks.config import Config, Fact, Rule, parse_config
 from checks.facts import FactError, FactResult, Row, compile_fact, describe, extract, prefetch
 from checks.model import ChangeSet, Checkout, Finding, Findings, Unchecked
 from checks.workspace import Tree
@@ -38,6 +38,27 @@ def _entry(kind: str, entry_id: str, line: int, source: str) -> str:
     return f"{kind} '{entry_id}'{where}"
 
 
+@lru_cache(maxsize=32)
+def _pack(name: str) -> tuple[dict[str, Fact], dict[str, Rule]]:
+    from importlib import resources
+
+    text = resources.files("checks.packs").joinpath(f"{name}.toml").read_text()
+    pack = parse_config(text, f"rule pack '{name}'")
+    return {f.id: f for f in pack.facts}, {r.id: r for r in pack.rules}
+
+
+def _source_of(config: Config, entry: Fact | Rule) -> str:
+    """Where an entry was written: the repo config, or the built-in pack it came from unchanged."""
+    for name in config.settings.packs:
+        try:
+            facts, rules = _pack(name)
+        except Exception:
+            continue
+        if (facts if isinstance(entry, Fact) else rules).get(entry.id) == entry:
+            return f"checks/packs/{name}.toml"
+    return config.source
+
+
 def evaluate_tree(config: Config, tree: Tree) -> SideResult:
     """Extract every fact a rule uses and evaluate every rule over one tree."""
     from checks.rules import REGISTRY
@@ -52,16 +73,16 @@ def evaluate_tree(config: Config, tree: Tree) -> SideResult:
             result: FactResult = extract(fact, tree, data)
         except FactError as exc:
             broken[fact.id] = str(exc)
-            side.unchecked.append(Unchecked(_entry("fact", fact.id, fact.line, config.source), str(exc)))
+            side.unchecked.append(Unchecked(_entry("fact", fact.id, fact.line, _source_of(config, fact)), str(exc)))
             continue
         except Exception as exc:  # a grammar or I/O failure must not sink the audit
             broken[fact.id] = f"{type(exc).__name__}: {exc}"
-            side.unchecked.append(Unchecked(_entry("fact", fact.id, fact.line, config.source), broken[fact.id]))
+            side.unchecked.append(Unchecked(_entry("fact", fact.id, fact.line, _source_of(config, fact)), broken[fact.id]))
             continue
         side.rows[fact.id] = result.rows
         inputs[fact.id] = (compile_fact(fact).signature, result.inputs)
         for problem in result.problems:
-            side.unchecked.append(Unchecked(_entry("fact", fact.id, fact.line, config.source), problem))
+            side.unchecked.append(Unchecked(_entry("fact", fact.id, fact.line, _source_of(config, fact)), problem))
         if not result.rows:
             why = (
                 f"matched nothing in {len(result.files)} file(s) selected by files = {fact.files}"
@@ -70,7 +91,7 @@ def evaluate_tree(config: Config, tree: Tree) -> SideResult:
             )
             broken[fact.id] = why
             side.unchecked.append(
-                Unchecked(_entry("fact", fact.id, fact.line, config.source), f"{why}; check the globs and the {'regex' if fact.regex and not fact.query else 'query'} with `drift-audit facts --fact {fact.id}`")
+                Unchecked(_entry("fact", fact.id, fact.line, _source_of(config, fact)), f"{why}; check the globs and the {'regex' if fact.regex and not fact.query else 'query'} with `drift-audit facts --fact {fact.id}`")
             )
     for rule in config.rules:
         kind = REGISTRY.get(rule.kind)
@@ -80,7 +101,7 @@ def evaluate_tree(config: Config, tree: Tree) -> SideResult:
                 f"fact '{f}' " + (broken.get(f, "is not defined")) for f in blocked
             )
             side.skipped_rules.add(rule.id)
-            side.unchecked.append(Unchecked(_entry("rule", rule.id, rule.line, config.source), f"not evaluated: {why}"))
+            side.unchecked.append(Unchecked(_entry("rule", rule.id, rule.line, _source_of(config, rule)), f"not evaluated: {why}"))
             continue
         key = (_rule_signature(rule), tuple(inputs[f] for f in rule.facts))
         cached = _rule_cache.get(key)
@@ -96,7 +117,7 @@ def evaluate_tree(config: Config, tree: Tree) -> SideResult:
         except Exception as exc:  # one rule's failure is reported, the others still run
             side.skipped_rules.add(rule.id)
             side.unchecked.append(
-                Unchecked(_entry("rule", rule.id, rule.line, config.source), f"failed: {type(exc).__name__}: {exc}")
+                Unchecked(_entry("rule", rule.id, rule.line, _source_of(config, rule)), f"failed: {type(exc).__name__}: {exc}")
             )
     return side
 
