@@ -18,7 +18,15 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from checks.config import Config, Fact, Rule, parse_config
-from checks.facts import FactError, FactResult, Row, compile_fact, describe, extract, prefetch
+from checks.facts import (
+    FactError,
+    FactResult,
+    Row,
+    compile_fact,
+    describe,
+    extract,
+    prefetch,
+)
 from checks.model import ChangeSet, Checkout, Finding, Findings, Unchecked
 from checks.workspace import Tree
 
@@ -90,9 +98,9 @@ def evaluate_tree(config: Config, tree: Tree) -> SideResult:
                 else f"files = {fact.files} selects no file in this tree"
             )
             broken[fact.id] = why
-            side.unchecked.append(
-                Unchecked(_entry("fact", fact.id, fact.line, _source_of(config, fact)), f"{why}; check the globs and the {'regex' if fact.regex and not fact.query else 'query'} with `drift-audit facts --fact {fact.id}`")
-            )
+            what = "regex" if fact.regex and not fact.query else "query"
+            hint = f"{why}; check the globs and the {what} with `drift-audit facts --fact {fact.id}`"
+            side.unchecked.append(Unchecked(_entry("fact", fact.id, fact.line, _source_of(config, fact)), hint))
     for rule in config.rules:
         kind = REGISTRY.get(rule.kind)
         blocked = [f for f in rule.facts if f in broken or f not in facts]
@@ -101,7 +109,8 @@ def evaluate_tree(config: Config, tree: Tree) -> SideResult:
                 f"fact '{f}' " + (broken.get(f, "is not defined")) for f in blocked
             )
             side.skipped_rules.add(rule.id)
-            side.unchecked.append(Unchecked(_entry("rule", rule.id, rule.line, _source_of(config, rule)), f"not evaluated: {why}"))
+            entry = _entry("rule", rule.id, rule.line, _source_of(config, rule))
+            side.unchecked.append(Unchecked(entry, f"not evaluated: {why}"))
             continue
         key = (_rule_signature(rule), tuple(inputs[f] for f in rule.facts))
         cached = _rule_cache.get(key)

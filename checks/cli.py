@@ -46,11 +46,9 @@ def _load(args, repo, sha):
 def run(args: argparse.Namespace) -> int:
     import json
 
-    from checks.config import ConfigError
+    from checks.config import ConfigError, Fact
     from checks.facts import FactError, extract
     from checks.workspace import Tree, WorkspaceError, open_repo, resolve
-
-    from checks.config import Fact
 
     adhoc = bool(args.query or args.regex)
     if adhoc and not args.files:

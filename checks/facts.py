@@ -509,12 +509,15 @@ def _enclosing_function(node: ts.Node) -> ts.Node | None:
     return n
 
 
+_DECLARATOR_NAMES = ("identifier", "qualified_identifier", "field_identifier", "destructor_name", "operator_name")
+
+
 def _function_name(fn: ts.Node) -> str:
     name = fn.child_by_field_name("name")  # python
     if name is not None:
         return syntax.text(name)
     decl = fn.child_by_field_name("declarator")
-    while decl is not None and decl.type not in ("identifier", "qualified_identifier", "field_identifier", "destructor_name", "operator_name"):
+    while decl is not None and decl.type not in _DECLARATOR_NAMES:
         decl = decl.child_by_field_name("declarator")
     return syntax.text(decl) if decl is not None else ""
 

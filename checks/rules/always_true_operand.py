@@ -20,7 +20,14 @@ import re
 from checks import syntax
 from checks.config import Rule
 from checks.model import Finding, Location
-from checks.rules.base import Problem, RuleKind, Rows, check_options, finding, need_facts
+from checks.rules.base import (
+    Problem,
+    Rows,
+    RuleKind,
+    check_options,
+    finding,
+    need_facts,
+)
 
 OPTIONS = {"field": str, "bare": str}
 _CONSTANT = re.compile(r"^[A-Z][A-Z0-9_]*$")

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from checks.config import Rule
 from checks.model import Finding
-from checks.rules.base import Problem, RuleKind, Rows, check_options, operand
+from checks.rules.base import Problem, Rows, RuleKind, check_options, operand
 from checks.rules.join_equal import compare
 
 OPTIONS = {"count": str, "declared": (list, str), "ignore": list}

@@ -52,7 +52,7 @@ def need_facts(rule: Rule, least: int, most: int | None = None) -> Problem | Non
     n = len(rule.facts)
     if n < least or (most is not None and n > most):
         want = f"exactly {least}" if most == least else f"at least {least}" if most is None else f"{least} to {most}"
-        return "facts", f"kind '{rule.kind}' relates {want} facts, got {n}", f'list them: facts = ["a", "b"]'
+        return "facts", f"kind '{rule.kind}' relates {want} facts, got {n}", 'list them: facts = ["a", "b"]'
     return None
 
 

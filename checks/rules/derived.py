@@ -19,7 +19,15 @@ import re
 from checks.config import Rule
 from checks.facts import Row
 from checks.model import Finding
-from checks.rules.base import Problem, RuleKind, Rows, check_options, finding, loc, need_facts
+from checks.rules.base import (
+    Problem,
+    Rows,
+    RuleKind,
+    check_options,
+    finding,
+    loc,
+    need_facts,
+)
 
 OPTIONS = {"expr": str, "field": str}
 

@@ -22,7 +22,15 @@ import re
 from checks.config import Rule
 from checks.facts import Row
 from checks.model import Finding
-from checks.rules.base import Problem, RuleKind, Rows, check_options, finding, loc, need_facts
+from checks.rules.base import (
+    Problem,
+    Rows,
+    RuleKind,
+    check_options,
+    finding,
+    loc,
+    need_facts,
+)
 
 OPTIONS = {"range": list, "reject": list, "field": str, "allow_overlap": bool}
 
@@ -189,7 +197,8 @@ def evaluate(rule: Rule, rows: Rows) -> list[Finding]:
                 merged.append((a, b, who))
         for a, b, who in merged:
             names = ", ".join(f"{r.get(fld)} ({r.where()})" for r in who)
-            out.append(finding(rule, f"values {_fmt(a, b)} are handled by more than one gate: {names}", [loc(r) for r in who], ["overlap", _fmt(a, b)]))
+            detail = f"values {_fmt(a, b)} are handled by more than one gate: {names}"
+            out.append(finding(rule, detail, [loc(r) for r in who], ["overlap", _fmt(a, b)]))
     return out
 
 

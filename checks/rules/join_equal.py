@@ -16,7 +16,20 @@ from __future__ import annotations
 
 from checks.config import Rule
 from checks.model import Finding
-from checks.rules.base import Problem, RuleKind, Rows, by_key, check_options, finding, ignored, loc, operand, same, show, split
+from checks.rules.base import (
+    Problem,
+    Rows,
+    RuleKind,
+    by_key,
+    check_options,
+    finding,
+    ignored,
+    loc,
+    operand,
+    same,
+    show,
+    split,
+)
 
 OPTIONS = {"equal": list, "ignore": list}
 

@@ -10,7 +10,17 @@ from __future__ import annotations
 
 from checks.config import Rule
 from checks.model import Finding
-from checks.rules.base import Problem, RuleKind, Rows, check_options, finding, literal, loc, need_facts, same
+from checks.rules.base import (
+    Problem,
+    Rows,
+    RuleKind,
+    check_options,
+    finding,
+    literal,
+    loc,
+    need_facts,
+    same,
+)
 
 OPTIONS = {"value": (str, int, float, bool), "values": dict, "field": str}
 

@@ -14,7 +14,17 @@ from __future__ import annotations
 
 from checks.config import Rule
 from checks.model import Finding
-from checks.rules.base import Problem, RuleKind, Rows, by_key, check_options, finding, ignored, loc, need_facts
+from checks.rules.base import (
+    Problem,
+    Rows,
+    RuleKind,
+    by_key,
+    check_options,
+    finding,
+    ignored,
+    loc,
+    need_facts,
+)
 
 OPTIONS = {"ignore": list, "exceptions": dict, "extra_ok": list, "per_file": list}
 

@@ -15,7 +15,18 @@ import re
 
 from checks.config import Rule
 from checks.model import Finding
-from checks.rules.base import Problem, RuleKind, Rows, by_key, check_options, finding, ignored, loc, need_facts, same
+from checks.rules.base import (
+    Problem,
+    Rows,
+    RuleKind,
+    by_key,
+    check_options,
+    finding,
+    ignored,
+    loc,
+    need_facts,
+    same,
+)
 
 OPTIONS = {"field": str, "ignore": list}
 

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import pytest
-
 import checks_shape as shape
+import pytest
 
 
 @pytest.fixture(scope="session")

@@ -3,9 +3,9 @@ and findings sorted into new / pre-existing / fixed by fingerprint."""
 
 from __future__ import annotations
 
+import checks_shape as shape
 import pytest
 
-import checks_shape as shape
 from checks.audit import run_checks
 from checks.config import parse_config
 from checks.diff import build_changeset

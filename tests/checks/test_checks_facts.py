@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
+import checks_shape as shape
 import pytest
 
 from checks.config import Fact
 from checks.facts import FactError, extract, extract_text
 from checks.workspace import Tree
-
-import checks_shape as shape
 
 CPP = b"""
 enum TaskType { TASK_BEGIN = 0, TASK_A = 101, TASK_B = 102, TASK_END = 199 };

@@ -5,15 +5,25 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import checks_shape as shape
 import jsonschema
 import pytest
 
-import checks_shape as shape
 from checks.audit import run_checks
 from checks.config import parse_config
 from checks.diff import build_changeset
 from checks.model import (
-    Audit, AuditRequest, ChangeSet, Checkout, Finding, Findings, Location, PillarMap, Unchecked, from_json, to_json,
+    Audit,
+    AuditRequest,
+    ChangeSet,
+    Checkout,
+    Finding,
+    Findings,
+    Location,
+    PillarMap,
+    Unchecked,
+    from_json,
+    to_json,
 )
 from checks.sarif import to_sarif
 from checks.workspace import checkout
