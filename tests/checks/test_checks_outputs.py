@@ -1,4 +1,8 @@
-"""Where findings surface: SARIF 2.1.0 (schema-validated), the comment section, and `drift-audit facts`."""
+"""Where findings surface: SARIF 2.1.0 (schema-validated), the comment section, and `drift-audit facts`.
+
+sarif-schema-2.1.0.json beside this file is the OASIS SARIF 2.1.0 errata01 JSON schema
+(docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/), vendored unchanged.
+"""
 
 from __future__ import annotations
 
