@@ -52,8 +52,9 @@ FIXTURE = Path("/work/shared/fixtures/github-webhooks/pull_request.opened.json")
 
 
 def git(cwd: Path, *args: str) -> str:
-    env = dict(os.environ, GIT_AUTHOR_NAME="b", GIT_AUTHOR_EMAIL="b@x", GIT_COMMITTER_NAME="b",
-               GIT_COMMITTER_EMAIL="b@x")
+    env = dict(
+        os.environ, GIT_AUTHOR_NAME="b", GIT_AUTHOR_EMAIL="b@x", GIT_COMMITTER_NAME="b", GIT_COMMITTER_EMAIL="b@x"
+    )
     return subprocess.run(["git", *args], cwd=cwd, env=env, check=True, capture_output=True, text=True).stdout.strip()
 
 
@@ -100,8 +101,12 @@ def pr_payload(number: int, head: str, base: str) -> bytes:
 
 
 def headers(body: bytes, event: str = "pull_request") -> dict[str, str]:
-    return {"X-GitHub-Event": event, "X-GitHub-Delivery": str(uuid.uuid4()),
-            "X-Hub-Signature-256": signature_of(SECRET, body), "Content-Type": "application/json"}
+    return {
+        "X-GitHub-Event": event,
+        "X-GitHub-Delivery": str(uuid.uuid4()),
+        "X-Hub-Signature-256": signature_of(SECRET, body),
+        "Content-Type": "application/json",
+    }
 
 
 def free_port() -> int:
@@ -125,16 +130,32 @@ class Service:
             f'app_id = {state.app_id}\nprivate_key_file = "{key}"\ngithub_url = "{stub_url}"\n'
             f'db = "{self.db}"\nmirrors = "{work / "mirrors"}"\nlease_seconds = {lease}\nretry_backoff = 0.1\n'
             f"max_attempts = {attempts}\nseconds_between_requests = 0\nseconds_between_writes = 0\n"
-            f'http_backoff = 0.01\nhttp_retries = 8\npublic_url = "{self.url}"\n')
+            f'http_backoff = 0.01\nhttp_retries = 8\npublic_url = "{self.url}"\n'
+        )
         self.proc: subprocess.Popen | None = None
         self.log = open(work / "service.log", "ab")
 
     def start(self) -> float:
         t0 = time.perf_counter()
         env = dict(os.environ, DRIFT_AUDIT_WEBHOOK_SECRET=SECRET, PYTHONPATH=str(ROOT))
-        self.proc = subprocess.Popen([sys.executable, "-m", "bot.cli", "serve", "--settings", str(self.settings),
-                                      "--port", str(self.port), "--workers", str(self.workers)],
-                                     cwd=ROOT, env=env, stdout=self.log, stderr=self.log)
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "bot.cli",
+                "serve",
+                "--settings",
+                str(self.settings),
+                "--port",
+                str(self.port),
+                "--workers",
+                str(self.workers),
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=self.log,
+            stderr=self.log,
+        )
         while True:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"service exited with {self.proc.returncode}; see {self.log.name}")
@@ -216,8 +237,16 @@ def bench_intake(work: Path, n: int, concurrency: int) -> list[tuple]:
         stop()
     rows = [
         ("GET /healthz (anchor)", n, n / wall_h, pct(lat_h, 50) * 1e3, pct(lat_h, 99) * 1e3, err_h, "-", 1.0),
-        ("POST /webhook (signed PR)", n, n / wall_w, pct(lat_w, 50) * 1e3, pct(lat_w, 99) * 1e3, err_w, queued,
-         (n / wall_w) / (n / wall_h)),
+        (
+            "POST /webhook (signed PR)",
+            n,
+            n / wall_w,
+            pct(lat_w, 50) * 1e3,
+            pct(lat_w, 99) * 1e3,
+            err_w,
+            queued,
+            (n / wall_w) / (n / wall_h),
+        ),
     ]
     return rows
 
@@ -269,9 +298,15 @@ def run_audits(work: Path, audits: int, *, kills: int = 0, fault_rate: float = 0
         if len(marked) == 1 and len(runs) == 1 and runs[0]["status"] == "completed":
             once += 1
     return {
-        "audits": audits, "kills": done_kills, "fault_rate": fault_rate, "wall": wall,
-        "done": sum(j.status == "done" for j in jobs), "failed": sum(j.status == "failed" for j in jobs),
-        "once": once, "attempts": sum(j.attempts for j in jobs), "faults": state.faults_injected,
+        "audits": audits,
+        "kills": done_kills,
+        "fault_rate": fault_rate,
+        "wall": wall,
+        "done": sum(j.status == "done" for j in jobs),
+        "failed": sum(j.status == "failed" for j in jobs),
+        "once": once,
+        "attempts": sum(j.attempts for j in jobs),
+        "faults": state.faults_injected,
         "requests": len(state.requests),
         "comment_posts": sum(1 for m, p in state.arrivals if m == "POST" and p.endswith("/comments")),
     }
@@ -303,24 +338,55 @@ def main() -> int:
         work = Path(tmp)
         (work / "intake").mkdir()
         rows = bench_intake(work / "intake", args.deliveries, args.concurrency)
-        table(f"1. intake on loopback ({args.deliveries} requests, {args.concurrency} concurrent clients)",
-              ["endpoint", "requests", "req/s", "p50 ms", "p99 ms", "errors", "jobs queued", "rate vs anchor"], rows)
+        table(
+            f"1. intake on loopback ({args.deliveries} requests, {args.concurrency} concurrent clients)",
+            ["endpoint", "requests", "req/s", "p50 ms", "p99 ms", "errors", "jobs queued", "rate vs anchor"],
+            rows,
+        )
 
         anchor = run_audits(work / "anchor", args.audits)
         killed = run_audits(work / "kills", args.audits, kills=args.kills)
         faulty = run_audits(work / "faults", args.audits, fault_rate=args.fault_rate)
-        header = ["scenario", "audits", "kill -9", "faults injected", "API requests", "done", "failed",
-                  "exactly once", "comment POSTs", "attempts", "wall s", "wall vs anchor"]
+        header = [
+            "scenario",
+            "audits",
+            "kill -9",
+            "faults injected",
+            "API requests",
+            "done",
+            "failed",
+            "exactly once",
+            "comment POSTs",
+            "attempts",
+            "wall s",
+            "wall vs anchor",
+        ]
 
         def row(name: str, r: dict) -> tuple:
-            return (name, r["audits"], r["kills"], r["faults"], r["requests"], r["done"], r["failed"], r["once"],
-                    r["comment_posts"], r["attempts"], r["wall"], r["wall"] / anchor["wall"])
+            return (
+                name,
+                r["audits"],
+                r["kills"],
+                r["faults"],
+                r["requests"],
+                r["done"],
+                r["failed"],
+                r["once"],
+                r["comment_posts"],
+                r["attempts"],
+                r["wall"],
+                r["wall"] / anchor["wall"],
+            )
 
-        table("2./3. audits to completion (2 worker threads, lease 2 s)", header, [
-            row("no kills, no faults (anchor)", anchor),
-            row(f"kill -9 x{args.kills} mid-audit", killed),
-            row(f"{args.fault_rate:.0%} injected 5xx/403", faulty),
-        ])
+        table(
+            "2./3. audits to completion (2 worker threads, lease 2 s)",
+            header,
+            [
+                row("no kills, no faults (anchor)", anchor),
+                row(f"kill -9 x{args.kills} mid-audit", killed),
+                row(f"{args.fault_rate:.0%} injected 5xx/403", faulty),
+            ],
+        )
         ok = all(r["once"] == r["audits"] and r["failed"] == 0 for r in (anchor, killed, faulty))
         print(f"\nevery audit completed exactly once in every scenario: {'yes' if ok else 'NO'}")
         return 0 if ok else 1

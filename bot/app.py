@@ -46,9 +46,11 @@ async def _read_capped(request: Request, cap: int) -> bytes:
 
 @lru_cache(maxsize=1)
 def _pages() -> jinja2.Environment:
-    return jinja2.Environment(loader=jinja2.PackageLoader("bot", "templates"),
-                              autoescape=jinja2.select_autoescape(["html", "j2"], default=True),
-                              undefined=jinja2.StrictUndefined)
+    return jinja2.Environment(
+        loader=jinja2.PackageLoader("bot", "templates"),
+        autoescape=jinja2.select_autoescape(["html", "j2"], default=True),
+        undefined=jinja2.StrictUndefined,
+    )
 
 
 def create_app(settings: BotSettings, store: JobStore, service=None) -> Starlette:
@@ -91,8 +93,10 @@ def create_app(settings: BotSettings, store: JobStore, service=None) -> Starlett
         record = None
         given = request.query_params.get("key", "")
         if not hmac.compare_digest(given.encode(), page_key(settings.webhook_secret, key).encode()):
-            return HTMLResponse(_pages().get_template("audit.html.j2").render(missing=key, record=None, audit=None,
-                                                                               job=None), status_code=404)
+            return HTMLResponse(
+                _pages().get_template("audit.html.j2").render(missing=key, record=None, audit=None, job=None),
+                status_code=404,
+            )
         if key.startswith("job-") and key[4:].isdigit():
             record = await run_in_threadpool(store.audit_for_job, int(key[4:]))
             job = await run_in_threadpool(store.get, int(key[4:]))
@@ -100,14 +104,18 @@ def create_app(settings: BotSettings, store: JobStore, service=None) -> Starlett
             record = await run_in_threadpool(store.audit, key)
             job = await run_in_threadpool(store.get, record.job_id) if record else None
         if record is None and job is None:
-            return HTMLResponse(_pages().get_template("audit.html.j2").render(missing=key, record=None, audit=None,
-                                                                               job=None), status_code=404)
+            return HTMLResponse(
+                _pages().get_template("audit.html.j2").render(missing=key, record=None, audit=None, job=None),
+                status_code=404,
+            )
         audit = json.loads(record.audit_json) if record else None
         html = _pages().get_template("audit.html.j2").render(missing=None, record=record, audit=audit, job=job)
         return HTMLResponse(html)
 
-    return Starlette(routes=[
-        Route("/webhook", webhook, methods=["POST"]),
-        Route("/healthz", healthz, methods=["GET"]),
-        Route("/audits/{audit_id}", audit_page, methods=["GET"]),
-    ])
+    return Starlette(
+        routes=[
+            Route("/webhook", webhook, methods=["POST"]),
+            Route("/healthz", healthz, methods=["GET"]),
+            Route("/audits/{audit_id}", audit_page, methods=["GET"]),
+        ]
+    )

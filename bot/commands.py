@@ -1,11 +1,11 @@
 """The ``/audit`` comment grammar. Anything it does not understand gets the help text back.
 
-    /audit                         re-run the audit
-    /audit full                    run every suite
-    /audit pillars=wiring,runtime  report only these pillars
-    /audit run <suite> [on sm90|sm120]
-    /audit retry                   re-run the suites that failed last time
-    /audit help
+/audit                         re-run the audit
+/audit full                    run every suite
+/audit pillars=wiring,runtime  report only these pillars
+/audit run <suite> [on sm90|sm120]
+/audit retry                   re-run the suites that failed last time
+/audit help
 """
 
 from __future__ import annotations
@@ -94,8 +94,9 @@ def parse_command(line: str) -> Command:
             if not _SUITE.match(suite):
                 return Command("help", error=f"`{suite[:100]}` is not a suite id", text=text)
             if runner is not None and runner not in RUNNER_LABELS:
-                return Command("help", error=f"unknown runner `{runner[:20]}` (use {', '.join(RUNNER_LABELS)})",
-                               text=text)
+                return Command(
+                    "help", error=f"unknown runner `{runner[:20]}` (use {', '.join(RUNNER_LABELS)})", text=text
+                )
             return Command("run", AuditOptions(run=True, suites=[suite], runner=runner), text=text)
         return Command("help", error="usage: `/audit run <suite> [on sm90|sm120]`", text=text)
     return Command("help", error=f"unknown option `{' '.join(words)[:100]}`", text=text)

@@ -65,7 +65,9 @@ def pr_key(repo: str, number: int) -> str:
     return f"{repo}#{number}"
 
 
-def job_for(event: str, payload: dict[str, Any], *, audit_drafts: bool = False, app_id: int | None = None) -> Job | Ignored:
+def job_for(
+    event: str, payload: dict[str, Any], *, audit_drafts: bool = False, app_id: int | None = None
+) -> Job | Ignored:
     """The job one delivery asks for, or why it is ignored."""
     action = payload.get("action")
     repo, clone = _repo(payload)
@@ -75,8 +77,14 @@ def job_for(event: str, payload: dict[str, Any], *, audit_drafts: bool = False, 
     if event in ("installation", "installation_repositories"):
         names = [r.get("full_name") for r in payload.get("repositories") or payload.get("repositories_added") or []]
         account = ((payload.get("installation") or {}).get("account") or {}).get("login", "")
-        return Job("installation", account, f"installation:{inst}", installation_id=inst, trigger="installation",
-                   note=f"{action}: {', '.join(n for n in names if n) or 'all repositories'}")
+        return Job(
+            "installation",
+            account,
+            f"installation:{inst}",
+            installation_id=inst,
+            trigger="installation",
+            note=f"{action}: {', '.join(n for n in names if n) or 'all repositories'}",
+        )
     if not repo:
         return Ignored(f"{event}: no repository in payload")
 
@@ -86,10 +94,20 @@ def job_for(event: str, payload: dict[str, Any], *, audit_drafts: bool = False, 
             return Ignored(f"pull_request.{action}")
         if pr.get("draft") and not audit_drafts:
             return Ignored("draft pull request (audited when marked ready for review)")
-        return Job("audit", repo, pr_key(repo, pr["number"]), installation_id=inst, pr=pr["number"],
-                   head_sha=pr["head"]["sha"], base_sha=pr["base"]["sha"], trigger="pull_request",
-                   options=AuditOptions(run=True), clone_url=clone, untrusted=is_untrusted(pr),
-                   actor=(pr.get("user") or {}).get("login"))
+        return Job(
+            "audit",
+            repo,
+            pr_key(repo, pr["number"]),
+            installation_id=inst,
+            pr=pr["number"],
+            head_sha=pr["head"]["sha"],
+            base_sha=pr["base"]["sha"],
+            trigger="pull_request",
+            options=AuditOptions(run=True),
+            clone_url=clone,
+            untrusted=is_untrusted(pr),
+            actor=(pr.get("user") or {}).get("login"),
+        )
 
     if event == "issue_comment":
         issue = payload.get("issue") or {}
@@ -103,9 +121,18 @@ def job_for(event: str, payload: dict[str, Any], *, audit_drafts: bool = False, 
         line = find_command(comment.get("body") or "")
         if line is None:
             return Ignored("comment without an /audit command")
-        return Job("command", repo, pr_key(repo, issue["number"]), installation_id=inst, pr=issue["number"],
-                   trigger="comment", clone_url=clone, actor=(comment.get("user") or {}).get("login"),
-                   comment_id=comment.get("id"), command=line)
+        return Job(
+            "command",
+            repo,
+            pr_key(repo, issue["number"]),
+            installation_id=inst,
+            pr=issue["number"],
+            trigger="comment",
+            clone_url=clone,
+            actor=(comment.get("user") or {}).get("login"),
+            comment_id=comment.get("id"),
+            command=line,
+        )
 
     if event == "check_run":
         run = payload.get("check_run") or {}
@@ -116,24 +143,52 @@ def job_for(event: str, payload: dict[str, Any], *, audit_drafts: bool = False, 
         prs = run.get("pull_requests") or []
         if prs:
             number = prs[0]["number"]
-            return Job("command", repo, pr_key(repo, number), installation_id=inst, pr=number, trigger="check_run",
-                       clone_url=clone, actor=(payload.get("sender") or {}).get("login"), command="/audit",
-                       check_run_id=run.get("id"), head_sha=run.get("head_sha"))
+            return Job(
+                "command",
+                repo,
+                pr_key(repo, number),
+                installation_id=inst,
+                pr=number,
+                trigger="check_run",
+                clone_url=clone,
+                actor=(payload.get("sender") or {}).get("login"),
+                command="/audit",
+                check_run_id=run.get("id"),
+                head_sha=run.get("head_sha"),
+            )
         ext = run.get("external_id") or ""
         if ext.startswith("mg:"):  # a merge-queue run: base sha and queue ref ride in external_id
             _, base_sha, ref = ext.split(":", 2)
-            return Job("audit", repo, f"{repo}@{ref}", installation_id=inst, head_sha=run["head_sha"],
-                       base_sha=base_sha, trigger="merge_group", options=AuditOptions(run=True), clone_url=clone,
-                       check_run_id=run.get("id"))
+            return Job(
+                "audit",
+                repo,
+                f"{repo}@{ref}",
+                installation_id=inst,
+                head_sha=run["head_sha"],
+                base_sha=base_sha,
+                trigger="merge_group",
+                options=AuditOptions(run=True),
+                clone_url=clone,
+                check_run_id=run.get("id"),
+            )
         return Ignored("check run with no pull request and no merge-queue entry")
 
     if event == "merge_group":
         mg = payload.get("merge_group") or {}
         if action != "checks_requested":
             return Ignored(f"merge_group.{action}")
-        return Job("audit", repo, f"{repo}@{mg['head_ref']}", installation_id=inst, head_sha=mg["head_sha"],
-                   base_sha=mg["base_sha"], trigger="merge_group", options=AuditOptions(run=True), clone_url=clone,
-                   note=mg.get("head_ref", ""))
+        return Job(
+            "audit",
+            repo,
+            f"{repo}@{mg['head_ref']}",
+            installation_id=inst,
+            head_sha=mg["head_sha"],
+            base_sha=mg["base_sha"],
+            trigger="merge_group",
+            options=AuditOptions(run=True),
+            clone_url=clone,
+            note=mg.get("head_ref", ""),
+        )
 
     if event == "workflow_run":
         run = payload.get("workflow_run") or {}
@@ -145,8 +200,18 @@ def job_for(event: str, payload: dict[str, Any], *, audit_drafts: bool = False, 
         if ours is None:
             return Ignored("workflow run that is not a Drift Audit GPU run")
         run_id, audit_id, label = ours
-        return Job("collect", repo, f"{repo}!run:{run_id}", installation_id=inst, head_sha=run.get("head_sha"),
-                   trigger="workflow_run", run_id=run_id, clone_url=clone, audit_id=audit_id, label=label,
-                   note=run.get("path") or "")
+        return Job(
+            "collect",
+            repo,
+            f"{repo}!run:{run_id}",
+            installation_id=inst,
+            head_sha=run.get("head_sha"),
+            trigger="workflow_run",
+            run_id=run_id,
+            clone_url=clone,
+            audit_id=audit_id,
+            label=label,
+            note=run.get("path") or "",
+        )
 
     return Ignored(f"unhandled event '{event}'")

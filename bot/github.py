@@ -54,15 +54,24 @@ class GitHubApp:
         must not be sent again blindly; ``bot.publish`` retries creates after checking whether they landed."""
         s = self.settings
         methods = set(IDEMPOTENT_METHODS) | ({"POST"} if post else set())
-        return GithubRetry(total=s.http_retries, backoff_factor=s.http_backoff, backoff_max=30,
-                           secondary_rate_wait=min(60.0, s.max_rate_limit_wait),
-                           max_rate_limit_wait=s.max_rate_limit_wait, allowed_methods=frozenset(methods))
+        return GithubRetry(
+            total=s.http_retries,
+            backoff_factor=s.http_backoff,
+            backoff_max=30,
+            secondary_rate_wait=min(60.0, s.max_rate_limit_wait),
+            max_rate_limit_wait=s.max_rate_limit_wait,
+            allowed_methods=frozenset(methods),
+        )
 
     def integration(self) -> GithubIntegration:
         # minting a token twice is harmless, so token requests may retry POST
-        return GithubIntegration(auth=self._app_auth, base_url=self.settings.github_url, retry=self.retry(post=True),
-                                 seconds_between_requests=self.settings.seconds_between_requests,
-                                 seconds_between_writes=self.settings.seconds_between_writes)
+        return GithubIntegration(
+            auth=self._app_auth,
+            base_url=self.settings.github_url,
+            retry=self.retry(post=True),
+            seconds_between_requests=self.settings.seconds_between_requests,
+            seconds_between_writes=self.settings.seconds_between_writes,
+        )
 
     def installation_token(self, installation_id: int) -> str:
         margin = self.settings.token_refresh_margin
@@ -80,6 +89,11 @@ class GitHubApp:
 
     def client(self, installation_id: int) -> Github:
         s = self.settings
-        return Github(auth=_InstallationAuth(self, installation_id), base_url=s.github_url, retry=self.retry(),
-                      seconds_between_requests=s.seconds_between_requests,
-                      seconds_between_writes=s.seconds_between_writes, timeout=30)
+        return Github(
+            auth=_InstallationAuth(self, installation_id),
+            base_url=s.github_url,
+            retry=self.retry(),
+            seconds_between_requests=s.seconds_between_requests,
+            seconds_between_writes=s.seconds_between_writes,
+            timeout=30,
+        )

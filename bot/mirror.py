@@ -59,12 +59,26 @@ class Mirrors:
             if missing:
                 url = _url(clone_url)
                 try:
-                    self._git(["-C", str(path), "fetch", "--quiet", "--no-tags", "--no-write-fetch-head", url, *missing],
-                              token)
+                    self._git(
+                        ["-C", str(path), "fetch", "--quiet", "--no-tags", "--no-write-fetch-head", url, *missing],
+                        token,
+                    )
                 except MirrorError:
                     # servers that refuse SHA wants: take branches and PR heads, then look again
-                    self._git(["-C", str(path), "fetch", "--quiet", "--no-tags", "--force", url,
-                               "+refs/heads/*:refs/remotes/origin/*", "+refs/pull/*/head:refs/remotes/pull/*"], token)
+                    self._git(
+                        [
+                            "-C",
+                            str(path),
+                            "fetch",
+                            "--quiet",
+                            "--no-tags",
+                            "--force",
+                            url,
+                            "+refs/heads/*:refs/remotes/origin/*",
+                            "+refs/pull/*/head:refs/remotes/pull/*",
+                        ],
+                        token,
+                    )
                 still = [s for s in missing if not self._has(path, s)]
                 if still:
                     raise MirrorError(f"{repo}: commits not found after fetch: {', '.join(s[:12] for s in still)}")
@@ -73,20 +87,26 @@ class Mirrors:
         return str(path)
 
     def _has(self, path: Path, sha: str) -> bool:
-        res = subprocess.run(["git", "-C", str(path), "cat-file", "-e", f"{sha}^{{commit}}"],
-                             capture_output=True, timeout=60)
+        res = subprocess.run(
+            ["git", "-C", str(path), "cat-file", "-e", f"{sha}^{{commit}}"], capture_output=True, timeout=60
+        )
         return res.returncode == 0
 
     def _git(self, args: list[str], token: str | None) -> None:
         env = dict(os.environ, GIT_TERMINAL_PROMPT="0", GIT_ASKPASS="true")
         if token:
             basic = base64.b64encode(f"x-access-token:{token}".encode()).decode()
-            env.update(GIT_CONFIG_COUNT="1", GIT_CONFIG_KEY_0="http.extraHeader",
-                       GIT_CONFIG_VALUE_0=f"Authorization: Basic {basic}")
+            env.update(
+                GIT_CONFIG_COUNT="1",
+                GIT_CONFIG_KEY_0="http.extraHeader",
+                GIT_CONFIG_VALUE_0=f"Authorization: Basic {basic}",
+            )
         try:
             res = subprocess.run(["git", *args], env=env, capture_output=True, text=True, timeout=self.timeout)
         except subprocess.TimeoutExpired:
-            raise MirrorError(f"git {args[2] if len(args) > 2 else args[0]} timed out after {self.timeout:.0f}s") from None
+            raise MirrorError(
+                f"git {args[2] if len(args) > 2 else args[0]} timed out after {self.timeout:.0f}s"
+            ) from None
         if res.returncode != 0:
             err = res.stderr.strip()
             if token:

@@ -35,8 +35,13 @@ def transient(exc: GithubException) -> bool:
     return exc.status == 403 and ("retry-after" in headers or "rate limit" in message.lower())
 
 
-def create_once(create: Callable[[], T], find: Callable[[], T | None] | None, *, attempts: int = CREATE_ATTEMPTS,
-                backoff: float = 0.2) -> T:
+def create_once(
+    create: Callable[[], T],
+    find: Callable[[], T | None] | None,
+    *,
+    attempts: int = CREATE_ATTEMPTS,
+    backoff: float = 0.2,
+) -> T:
     """Run a non-idempotent create; after a transient failure, look for what it may have created first."""
     for attempt in range(attempts):
         try:
@@ -108,29 +113,37 @@ class Publisher:
         if comment_id is None:
             return
         try:
-            create_once(lambda: self.repo.requester.requestJsonAndCheck(
-                "POST", f"{self.repo.url}/issues/comments/{comment_id}/reactions", input={"content": content}),
-                None)  # the same reaction twice is one reaction, so a plain retry is safe
+            create_once(
+                lambda: self.repo.requester.requestJsonAndCheck(
+                    "POST", f"{self.repo.url}/issues/comments/{comment_id}/reactions", input={"content": content}
+                ),
+                None,
+            )  # the same reaction twice is one reaction, so a plain retry is safe
         except GithubException as exc:
             if exc.status != 404:  # the comment was deleted meanwhile: nothing to react to
                 raise
 
     # ------------------------------------------------------------------ check runs
-    def start_check(self, head_sha: str, external_id: str, details_url: str | None, *,
-                    existing_id: int | None = None):
+    def start_check(self, head_sha: str, external_id: str, details_url: str | None, *, existing_id: int | None = None):
         """Create the in-progress check run, or find the one an earlier attempt created."""
         run = self.repo.get_check_run(existing_id) if existing_id else self.find_check(head_sha, external_id)
         kwargs = {"details_url": details_url} if details_url else {}
         if run is None:
             return create_once(
-                lambda: self.repo.create_check_run(name=self.check_name, head_sha=head_sha, status="in_progress",
-                                                   external_id=external_id,
-                                                   output={"title": "Auditing…", "summary": "The audit is running."},
-                                                   **kwargs),
-                lambda: self.find_check(head_sha, external_id))
+                lambda: self.repo.create_check_run(
+                    name=self.check_name,
+                    head_sha=head_sha,
+                    status="in_progress",
+                    external_id=external_id,
+                    output={"title": "Auditing…", "summary": "The audit is running."},
+                    **kwargs,
+                ),
+                lambda: self.find_check(head_sha, external_id),
+            )
         if run.status == "completed" and existing_id:
-            run.edit(status="in_progress", output={"title": "Auditing again…", "summary": "Re-run requested."},
-                     **kwargs)
+            run.edit(
+                status="in_progress", output={"title": "Auditing again…", "summary": "Re-run requested."}, **kwargs
+            )
         return run
 
     def find_check(self, head_sha: str, external_id: str):
@@ -139,8 +152,9 @@ class Publisher:
                 return candidate
         return None
 
-    def finish_check(self, run, report: Report, *, overflow: str = "", complete: bool = True,
-                     conclusion: str | None = None) -> None:
+    def finish_check(
+        self, run, report: Report, *, overflow: str = "", complete: bool = True, conclusion: str | None = None
+    ) -> None:
         text = report.check_text
         if overflow:
             text = (overflow + ("\n\n" + text if text else "")).strip()
@@ -160,7 +174,7 @@ class Publisher:
         posted = run.get_annotations().totalCount
         todo = annotations[posted:]
         for i in range(0, len(todo), ANNOTATION_BATCH):
-            batch = [_annotation(a) for a in todo[i: i + ANNOTATION_BATCH]]
+            batch = [_annotation(a) for a in todo[i : i + ANNOTATION_BATCH]]
             run.edit(output=dict(output, annotations=batch))
 
     def conclude(self, run, conclusion: str, title: str, summary: str) -> None:
@@ -168,8 +182,13 @@ class Publisher:
 
 
 def _annotation(a: Annotation) -> dict:
-    out = {"path": a.path, "start_line": a.start_line, "end_line": max(a.end_line, a.start_line),
-           "annotation_level": a.level, "message": cap(a.message, 64 * 1024)}
+    out = {
+        "path": a.path,
+        "start_line": a.start_line,
+        "end_line": max(a.end_line, a.start_line),
+        "annotation_level": a.level,
+        "message": cap(a.message, 64 * 1024),
+    }
     if a.title:
         out["title"] = cap(a.title, 255)
     return out

@@ -177,8 +177,9 @@ class SqliteJobStore(JobStore):
     def accept(self, delivery: str, event: str, job: Job | None, *, max_attempts: int = 5) -> tuple[bool, int | None]:
         now = time.time()
         with self._tx() as db:
-            cur = db.execute("INSERT OR IGNORE INTO deliveries(guid, event, received) VALUES (?, ?, ?)",
-                             (delivery, event, now))
+            cur = db.execute(
+                "INSERT OR IGNORE INTO deliveries(guid, event, received) VALUES (?, ?, ?)", (delivery, event, now)
+            )
             if cur.rowcount == 0:
                 row = db.execute("SELECT job_id FROM deliveries WHERE guid = ?", (delivery,)).fetchone()
                 return False, row["job_id"]
@@ -199,11 +200,13 @@ class SqliteJobStore(JobStore):
         db.execute(
             "UPDATE jobs SET status = ?, superseded_by = ?, updated = ? WHERE key = ? AND status = ?"
             " AND head_sha IS NOT NULL AND head_sha != ? AND kind IN ('audit', 'command')",
-            (SUPERSEDED, head_sha, now, key, QUEUED, head_sha))
+            (SUPERSEDED, head_sha, now, key, QUEUED, head_sha),
+        )
         db.execute(
             "UPDATE jobs SET superseded_by = ?, updated = ? WHERE key = ? AND status = ?"
             " AND head_sha IS NOT NULL AND head_sha != ? AND kind IN ('audit', 'command')",
-            (head_sha, now, key, LEASED, head_sha))
+            (head_sha, now, key, LEASED, head_sha),
+        )
 
     def mark_head(self, job_id: int, head_sha: str) -> None:
         now = time.time()
@@ -217,10 +220,14 @@ class SqliteJobStore(JobStore):
         now = time.time()
         with self._tx() as db:
             # a job whose lease ran out with no attempts left is a poison job: fail it, never loop on it
-            db.execute("UPDATE jobs SET status = ?, error = error || 'lease expired after the last attempt', updated = ?"
-                       " WHERE status = ? AND lease_until < ? AND attempts >= max_attempts", (FAILED, now, LEASED, now))
+            db.execute(
+                "UPDATE jobs SET status = ?, error = error || 'lease expired after the last attempt', updated = ?"
+                " WHERE status = ? AND lease_until < ? AND attempts >= max_attempts",
+                (FAILED, now, LEASED, now),
+            )
             row = db.execute(
-                "SELECT * FROM jobs j WHERE ((j.status = ? AND j.not_before <= ?) OR (j.status = ? AND j.lease_until < ?))"
+                "SELECT * FROM jobs j WHERE ((j.status = ? AND j.not_before <= ?)"
+                " OR (j.status = ? AND j.lease_until < ?))"
                 " AND NOT EXISTS (SELECT 1 FROM jobs k WHERE k.key = j.key AND k.id != j.id AND k.status = ?"
                 "   AND k.lease_until >= ?)"
                 " AND NOT EXISTS (SELECT 1 FROM jobs e WHERE e.key = j.key AND e.id < j.id AND e.status = ?)"
@@ -229,35 +236,46 @@ class SqliteJobStore(JobStore):
             ).fetchone()
             if row is None:
                 return None
-            db.execute("UPDATE jobs SET status = ?, lease_owner = ?, lease_until = ?, attempts = attempts + 1,"
-                       " updated = ? WHERE id = ?", (LEASED, owner, now + lease_seconds, now, row["id"]))
+            db.execute(
+                "UPDATE jobs SET status = ?, lease_owner = ?, lease_until = ?, attempts = attempts + 1,"
+                " updated = ? WHERE id = ?",
+                (LEASED, owner, now + lease_seconds, now, row["id"]),
+            )
             row = db.execute("SELECT * FROM jobs WHERE id = ?", (row["id"],)).fetchone()
             return _row(row)
 
     def heartbeat(self, job_id: int, owner: str, lease_seconds: float) -> bool:
         with self._tx() as db:
-            cur = db.execute("UPDATE jobs SET lease_until = ? WHERE id = ? AND lease_owner = ? AND status = ?",
-                             (time.time() + lease_seconds, job_id, owner, LEASED))
+            cur = db.execute(
+                "UPDATE jobs SET lease_until = ? WHERE id = ? AND lease_owner = ? AND status = ?",
+                (time.time() + lease_seconds, job_id, owner, LEASED),
+            )
             return cur.rowcount == 1
 
     def finish(self, job_id: int, owner: str, status: str = DONE, result: str = "") -> bool:
         with self._tx() as db:
-            cur = db.execute("UPDATE jobs SET status = ?, result = ?, lease_until = 0, updated = ?"
-                             " WHERE id = ? AND lease_owner = ? AND status = ?",
-                             (status, result, time.time(), job_id, owner, LEASED))
+            cur = db.execute(
+                "UPDATE jobs SET status = ?, result = ?, lease_until = 0, updated = ?"
+                " WHERE id = ? AND lease_owner = ? AND status = ?",
+                (status, result, time.time(), job_id, owner, LEASED),
+            )
             return cur.rowcount == 1
 
     def retry_later(self, job_id: int, owner: str, error: str, delay: float) -> str:
         """Requeue after ``delay``, or fail the job once its attempts are spent; returns the new status."""
         now = time.time()
         with self._tx() as db:
-            row = db.execute("SELECT attempts, max_attempts FROM jobs WHERE id = ? AND lease_owner = ? AND status = ?",
-                             (job_id, owner, LEASED)).fetchone()
+            row = db.execute(
+                "SELECT attempts, max_attempts FROM jobs WHERE id = ? AND lease_owner = ? AND status = ?",
+                (job_id, owner, LEASED),
+            ).fetchone()
             if row is None:
                 return "lost"
             status = FAILED if row["attempts"] >= row["max_attempts"] else QUEUED
-            db.execute("UPDATE jobs SET status = ?, error = ?, not_before = ?, lease_until = 0, updated = ? WHERE id = ?",
-                       (status, error[-2000:], now + delay, now, job_id))
+            db.execute(
+                "UPDATE jobs SET status = ?, error = ?, not_before = ?, lease_until = 0, updated = ? WHERE id = ?",
+                (status, error[-2000:], now + delay, now, job_id),
+            )
             return status
 
     def superseded_by(self, job_id: int) -> str | None:
@@ -266,7 +284,9 @@ class SqliteJobStore(JobStore):
 
     def set_check_run(self, job_id: int, check_run_id: int) -> None:
         with self._tx() as db:
-            db.execute("UPDATE jobs SET check_run_id = ?, updated = ? WHERE id = ?", (check_run_id, time.time(), job_id))
+            db.execute(
+                "UPDATE jobs SET check_run_id = ?, updated = ? WHERE id = ?", (check_run_id, time.time(), job_id)
+            )
 
     def get(self, job_id: int) -> JobRow | None:
         row = self._db().execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
@@ -286,31 +306,59 @@ class SqliteJobStore(JobStore):
     def save_audit(self, record: AuditRecord) -> None:
         with self._tx() as db:
             db.execute(
-                "INSERT INTO audits(audit_id, job_id, repo, pr, head_sha, status, verdict, audit_json, pending, updated)"
+                "INSERT INTO audits(audit_id, job_id, repo, pr, head_sha, status, verdict, audit_json, pending,"
+                " updated)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(audit_id) DO UPDATE SET job_id = excluded.job_id,"
                 " status = excluded.status, verdict = excluded.verdict, audit_json = excluded.audit_json,"
                 " pending = excluded.pending, updated = excluded.updated",
-                (record.audit_id, record.job_id, record.repo, record.pr, record.head_sha, record.status, record.verdict,
-                 record.audit_json, json.dumps(record.pending), time.time()))
+                (
+                    record.audit_id,
+                    record.job_id,
+                    record.repo,
+                    record.pr,
+                    record.head_sha,
+                    record.status,
+                    record.verdict,
+                    record.audit_json,
+                    json.dumps(record.pending),
+                    time.time(),
+                ),
+            )
 
     def audit(self, audit_id: str) -> AuditRecord | None:
         row = self._db().execute("SELECT * FROM audits WHERE audit_id = ?", (audit_id,)).fetchone()
         return _audit(row) if row else None
 
     def audit_for_job(self, job_id: int) -> AuditRecord | None:
-        row = self._db().execute("SELECT * FROM audits WHERE job_id = ? ORDER BY updated DESC LIMIT 1",
-                                 (job_id,)).fetchone()
+        row = (
+            self._db()
+            .execute("SELECT * FROM audits WHERE job_id = ? ORDER BY updated DESC LIMIT 1", (job_id,))
+            .fetchone()
+        )
         return _audit(row) if row else None
 
     def awaiting(self, repo: str, *, head_sha: str | None = None, pr: int | None = None) -> list[AuditRecord]:
-        rows = self._db().execute(
-            "SELECT * FROM audits WHERE repo = ? AND status = 'awaiting-gpu' AND (? IS NULL OR head_sha = ?)"
-            " AND (? IS NULL OR pr = ?) ORDER BY updated", (repo, head_sha, head_sha, pr, pr)).fetchall()
+        rows = (
+            self._db()
+            .execute(
+                "SELECT * FROM audits WHERE repo = ? AND status = 'awaiting-gpu' AND (? IS NULL OR head_sha = ?)"
+                " AND (? IS NULL OR pr = ?) ORDER BY updated",
+                (repo, head_sha, head_sha, pr, pr),
+            )
+            .fetchall()
+        )
         return [_audit(r) for r in rows]
 
     def latest_audit(self, repo: str, pr: int) -> AuditRecord | None:
-        row = self._db().execute("SELECT * FROM audits WHERE repo = ? AND pr = ? AND status != 'superseded'"
-                                 " ORDER BY updated DESC LIMIT 1", (repo, pr)).fetchone()
+        row = (
+            self._db()
+            .execute(
+                "SELECT * FROM audits WHERE repo = ? AND pr = ? AND status != 'superseded'"
+                " ORDER BY updated DESC LIMIT 1",
+                (repo, pr),
+            )
+            .fetchone()
+        )
         return _audit(row) if row else None
 
     def close(self) -> None:
@@ -321,14 +369,34 @@ class SqliteJobStore(JobStore):
 
 
 def _row(row: sqlite3.Row) -> JobRow:
-    return JobRow(id=row["id"], job=from_dict(Job, json.loads(row["payload"])), status=row["status"],
-                  attempts=row["attempts"], max_attempts=row["max_attempts"], delivery=row["delivery"],
-                  lease_owner=row["lease_owner"], lease_until=row["lease_until"], check_run_id=row["check_run_id"],
-                  superseded_by=row["superseded_by"], error=row["error"], result=row["result"],
-                  created=row["created"], updated=row["updated"])
+    return JobRow(
+        id=row["id"],
+        job=from_dict(Job, json.loads(row["payload"])),
+        status=row["status"],
+        attempts=row["attempts"],
+        max_attempts=row["max_attempts"],
+        delivery=row["delivery"],
+        lease_owner=row["lease_owner"],
+        lease_until=row["lease_until"],
+        check_run_id=row["check_run_id"],
+        superseded_by=row["superseded_by"],
+        error=row["error"],
+        result=row["result"],
+        created=row["created"],
+        updated=row["updated"],
+    )
 
 
 def _audit(row: sqlite3.Row) -> AuditRecord:
-    return AuditRecord(audit_id=row["audit_id"], job_id=row["job_id"], repo=row["repo"], pr=row["pr"],
-                       head_sha=row["head_sha"], status=row["status"], verdict=row["verdict"],
-                       audit_json=row["audit_json"], pending=json.loads(row["pending"]), updated=row["updated"])
+    return AuditRecord(
+        audit_id=row["audit_id"],
+        job_id=row["job_id"],
+        repo=row["repo"],
+        pr=row["pr"],
+        head_sha=row["head_sha"],
+        status=row["status"],
+        verdict=row["verdict"],
+        audit_json=row["audit_json"],
+        pending=json.loads(row["pending"]),
+        updated=row["updated"],
+    )

@@ -42,8 +42,9 @@ def serve(args: argparse.Namespace) -> int:
     service = Service(settings, store)
     service.start()
     try:
-        uvicorn.run(create_app(settings, store, service), host=args.host, port=args.port, log_level="warning",
-                    access_log=False)
+        uvicorn.run(
+            create_app(settings, store, service), host=args.host, port=args.port, log_level="warning", access_log=False
+        )
     finally:
         service.stop()
     return 0

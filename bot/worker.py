@@ -74,8 +74,9 @@ class _Heartbeat:
 class Service:
     """The worker pool plus everything a job needs: store, GitHub App, mirrors, settings."""
 
-    def __init__(self, settings: BotSettings, store: JobStore, app: GitHubApp | None = None,
-                 mirrors: Mirrors | None = None):
+    def __init__(
+        self, settings: BotSettings, store: JobStore, app: GitHubApp | None = None, mirrors: Mirrors | None = None
+    ):
         self.settings = settings
         self.store = store
         self.app = app or GitHubApp(settings)
@@ -153,8 +154,12 @@ class Service:
             pub = Publisher(repo, self.settings.check_name)
             current = self.store.get(row.id)
             if current and current.check_run_id:
-                pub.conclude(repo.get_check_run(current.check_run_id), "neutral", "The audit could not finish",
-                             f"Drift Audit gave up after {row.attempts} attempt(s): {text[:2000]}")
+                pub.conclude(
+                    repo.get_check_run(current.check_run_id),
+                    "neutral",
+                    "The audit could not finish",
+                    f"Drift Audit gave up after {row.attempts} attempt(s): {text[:2000]}",
+                )
             pub.react(job.comment_id, "confused")
         except Exception:
             log.exception("job %s: could not report its failure", row.id)
@@ -190,14 +195,19 @@ class Service:
     def _audit(self, row: JobRow, job: Job, repo, beat: _Heartbeat) -> str:
         pub = Publisher(repo, self.settings.check_name)
         details = self._details_url(row)
-        run = pub.start_check(job.head_sha, self._external_id(row, job), details,
-                              existing_id=row.check_run_id or job.check_run_id)
+        run = pub.start_check(
+            job.head_sha, self._external_id(row, job), details, existing_id=row.check_run_id or job.check_run_id
+        )
         if run.id != row.check_run_id:
             self.store.set_check_run(row.id, run.id)
         newer = self.store.superseded_by(row.id)
         if newer:
-            pub.conclude(run, "cancelled", "Superseded by a newer push",
-                         f"`{newer[:12]}` is audited instead of `{job.head_sha[:12]}`.")
+            pub.conclude(
+                run,
+                "cancelled",
+                "Superseded by a newer push",
+                f"`{newer[:12]}` is audited instead of `{job.head_sha[:12]}`.",
+            )
             return SUPERSEDED
         beat.check()
 
@@ -205,10 +215,12 @@ class Service:
         clone = repo.clone_url or job.clone_url  # the API's answer, which also covers GHE hosts
         mirror = self.mirrors.fetch(job.repo, clone, [job.base_sha, job.head_sha], token)
         gate = gpu_gate(repo, trigger=job.trigger, untrusted=job.untrusted, actor=job.actor)
-        dispatch = GpuDispatch(repo, gate=gate, head_sha=job.head_sha, workflow=self.settings.gpu_workflow,
-                               ref=repo.default_branch)
-        request = AuditRequest(repo=mirror, base=job.base_sha, head=job.head_sha, pr=job.pr, trigger=job.trigger,
-                               options=job.options)
+        dispatch = GpuDispatch(
+            repo, gate=gate, head_sha=job.head_sha, workflow=self.settings.gpu_workflow, ref=repo.default_branch
+        )
+        request = AuditRequest(
+            repo=mirror, base=job.base_sha, head=job.head_sha, pr=job.pr, trigger=job.trigger, options=job.options
+        )
         from bot.pipeline import run_audit  # heavy: git, tree-sitter, the checks
 
         blob_url = f"{repo.html_url}/blob/{job.head_sha}" if getattr(repo, "html_url", None) else None
@@ -234,9 +246,13 @@ class Service:
 
         newer = self.store.superseded_by(row.id)
         if newer:
-            pub.conclude(run, "cancelled", "Superseded by a newer push",
-                         f"The head moved to `{newer[:12]}` while this audit of `{job.head_sha[:12]}` ran; "
-                         "that commit is audited instead.")
+            pub.conclude(
+                run,
+                "cancelled",
+                "Superseded by a newer push",
+                f"The head moved to `{newer[:12]}` while this audit of `{job.head_sha[:12]}` ran; "
+                "that commit is audited instead.",
+            )
             self._save(row, job, audit, "superseded", [])
             return SUPERSEDED
 
@@ -255,8 +271,12 @@ class Service:
                 continue
             origin = self.store.get(old.job_id)
             if origin and origin.check_run_id:
-                pub.conclude(repo.get_check_run(origin.check_run_id), "cancelled", "Superseded by a newer push",
-                             f"`{job.head_sha[:12]}` is audited instead of `{old.head_sha[:12]}`.")
+                pub.conclude(
+                    repo.get_check_run(origin.check_run_id),
+                    "cancelled",
+                    "Superseded by a newer push",
+                    f"`{job.head_sha[:12]}` is audited instead of `{old.head_sha[:12]}`.",
+                )
             self.store.save_audit(replace(old, status="superseded", pending=[]))
 
     def _publish(self, pub: Publisher, run, job: Job, audit: Audit, details: str, *, complete: bool) -> None:
@@ -269,9 +289,19 @@ class Service:
     def _save(self, row: JobRow, job: Job, audit: Audit, status: str, pending: list[str]) -> None:
         audit_id = audit.plan.audit_id if audit.plan else f"job-{row.id}"
         verdict = audit.report.verdict if audit.report else "neutral"
-        self.store.save_audit(AuditRecord(audit_id=audit_id, job_id=row.id, repo=job.repo, pr=job.pr,
-                                          head_sha=job.head_sha or "", status=status, verdict=verdict,
-                                          audit_json=to_json(audit, indent=None), pending=pending))
+        self.store.save_audit(
+            AuditRecord(
+                audit_id=audit_id,
+                job_id=row.id,
+                repo=job.repo,
+                pr=job.pr,
+                head_sha=job.head_sha or "",
+                status=status,
+                verdict=verdict,
+                audit_json=to_json(audit, indent=None),
+                pending=pending,
+            )
+        )
 
     # ------------------------------------------------------------------ /audit commands
     def _command(self, row: JobRow, repo, beat: _Heartbeat) -> str:
@@ -292,15 +322,23 @@ class Service:
             failed = failed_suites(from_json(Audit, last.audit_json).results) if last else []
             if not failed:
                 marker = reply_marker(job.comment_id or 0)
-                pub.upsert_comment(job.pr, f"{marker}\nNothing to retry: no suite failed in the last audit.", marker=marker)
+                pub.upsert_comment(
+                    job.pr, f"{marker}\nNothing to retry: no suite failed in the last audit.", marker=marker
+                )
                 pub.react(job.comment_id, "confused")
                 return DONE
             options = replace(options, suites=failed)
         self.store.mark_head(row.id, pr.head.sha)
         # a re-run of a check run on an older head audits the PR's current head, in a new check run
         reuse = job.check_run_id if job.head_sha in (None, pr.head.sha) else None
-        audit_job = replace(job, head_sha=pr.head.sha, base_sha=pr.base.sha, options=options,
-                            untrusted=is_untrusted(pr.raw_data), check_run_id=reuse)
+        audit_job = replace(
+            job,
+            head_sha=pr.head.sha,
+            base_sha=pr.base.sha,
+            options=options,
+            untrusted=is_untrusted(pr.raw_data),
+            check_run_id=reuse,
+        )
         status = self._audit(row, audit_job, repo, beat)
         if job.comment_id:
             denied = cmd.wants_gpu and not is_writer(repo, job.actor)
@@ -325,9 +363,14 @@ class Service:
             if isinstance(exc, GithubException) and exc.status >= 500:
                 raise
             reason = f"results unusable: {exc}"[:600]
-            incoming = Results(record.audit_id, record.head_sha, [
-                SuiteResult(suite=s.id, runner=s.runner, outcome="error", reason=reason)
-                for s in (audit.plan.for_runner(job.label) if audit.plan else [])])
+            incoming = Results(
+                record.audit_id,
+                record.head_sha,
+                [
+                    SuiteResult(suite=s.id, runner=s.runner, outcome="error", reason=reason)
+                    for s in (audit.plan.for_runner(job.label) if audit.plan else [])
+                ],
+            )
         labels = {s.runner for s in incoming.suites} | {d.label for d in incoming.devices} | {job.label}
         audit.results = merge_results(audit.results, incoming, labels)
         pending = [lab for lab in record.pending if lab not in labels]
@@ -339,13 +382,21 @@ class Service:
         beat.check()
         latest = self.store.latest_audit(job.repo, record.pr) if record.pr is not None else None
         shown = latest is None or latest.audit_id == record.audit_id  # never overwrite a newer head's comment
-        self.store.save_audit(replace(record, status="awaiting-gpu" if pending else "done", pending=pending,
-                                      verdict=audit.report.verdict, audit_json=to_json(audit, indent=None)))
+        self.store.save_audit(
+            replace(
+                record,
+                status="awaiting-gpu" if pending else "done",
+                pending=pending,
+                verdict=audit.report.verdict,
+                audit_json=to_json(audit, indent=None),
+            )
+        )
         pub = Publisher(repo, self.settings.check_name)
         origin_job = replace(origin.job if origin else job, pr=record.pr if shown else None)
         if origin and origin.check_run_id:
-            self._publish(pub, repo.get_check_run(origin.check_run_id), origin_job, audit, details,
-                          complete=not pending)
+            self._publish(
+                pub, repo.get_check_run(origin.check_run_id), origin_job, audit, details, complete=not pending
+            )
         elif record.pr is not None and shown:
             pub.upsert_comment(record.pr, split_comment(audit.report.markdown, details)[0])
         return DONE

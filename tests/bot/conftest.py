@@ -24,8 +24,14 @@ def fixture_payload(name: str) -> dict:
 
 
 def git(cwd: Path, *args: str) -> str:
-    env = {"GIT_AUTHOR_NAME": "a", "GIT_AUTHOR_EMAIL": "a@x", "GIT_COMMITTER_NAME": "a",
-           "GIT_COMMITTER_EMAIL": "a@x", "PATH": "/usr/bin:/bin", "HOME": str(cwd)}
+    env = {
+        "GIT_AUTHOR_NAME": "a",
+        "GIT_AUTHOR_EMAIL": "a@x",
+        "GIT_COMMITTER_NAME": "a",
+        "GIT_COMMITTER_EMAIL": "a@x",
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(cwd),
+    }
     return subprocess.run(["git", *args], cwd=cwd, env=env, check=True, capture_output=True, text=True).stdout.strip()
 
 
@@ -45,27 +51,49 @@ def engine_repo(tmp_path):
     repo = tmp_path / "engine-src"
     repo.mkdir()
     git(repo, "init", "-q", "-b", "main")
-    base = commit(repo, {
-        "engine/weights/loader.py": "def load(path):\n    return {}\n",
-        "engine/runtime/scheduler.py": "class Scheduler:\n    def step(self):\n        return 1\n",
-        "README.md": "engine\n",
-    }, "base")
+    base = commit(
+        repo,
+        {
+            "engine/weights/loader.py": "def load(path):\n    return {}\n",
+            "engine/runtime/scheduler.py": "class Scheduler:\n    def step(self):\n        return 1\n",
+            "README.md": "engine\n",
+        },
+        "base",
+    )
     git(repo, "checkout", "-q", "-b", "feature")
-    head = commit(repo, {
-        "engine/weights/loader.py": "def load(path):\n    scale = 1\n    return {'scale': scale}\n",
-        "engine/runtime/scheduler.py": "class Scheduler:\n    def step(self):\n        return 2\n",
-    }, "touch loader and scheduler")
+    head = commit(
+        repo,
+        {
+            "engine/weights/loader.py": "def load(path):\n    scale = 1\n    return {'scale': scale}\n",
+            "engine/runtime/scheduler.py": "class Scheduler:\n    def step(self):\n        return 2\n",
+        },
+        "touch loader and scheduler",
+    )
     return repo, base, head
 
 
 def signed(body: bytes, event: str, delivery: str | None = None, secret: str = SECRET) -> dict:
-    return {"X-GitHub-Event": event, "X-GitHub-Delivery": delivery or str(uuid.uuid4()),
-            "X-Hub-Signature-256": signature_of(secret, body), "Content-Type": "application/json"}
+    return {
+        "X-GitHub-Event": event,
+        "X-GitHub-Delivery": delivery or str(uuid.uuid4()),
+        "X-Hub-Signature-256": signature_of(secret, body),
+        "Content-Type": "application/json",
+    }
 
 
-def pr_payload(action: str, *, number: int, head: str, base: str, repo: str = REPO, clone_url: str = "",
-               installation: int = 1, draft: bool = False, fork: str | None = None,
-               association: str = "MEMBER") -> dict:
+def pr_payload(
+    action: str,
+    *,
+    number: int,
+    head: str,
+    base: str,
+    repo: str = REPO,
+    clone_url: str = "",
+    installation: int = 1,
+    draft: bool = False,
+    fork: str | None = None,
+    association: str = "MEMBER",
+) -> dict:
     """The real pull_request fixture, re-pointed at our repo and commits."""
     p = fixture_payload("pull_request.opened")
     p["action"] = action
@@ -93,8 +121,9 @@ def wait_for(predicate, timeout: float = 30.0, interval: float = 0.05):
 class Bot:
     """The bot served on loopback against the stand-in, with its store and worker pool."""
 
-    def __init__(self, tmp_path: Path, stub_url: str, state, *, workers: int = 1, start_workers: bool = True,
-                 **overrides):
+    def __init__(
+        self, tmp_path: Path, stub_url: str, state, *, workers: int = 1, start_workers: bool = True, **overrides
+    ):
         from bot.app import create_app
         from bot.queue import SqliteJobStore
         from bot.settings import BotSettings
@@ -102,10 +131,20 @@ class Bot:
         from tests.ghstub.server import serve_in_thread
 
         self.state = state
-        values = dict(app_id=state.app_id, private_key=state.private_key, webhook_secret=SECRET,
-                      github_url=stub_url, db=str(tmp_path / "jobs.db"), mirrors=str(tmp_path / "mirrors"),
-                      lease_seconds=5, retry_backoff=0.05, seconds_between_requests=0, seconds_between_writes=0,
-                      http_backoff=0.01, workers=workers)
+        values = dict(
+            app_id=state.app_id,
+            private_key=state.private_key,
+            webhook_secret=SECRET,
+            github_url=stub_url,
+            db=str(tmp_path / "jobs.db"),
+            mirrors=str(tmp_path / "mirrors"),
+            lease_seconds=5,
+            retry_backoff=0.05,
+            seconds_between_requests=0,
+            seconds_between_writes=0,
+            http_backoff=0.01,
+            workers=workers,
+        )
         values.update(overrides)
         self.settings = BotSettings(**values)
         self.store = SqliteJobStore(self.settings.db)
@@ -162,8 +201,11 @@ def gpu_repo(tmp_path):
     repo = tmp_path / "gpu-src"
     repo.mkdir()
     git(repo, "init", "-q", "-b", "main")
-    base = commit(repo, {".github/drift-audit.toml": GPU_CONFIG,
-                         "engine/weights/loader.py": "def load(path):\n    return {}\n"}, "base")
+    base = commit(
+        repo,
+        {".github/drift-audit.toml": GPU_CONFIG, "engine/weights/loader.py": "def load(path):\n    return {}\n"},
+        "base",
+    )
     git(repo, "checkout", "-q", "-b", "feature")
     head = commit(repo, {"engine/weights/loader.py": "def load(path):\n    return {'w': 1}\n"}, "loader")
     return repo, base, head

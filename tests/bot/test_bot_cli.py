@@ -9,8 +9,10 @@ from bot.cli import main
 
 
 def test_serve_module_is_import_light():
-    code = ("import sys, bot.serve_cli; heavy = [m for m in ('torch', 'triton', 'git', 'github', 'tree_sitter', "
-            "'uvicorn', 'starlette') if m in sys.modules]; print(heavy)")
+    code = (
+        "import sys, bot.serve_cli; heavy = [m for m in ('torch', 'triton', 'git', 'github', 'tree_sitter', "
+        "'uvicorn', 'starlette') if m in sys.modules]; print(heavy)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 

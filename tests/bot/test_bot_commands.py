@@ -20,8 +20,18 @@ def test_each_form():
     assert parse_command("/AUDIT help").action == "help" and parse_command("/audit help").error is None
 
 
-@pytest.mark.parametrize("text", ["/audit fulll", "/audit run", "/audit run x on sm100", "/audit run a b c d",
-                                  "/audit pillars=", "/audit retry now", "/audit pillars=a;rm -rf"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "/audit fulll",
+        "/audit run",
+        "/audit run x on sm100",
+        "/audit run a b c d",
+        "/audit pillars=",
+        "/audit retry now",
+        "/audit pillars=a;rm -rf",
+    ],
+)
 def test_unknown_forms_get_help(text):
     cmd = parse_command(text)
     assert cmd.replies_with_help and cmd.error

@@ -40,15 +40,20 @@ class ServiceProcess:
             f'app_id = {state.app_id}\nprivate_key_file = "{key}"\ngithub_url = "{stub_url}"\n'
             f'db = "{self.db}"\nmirrors = "{tmp_path / "mirrors"}"\nlease_seconds = 1.5\nretry_backoff = 0.1\n'
             f"seconds_between_requests = 0\nseconds_between_writes = 0\nhttp_backoff = 0.01\nworkers = 1\n"
-            f'public_url = "http://127.0.0.1:{self.port}"\n')
+            f'public_url = "http://127.0.0.1:{self.port}"\n'
+        )
         self.proc: subprocess.Popen | None = None
         self.url = f"http://127.0.0.1:{self.port}"
 
     def start(self) -> None:
         env = dict(os.environ, DRIFT_AUDIT_WEBHOOK_SECRET=SECRET, PYTHONPATH=str(ROOT))
-        self.proc = subprocess.Popen([sys.executable, "-m", "bot.cli", "serve", "--settings", str(self.settings),
-                                      "--port", str(self.port)], cwd=ROOT, env=env,
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "bot.cli", "serve", "--settings", str(self.settings), "--port", str(self.port)],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
 
         def up() -> bool:
             if self.proc.poll() is not None:

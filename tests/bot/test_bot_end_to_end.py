@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from bot.publish import COMMENT_MARKER
-from tests.bot.conftest import REPO, pr_payload, wait_for
+from tests.bot.conftest import REPO, pr_payload
 
 
 def _seed(state, repo_path, base, head, number=7, **kw):

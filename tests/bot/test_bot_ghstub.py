@@ -17,8 +17,13 @@ SHA = "a" * 40
 def _client(base: str, state) -> tuple[Github, str]:
     gi = GithubIntegration(auth=Auth.AppAuth(state.app_id, state.private_key), base_url=base)
     token = gi.get_access_token(1).token
-    return Github(auth=Auth.Token(token), base_url=base, seconds_between_requests=0, seconds_between_writes=0,
-                  retry=GithubRetry(total=8, backoff_factor=0.01)), token
+    return Github(
+        auth=Auth.Token(token),
+        base_url=base,
+        seconds_between_requests=0,
+        seconds_between_writes=0,
+        retry=GithubRetry(total=8, backoff_factor=0.01),
+    ), token
 
 
 def test_tokens_need_a_valid_app_jwt(ghstub):
@@ -40,14 +45,32 @@ def test_comments_paginate_and_enforce_the_body_limit(ghstub):
     base, state = ghstub
     state.add_repo("octo/eng")
     diff = "diff --git a/engine/x.py b/engine/x.py\n+x = 1\n"
-    state.add_pull("octo/eng", 7, head_sha=SHA, base_sha="b" * 40, diff=diff,
-                   files=[{"filename": "engine/x.py", "status": "modified", "additions": 1, "deletions": 0,
-                           "changes": 1, "sha": "e" * 40, "patch": "+x = 1"}])
+    state.add_pull(
+        "octo/eng",
+        7,
+        head_sha=SHA,
+        base_sha="b" * 40,
+        diff=diff,
+        files=[
+            {
+                "filename": "engine/x.py",
+                "status": "modified",
+                "additions": 1,
+                "deletions": 0,
+                "changes": 1,
+                "sha": "e" * 40,
+                "patch": "+x = 1",
+            }
+        ],
+    )
     g, token = _client(base, state)
     pr = g.get_repo("octo/eng").get_pull(7)
     assert [f.filename for f in pr.get_files()] == ["engine/x.py"]
-    raw = requests.get(f"{base}/repos/octo/eng/pulls/7", timeout=5,
-                       headers={"Accept": "application/vnd.github.diff", "Authorization": f"token {token}"})
+    raw = requests.get(
+        f"{base}/repos/octo/eng/pulls/7",
+        timeout=5,
+        headers={"Accept": "application/vnd.github.diff", "Authorization": f"token {token}"},
+    )
     assert raw.text == diff and raw.headers["X-RateLimit-Limit"] == "5000"
     for i in range(35):
         state.add_comment("octo/eng", 7, f"comment {i}")
@@ -100,15 +123,18 @@ def test_actions_dispatch_runs_and_artifact_download(ghstub):
     assert state.dispatches[-1]["inputs"]["label"] == "sm90"
     with pytest.raises(GithubException) as err:
         repo._requester.requestJsonAndCheck(
-            "POST", f"{base}/repos/octo/eng/actions/workflows/drift-audit-gpu.yml/dispatches",
-            input={"ref": "main", "inputs": {"bogus": "1"}})
+            "POST",
+            f"{base}/repos/octo/eng/actions/workflows/drift-audit-gpu.yml/dispatches",
+            input={"ref": "main", "inputs": {"bogus": "1"}},
+        )
     assert err.value.status == 422 and "Unexpected inputs" in err.value.data["message"]
     run = state.add_run("octo/eng", head_sha=SHA)
     state.add_artifact(run["id"], "drift-audit-a1", {"results.json": '{"ok": true}'})
     wr = repo.get_workflow_run(run["id"])
     (art,) = list(wr.get_artifacts())
-    first = requests.get(art.archive_download_url, headers={"Authorization": f"token {token}"},
-                         allow_redirects=False, timeout=5)
+    first = requests.get(
+        art.archive_download_url, headers={"Authorization": f"token {token}"}, allow_redirects=False, timeout=5
+    )
     assert first.status_code == 302
     blob = requests.get(first.headers["Location"], timeout=5)
     assert zipfile.ZipFile(io.BytesIO(blob.content)).read("results.json") == b'{"ok": true}'

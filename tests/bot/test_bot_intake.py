@@ -40,8 +40,11 @@ def test_webhook_rejects_bad_signatures_and_oversized_bodies(bot_factory):
         for _ in range(26):
             yield b" " * (1024 * 1024)
 
-    streamed = bot.http.post("/webhook", content=chunks(), headers={"X-GitHub-Event": "push", "X-GitHub-Delivery": "x",
-                                                                     "X-Hub-Signature-256": "sha256=00"})
+    streamed = bot.http.post(
+        "/webhook",
+        content=chunks(),
+        headers={"X-GitHub-Event": "push", "X-GitHub-Delivery": "x", "X-Hub-Signature-256": "sha256=00"},
+    )
     assert streamed.status_code == 413
     assert bot.store.deliveries() == 0
     assert bot.http.get("/healthz").json() == {"ok": True}

@@ -16,8 +16,17 @@ SHA = "c" * 40
 
 
 def _app(base: str, state, **kw) -> GitHubApp:
-    return GitHubApp(BotSettings(app_id=state.app_id, private_key=state.private_key, webhook_secret="s",
-                                 github_url=base, seconds_between_requests=0, seconds_between_writes=0, **kw))
+    return GitHubApp(
+        BotSettings(
+            app_id=state.app_id,
+            private_key=state.private_key,
+            webhook_secret="s",
+            github_url=base,
+            seconds_between_requests=0,
+            seconds_between_writes=0,
+            **kw,
+        )
+    )
 
 
 def _repo(ghstub):
@@ -28,10 +37,18 @@ def _repo(ghstub):
 
 
 def _report(n_annotations: int = 0, markdown: str = f"{COMMENT_MARKER}\nok") -> Report:
-    anns = [Annotation(path=f"engine/f{i}.py", start_line=i + 1, end_line=i + 1, level="warning", message=f"m{i}")
-            for i in range(n_annotations)]
-    return Report(verdict="fail", headline="drift", markdown=markdown, check_title="1 finding",
-                  check_summary="summary", annotations=anns)
+    anns = [
+        Annotation(path=f"engine/f{i}.py", start_line=i + 1, end_line=i + 1, level="warning", message=f"m{i}")
+        for i in range(n_annotations)
+    ]
+    return Report(
+        verdict="fail",
+        headline="drift",
+        markdown=markdown,
+        check_title="1 finding",
+        check_summary="summary",
+        annotations=anns,
+    )
 
 
 def test_comment_is_found_by_marker_and_edited(ghstub):
@@ -71,7 +88,9 @@ def test_annotations_go_in_batches_of_50_and_resume_without_duplicates(ghstub):
     pub.finish_check(again, report)
     posted = state.annotations[run.id]
     assert [a["message"] for a in posted] == [f"m{i}" for i in range(130)]
-    assert state.count("PATCH", f"/check-runs/{run.id}") == 1 + 2 + 1  # first attempt, the remaining 80 as 50 + 30, completion
+    assert (
+        state.count("PATCH", f"/check-runs/{run.id}") == 1 + 2 + 1
+    )  # first attempt, the remaining 80 as 50 + 30, completion
 
 
 def test_installation_token_is_refreshed_before_expiry(ghstub):
@@ -94,7 +113,9 @@ def test_settings_from_env_and_file_keep_secrets_out_of_repr(tmp_path):
     key = tmp_path / "key.pem"
     key.write_text("-----BEGIN PRIVATE KEY-----\nsecret-bits\n-----END PRIVATE KEY-----\n")
     cfg = tmp_path / "bot.toml"
-    cfg.write_text(f'app_id = 12\nprivate_key_file = "{key}"\nworkers = 3\ngithub_url = "https://ghe.example/api/v3/"\n')
+    cfg.write_text(
+        f'app_id = 12\nprivate_key_file = "{key}"\nworkers = 3\ngithub_url = "https://ghe.example/api/v3/"\n'
+    )
     s = load_settings(cfg, env={"DRIFT_AUDIT_WEBHOOK_SECRET": "hush", "DRIFT_AUDIT_AUDIT_DRAFTS": "yes"})
     assert (s.app_id, s.workers, s.audit_drafts, s.github_url) == (12, 3, True, "https://ghe.example/api/v3")
     assert "secret-bits" not in repr(s) and "hush" not in repr(s) and "hush" not in str(s.redacted())
@@ -115,8 +136,9 @@ def test_ghe_base_url_is_honoured():
     try:
         state.add_repo("octo/eng")
         repo = _app(base, state).client(1).get_repo("octo/eng")
-        assert repo.full_name == "octo/eng" and all(p.startswith("/repos") or p.startswith("/app")
-                                                    for _, p, _ in state.requests)
+        assert repo.full_name == "octo/eng" and all(
+            p.startswith("/repos") or p.startswith("/app") for _, p, _ in state.requests
+        )
         assert Github(auth=Auth.Token("x"), base_url=base)  # PyGithub accepts the GHE-style root
     finally:
         stop()
@@ -126,8 +148,9 @@ def test_a_create_that_landed_before_failing_is_not_sent_twice(ghstub):
     from tests.ghstub import Fault
 
     repo, state = _repo(ghstub)
-    state.fault = Fault(rate=1.0, kinds=(502,), methods=("POST",), paths=("/issues/4/comments", "/check-runs"),
-                        after_apply=True)
+    state.fault = Fault(
+        rate=1.0, kinds=(502,), methods=("POST",), paths=("/issues/4/comments", "/check-runs"), after_apply=True
+    )
     pub = Publisher(repo)
     cid = pub.upsert_comment(4, f"{COMMENT_MARKER}\nonce")
     run = pub.start_check(SHA, "job:9", None)

@@ -44,8 +44,9 @@ def not_found() -> HTTPError:
 
 
 def invalid(resource: str, field: str, message: str, code: str = "custom") -> HTTPError:
-    return HTTPError(422, "Validation Failed",
-                     [{"resource": resource, "code": code, "field": field, "message": message}])
+    return HTTPError(
+        422, "Validation Failed", [{"resource": resource, "code": code, "field": field, "message": message}]
+    )
 
 
 @dataclass
@@ -88,29 +89,45 @@ def pull_json(ctx: Ctx, pr: dict, full: str) -> dict:
     out = public(pr)
     out["head"] = dict(pr["head"], repo=repo_json(ctx, pr["head"]["repo"]))
     out["base"] = dict(pr["base"], repo=repo_json(ctx, pr["base"]["repo"]))
-    return dict(out, url=url, issue_url=f"{ctx.base}/repos/{full}/issues/{pr['number']}",
-                comments_url=f"{ctx.base}/repos/{full}/issues/{pr['number']}/comments",
-                html_url=f"https://github.example/{full}/pull/{pr['number']}")
+    return dict(
+        out,
+        url=url,
+        issue_url=f"{ctx.base}/repos/{full}/issues/{pr['number']}",
+        comments_url=f"{ctx.base}/repos/{full}/issues/{pr['number']}/comments",
+        html_url=f"https://github.example/{full}/pull/{pr['number']}",
+    )
 
 
 def comment_json(ctx: Ctx, c: dict) -> dict:
     url = f"{ctx.base}/repos/{c['_repo']}/issues/comments/{c['id']}"
-    return dict(public(c), url=url, html_url=f"https://github.example/{c['_repo']}/pull/{c['_issue']}#issuecomment-{c['id']}",
-                issue_url=f"{ctx.base}/repos/{c['_repo']}/issues/{c['_issue']}")
+    return dict(
+        public(c),
+        url=url,
+        html_url=f"https://github.example/{c['_repo']}/pull/{c['_issue']}#issuecomment-{c['id']}",
+        issue_url=f"{ctx.base}/repos/{c['_repo']}/issues/{c['_issue']}",
+    )
 
 
 def check_json(ctx: Ctx, c: dict) -> dict:
     out = public(c)
-    out["output"] = dict(c["output"], annotations_count=len(ctx.state.annotations.get(c["id"], [])),
-                         annotations_url=f"{ctx.base}/repos/{c['_repo']}/check-runs/{c['id']}/annotations")
+    out["output"] = dict(
+        c["output"],
+        annotations_count=len(ctx.state.annotations.get(c["id"], [])),
+        annotations_url=f"{ctx.base}/repos/{c['_repo']}/check-runs/{c['id']}/annotations",
+    )
     return dict(out, url=f"{ctx.base}/repos/{c['_repo']}/check-runs/{c['id']}")
 
 
 def run_json(ctx: Ctx, r: dict) -> dict:
     url = f"{ctx.base}/repos/{r['_repo']}/actions/runs/{r['id']}"
-    return dict(public(r), url=url, artifacts_url=url + "/artifacts", jobs_url=url + "/jobs",
-                html_url=f"https://github.example/{r['_repo']}/actions/runs/{r['id']}",
-                repository=repo_json(ctx, ctx.state.repos[r["_repo"]]))
+    return dict(
+        public(r),
+        url=url,
+        artifacts_url=url + "/artifacts",
+        jobs_url=url + "/jobs",
+        html_url=f"https://github.example/{r['_repo']}/actions/runs/{r['id']}",
+        repository=repo_json(ctx, ctx.state.repos[r["_repo"]]),
+    )
 
 
 def artifact_json(ctx: Ctx, a: dict) -> dict:
@@ -126,9 +143,9 @@ def paginate(ctx: Ctx, items: list, wrap: str | None = None) -> Response:
     except ValueError:
         raise invalid("Pagination", "per_page", "per_page and page must be integers") from None
     last = max((len(items) + per_page - 1) // per_page, 1)
-    chunk = items[(page - 1) * per_page: page * per_page]
+    chunk = items[(page - 1) * per_page : page * per_page]
     links = []
-    path = ctx.base + ctx.request.url.path[len(_prefix(ctx)):]
+    path = ctx.base + ctx.request.url.path[len(_prefix(ctx)) :]
 
     def link(p: int, rel: str) -> str:
         query = dict(ctx.request.query_params, page=str(p), per_page=str(per_page))
@@ -152,14 +169,30 @@ def _prefix(ctx: Ctx) -> str:
 
 def get_app(ctx: Ctx) -> Response:
     s = ctx.state
-    return JSONResponse({"id": s.app_id, "slug": s.app_slug, "name": "Drift Audit", "node_id": "APP",
-                         "owner": {"login": "octo-org", "id": 1}, "created_at": iso(), "updated_at": iso(),
-                         "permissions": {}, "events": [], "installations_count": len(s.installations)})
+    return JSONResponse(
+        {
+            "id": s.app_id,
+            "slug": s.app_slug,
+            "name": "Drift Audit",
+            "node_id": "APP",
+            "owner": {"login": "octo-org", "id": 1},
+            "created_at": iso(),
+            "updated_at": iso(),
+            "permissions": {},
+            "events": [],
+            "installations_count": len(s.installations),
+        }
+    )
 
 
 def repo_installation(ctx: Ctx) -> Response:
-    inst = ctx.state.installations[ctx.state.repos.get(f"{ctx.params['owner']}/{ctx.params['repo']}", {}).get("_installation", -1)] \
-        if f"{ctx.params['owner']}/{ctx.params['repo']}" in ctx.state.repos else None
+    inst = (
+        ctx.state.installations[
+            ctx.state.repos.get(f"{ctx.params['owner']}/{ctx.params['repo']}", {}).get("_installation", -1)
+        ]
+        if f"{ctx.params['owner']}/{ctx.params['repo']}" in ctx.state.repos
+        else None
+    )
     if inst is None:
         raise not_found()
     return JSONResponse(dict(inst, access_tokens_url=f"{ctx.base}/app/installations/{inst['id']}/access_tokens"))
@@ -198,8 +231,9 @@ def get_pull(ctx: Ctx) -> Response:
     accept = ctx.request.headers.get("accept", "")
     full = ctx.repo["full_name"]
     if "diff" in accept:
-        return PlainTextResponse(ctx.state.pull_diffs.get((full, pr["number"]), ""),
-                                 media_type="text/plain; charset=utf-8")
+        return PlainTextResponse(
+            ctx.state.pull_diffs.get((full, pr["number"]), ""), media_type="text/plain; charset=utf-8"
+        )
     return JSONResponse(pull_json(ctx, pr, full))
 
 
@@ -215,10 +249,21 @@ def get_issue(ctx: Ctx) -> Response:
     if pr is None:
         raise not_found()
     url = f"{ctx.base}/repos/{full}/issues/{n}"
-    return JSONResponse({"id": pr["id"], "number": n, "title": pr["title"], "body": pr["body"], "state": pr["state"],
-                         "user": pr["user"], "url": url, "comments_url": url + "/comments",
-                         "pull_request": {"url": f"{ctx.base}/repos/{full}/pulls/{n}"},
-                         "created_at": pr["created_at"], "updated_at": pr["updated_at"]})
+    return JSONResponse(
+        {
+            "id": pr["id"],
+            "number": n,
+            "title": pr["title"],
+            "body": pr["body"],
+            "state": pr["state"],
+            "user": pr["user"],
+            "url": url,
+            "comments_url": url + "/comments",
+            "pull_request": {"url": f"{ctx.base}/repos/{full}/pulls/{n}"},
+            "created_at": pr["created_at"],
+            "updated_at": pr["updated_at"],
+        }
+    )
 
 
 # --------------------------------------------------------------------------- issue comments and reactions
@@ -282,12 +327,20 @@ def create_reaction(ctx: Ctx) -> Response:
         raise invalid("Reaction", "content", f"content is not included in the list {sorted(REACTIONS)}", "invalid")
     user = f"{ctx.state.app_slug}[bot]"
     with ctx.state.lock:
-        existing = [r for r in ctx.state.reactions.setdefault(c["id"], [])
-                    if r["content"] == content and r["user"]["login"] == user]
+        existing = [
+            r
+            for r in ctx.state.reactions.setdefault(c["id"], [])
+            if r["content"] == content and r["user"]["login"] == user
+        ]
         if existing:  # GitHub answers 200 with the reaction that already exists
             return JSONResponse(existing[0], status_code=200)
-        r = {"id": ctx.state.next_id(), "node_id": "REA", "content": content, "created_at": iso(),
-             "user": {"login": user, "id": 99, "type": "Bot"}}
+        r = {
+            "id": ctx.state.next_id(),
+            "node_id": "REA",
+            "content": content,
+            "created_at": iso(),
+            "user": {"login": user, "id": 99, "type": "Bot"},
+        }
         ctx.state.reactions[c["id"]].append(r)
     return JSONResponse(r, status_code=201)
 
@@ -311,12 +364,12 @@ def _check_output(ctx: Ctx, output: Any, old: dict | None) -> tuple[dict, list[d
     for key in ("summary", "text"):
         val = output.get(key)
         if isinstance(val, str) and len(val) > CHECK_TEXT_MAX:
-            raise invalid("CheckRun", f"output.{key}",
-                          f"{key} is too long (maximum is {CHECK_TEXT_MAX} characters)")
+            raise invalid("CheckRun", f"output.{key}", f"{key} is too long (maximum is {CHECK_TEXT_MAX} characters)")
     annotations = output.get("annotations") or []
     if len(annotations) > ANNOTATIONS_PER_REQUEST:
-        raise invalid("CheckRun", "output.annotations",
-                      f"Only {ANNOTATIONS_PER_REQUEST} annotations are allowed per request")
+        raise invalid(
+            "CheckRun", "output.annotations", f"Only {ANNOTATIONS_PER_REQUEST} annotations are allowed per request"
+        )
     clean = []
     for a in annotations:
         for key in ("path", "start_line", "end_line", "annotation_level", "message"):
@@ -360,11 +413,23 @@ def create_check(ctx: Ctx) -> Response:
     if not re.fullmatch(r"[0-9a-f]{40}", data["head_sha"]):
         raise invalid("CheckRun", "head_sha", "head_sha is not a valid commit SHA", "invalid")
     cid = ctx.state.next_id()
-    c = {"id": cid, "node_id": f"CR_{cid}", "head_sha": data["head_sha"], "name": data["name"],
-         "external_id": "", "details_url": None, "status": "queued", "conclusion": None,
-         "started_at": iso(), "completed_at": None, "output": {"title": None, "summary": None, "text": None},
-         "app": {"id": ctx.state.app_id, "slug": ctx.state.app_slug}, "pull_requests": [],
-         "check_suite": {"id": 1}, "_repo": r["full_name"]}
+    c = {
+        "id": cid,
+        "node_id": f"CR_{cid}",
+        "head_sha": data["head_sha"],
+        "name": data["name"],
+        "external_id": "",
+        "details_url": None,
+        "status": "queued",
+        "conclusion": None,
+        "started_at": iso(),
+        "completed_at": None,
+        "output": {"title": None, "summary": None, "text": None},
+        "app": {"id": ctx.state.app_id, "slug": ctx.state.app_slug},
+        "pull_requests": [],
+        "check_suite": {"id": 1},
+        "_repo": r["full_name"],
+    }
     _check_fields(ctx, data, c)
     with ctx.state.lock:
         ctx.state.check_runs[cid] = c
@@ -400,8 +465,17 @@ def get_commit(ctx: Ctx) -> Response:
     if not re.fullmatch(r"[0-9a-f]{40}", ref):
         raise HTTPError(422, f"No commit found for SHA: {ref}")
     url = f"{ctx.base}/repos/{full}/commits/{ref}"
-    return JSONResponse({"sha": ref, "node_id": "C", "url": url, "html_url": url, "files": [], "parents": [],
-                         "commit": {"message": "", "tree": {"sha": ref}, "url": url}})
+    return JSONResponse(
+        {
+            "sha": ref,
+            "node_id": "C",
+            "url": url,
+            "html_url": url,
+            "files": [],
+            "parents": [],
+            "commit": {"message": "", "tree": {"sha": ref}, "url": url},
+        }
+    )
 
 
 def checks_for_ref(ctx: Ctx) -> Response:
@@ -419,10 +493,13 @@ def collaborator_permission(ctx: Ctx) -> Response:
     full = ctx.repo["full_name"]
     login = ctx.params["user"]
     perm = ctx.state.permissions.get((full, login), "read")
-    role = {"admin": "admin", "maintain": "maintain", "write": "write", "triage": "triage", "read": "read"}.get(perm, "none")
+    role = {"admin": "admin", "maintain": "maintain", "write": "write", "triage": "triage", "read": "read"}.get(
+        perm, "none"
+    )
     legacy = {"maintain": "write", "triage": "read"}.get(perm, perm)  # GitHub's legacy "permission" field
-    return JSONResponse({"permission": legacy, "role_name": role,
-                         "user": {"login": login, "id": 5, "type": "User", "permissions": {}}})
+    return JSONResponse(
+        {"permission": legacy, "role_name": role, "user": {"login": login, "id": 5, "type": "User", "permissions": {}}}
+    )
 
 
 # --------------------------------------------------------------------------- actions
@@ -447,7 +524,7 @@ def dispatch(ctx: Ctx) -> Response:
     wf = _workflow(ctx)
     data = ctx.body or {}
     if not isinstance(data.get("ref"), str) or not data["ref"]:
-        raise HTTPError(422, "Invalid request.\n\n\"ref\" wasn't supplied.")
+        raise HTTPError(422, 'Invalid request.\n\n"ref" wasn\'t supplied.')
     inputs = data.get("inputs") or {}
     if not isinstance(inputs, dict):
         raise HTTPError(422, "Invalid request.\n\nFor 'properties/inputs', is not an object.")
@@ -461,8 +538,13 @@ def dispatch(ctx: Ctx) -> Response:
     for k, v in inputs.items():
         if not isinstance(v, (str, int, float, bool)):
             raise HTTPError(422, f"Invalid request.\n\nFor 'properties/{k}', is not a string.")
-    record = {"repo": wf["_repo"], "workflow": wf["path"].rsplit("/", 1)[-1], "ref": data["ref"],
-              "inputs": {k: str(v) for k, v in inputs.items()}, "at": time.time()}
+    record = {
+        "repo": wf["_repo"],
+        "workflow": wf["path"].rsplit("/", 1)[-1],
+        "ref": data["ref"],
+        "inputs": {k: str(v) for k, v in inputs.items()},
+        "at": time.time(),
+    }
     with ctx.state.lock:
         ctx.state.dispatches.append(record)
     if ctx.state.on_dispatch:
@@ -582,9 +664,7 @@ ROUTES: list[tuple[str, str, Callable[[Ctx], Response], str]] = [
     ("GET", r"/repos/{owner}/{repo}/actions/artifacts/{id}/zip", artifact_zip, "token"),
 ]
 
-_COMPILED = [
-    (m, re.compile("^" + re.sub(r"\{(\w+)\}", r"(?P<\1>[^/]+)", p) + "/?$"), h, a) for m, p, h, a in ROUTES
-]
+_COMPILED = [(m, re.compile("^" + re.sub(r"\{(\w+)\}", r"(?P<\1>[^/]+)", p) + "/?$"), h, a) for m, p, h, a in ROUTES]
 
 
 def _authenticate(state: StubState, request: Request, need: str) -> dict:
@@ -595,10 +675,13 @@ def _authenticate(state: StubState, request: Request, need: str) -> dict:
         if scheme != "bearer" or not cred:
             raise HTTPError(401, "A JSON web token could not be decoded")
         try:
-            claims = jwt.decode(cred, state.public_key(), algorithms=["RS256"],
-                                options={"require": ["iat", "exp", "iss"]}, leeway=60)
+            claims = jwt.decode(
+                cred, state.public_key(), algorithms=["RS256"], options={"require": ["iat", "exp", "iss"]}, leeway=60
+            )
         except jwt.PyJWTError as exc:
-            raise HTTPError(401, f"'Expiration time' claim ('exp') is invalid or the JWT could not be decoded: {exc}") from None
+            raise HTTPError(
+                401, f"'Expiration time' claim ('exp') is invalid or the JWT could not be decoded: {exc}"
+            ) from None
         if str(claims["iss"]) != str(state.app_id):
             raise HTTPError(401, "Integration not found")
         if claims["exp"] - claims["iat"] > 600 + 60:
@@ -609,7 +692,11 @@ def _authenticate(state: StubState, request: Request, need: str) -> dict:
             info = state.tokens.get(cred)
         if info is None or info["expires_at"] < time.time():
             raise HTTPError(401, "Bad credentials")
-        return {"kind": "installation", "installation_id": info["installation_id"], "key": f"inst:{info['installation_id']}"}
+        return {
+            "kind": "installation",
+            "installation_id": info["installation_id"],
+            "key": f"inst:{info['installation_id']}",
+        }
     if need == "any":
         return {"kind": "none", "key": request.client.host if request.client else "anon"}
     raise HTTPError(401, "Requires authentication")
@@ -624,10 +711,15 @@ def _error(status: int, message: str, errors: list[dict] | None = None, headers:
 
 def _fault(status: int, retry_after: int) -> JSONResponse:
     if status == 403:
-        return _error(403, "You have exceeded a secondary rate limit. Please wait a few minutes before you try again. "
-                           "If you reach out to GitHub Support for help, please include the request ID.",
-                      headers={"Retry-After": str(retry_after)})
-    return _error(status, {500: "Server Error", 502: "Bad Gateway", 503: "Service Unavailable"}.get(status, "Server Error"))
+        return _error(
+            403,
+            "You have exceeded a secondary rate limit. Please wait a few minutes before you try again. "
+            "If you reach out to GitHub Support for help, please include the request ID.",
+            headers={"Retry-After": str(retry_after)},
+        )
+    return _error(
+        status, {500: "Server Error", 502: "Bad Gateway", 503: "Service Unavailable"}.get(status, "Server Error")
+    )
 
 
 def build_app(state: StubState, prefix: str = "") -> Starlette:
@@ -660,15 +752,21 @@ def build_app(state: StubState, prefix: str = "") -> Starlette:
 
     async def dispatcher(request: Request) -> Response:
         path = "/" + request.path_params.get("path", "")
-        api_path = path[len(prefix):] if prefix and path.startswith(prefix) else (None if prefix else path)
+        api_path = path[len(prefix) :] if prefix and path.startswith(prefix) else (None if prefix else path)
         method = request.method
         try:
             if api_path is None:
                 raise not_found()
             with state.lock:
                 state.arrivals.append((method, api_path))
-                stall = max((sec for key, sec in state.delays.items()
-                             if key.split(" ", 1)[0] == method and key.split(" ", 1)[1] in api_path), default=0)
+                stall = max(
+                    (
+                        sec
+                        for key, sec in state.delays.items()
+                        if key.split(" ", 1)[0] == method and key.split(" ", 1)[1] in api_path
+                    ),
+                    default=0,
+                )
             if stall:
                 await asyncio.sleep(stall)
             injected = state.fault.pick(api_path, method)
@@ -686,17 +784,26 @@ def build_app(state: StubState, prefix: str = "") -> Starlette:
             response = _error(404, "Not Found")
         status = response.status_code
         lim, left, reset = state.consume(request.headers.get("authorization", "anon")[-24:])
-        response.headers.update({"X-RateLimit-Limit": str(lim), "X-RateLimit-Remaining": str(left),
-                                 "X-RateLimit-Reset": str(reset), "X-RateLimit-Used": str(lim - left),
-                                 "X-RateLimit-Resource": "core", "X-GitHub-Media-Type": "github.v3; format=json",
-                                 "X-GitHub-Request-Id": secrets.token_hex(8).upper()})
+        response.headers.update(
+            {
+                "X-RateLimit-Limit": str(lim),
+                "X-RateLimit-Remaining": str(left),
+                "X-RateLimit-Reset": str(reset),
+                "X-RateLimit-Used": str(lim - left),
+                "X-RateLimit-Resource": "core",
+                "X-GitHub-Media-Type": "github.v3; format=json",
+                "X-GitHub-Request-Id": secrets.token_hex(8).upper(),
+            }
+        )
         with state.lock:
             state.requests.append((method, api_path or path, status))
         return response
 
-    app = Starlette(routes=[
-        Route("/_blobs/{key}.zip", blob, methods=["GET"]),
-        Route("/{path:path}", dispatcher, methods=["GET", "POST", "PATCH", "PUT", "DELETE"]),
-    ])
+    app = Starlette(
+        routes=[
+            Route("/_blobs/{key}.zip", blob, methods=["GET"]),
+            Route("/{path:path}", dispatcher, methods=["GET", "POST", "PATCH", "PUT", "DELETE"]),
+        ]
+    )
     app.state.prefix = prefix
     return app

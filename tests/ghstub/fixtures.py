@@ -1,4 +1,7 @@
-"""pytest fixtures for the GitHub stand-in. Import them into a conftest: ``from tests.ghstub.fixtures import ghstub``."""
+"""pytest fixtures for the GitHub stand-in.
+
+Import them into a conftest: ``from tests.ghstub.fixtures import ghstub``.
+"""
 
 from __future__ import annotations
 

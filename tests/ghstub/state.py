@@ -124,45 +124,87 @@ class StubState:
                 "account": {"login": account, "id": 1, "type": "Organization"},
                 "target_type": "Organization",
                 "repository_selection": "selected",
-                "permissions": {"checks": "write", "pull_requests": "write", "issues": "write",
-                                "contents": "read", "actions": "write", "metadata": "read"},
+                "permissions": {
+                    "checks": "write",
+                    "pull_requests": "write",
+                    "issues": "write",
+                    "contents": "read",
+                    "actions": "write",
+                    "metadata": "read",
+                },
                 "events": ["pull_request", "issue_comment", "check_run", "merge_group", "workflow_run"],
-                "created_at": iso(), "updated_at": iso(),
+                "created_at": iso(),
+                "updated_at": iso(),
             }
             self.installations[installation_id] = inst
             return inst
 
-    def add_repo(self, full_name: str, clone_url: str = "", *, installation_id: int = 1,
-                 default_branch: str = "main", private: bool = False) -> dict:
+    def add_repo(
+        self,
+        full_name: str,
+        clone_url: str = "",
+        *,
+        installation_id: int = 1,
+        default_branch: str = "main",
+        private: bool = False,
+    ) -> dict:
         """Register a repo; ``clone_url`` may be a local path or file:// URL of a real git repo."""
         owner, name = full_name.split("/")
         with self.lock:
             if installation_id not in self.installations:
                 self.add_installation(installation_id, owner)
             repo = {
-                "id": self.next_id(), "node_id": f"R_{name}", "name": name, "full_name": full_name,
+                "id": self.next_id(),
+                "node_id": f"R_{name}",
+                "name": name,
+                "full_name": full_name,
                 "owner": {"login": owner, "id": 1, "type": "Organization"},
-                "private": private, "fork": False, "default_branch": default_branch,
-                "clone_url": clone_url, "html_url": f"https://github.example/{full_name}",
+                "private": private,
+                "fork": False,
+                "default_branch": default_branch,
+                "clone_url": clone_url,
+                "html_url": f"https://github.example/{full_name}",
                 "_installation": installation_id,
             }
             self.repos[full_name] = repo
             return repo
 
-    def add_pull(self, repo: str, number: int, *, head_sha: str, base_sha: str, head_ref: str = "feature",
-                 base_ref: str = "main", user: str = "octocat", title: str = "A change", body: str = "",
-                 draft: bool = False, head_repo: str | None = None, author_association: str = "MEMBER",
-                 files: list[dict] | None = None, diff: str = "") -> dict:
+    def add_pull(
+        self,
+        repo: str,
+        number: int,
+        *,
+        head_sha: str,
+        base_sha: str,
+        head_ref: str = "feature",
+        base_ref: str = "main",
+        user: str = "octocat",
+        title: str = "A change",
+        body: str = "",
+        draft: bool = False,
+        head_repo: str | None = None,
+        author_association: str = "MEMBER",
+        files: list[dict] | None = None,
+        diff: str = "",
+    ) -> dict:
         with self.lock:
             r = self.repos[repo]
             hr = dict(r, full_name=head_repo or repo, fork=bool(head_repo and head_repo != repo))
             pr = {
-                "id": self.next_id(), "number": number, "state": "open", "title": title, "body": body,
-                "draft": draft, "user": {"login": user, "id": abs(hash(user)) % 10**6, "type": "User"},
+                "id": self.next_id(),
+                "number": number,
+                "state": "open",
+                "title": title,
+                "body": body,
+                "draft": draft,
+                "user": {"login": user, "id": abs(hash(user)) % 10**6, "type": "User"},
                 "author_association": author_association,
                 "head": {"sha": head_sha, "ref": head_ref, "label": f"x:{head_ref}", "repo": hr},
                 "base": {"sha": base_sha, "ref": base_ref, "label": f"x:{base_ref}", "repo": r},
-                "created_at": iso(), "updated_at": iso(), "merged": False, "mergeable": True,
+                "created_at": iso(),
+                "updated_at": iso(),
+                "merged": False,
+                "mergeable": True,
             }
             self.pulls[(repo, number)] = pr
             self.pull_files[(repo, number)] = files or []
@@ -173,27 +215,65 @@ class StubState:
         with self.lock:
             self.permissions[(repo, login)] = permission
 
-    def add_workflow(self, repo: str, file: str = "drift-audit-gpu.yml", name: str = "Drift Audit GPU",
-                     inputs: list[str] | None = None) -> dict:
+    def add_workflow(
+        self,
+        repo: str,
+        file: str = "drift-audit-gpu.yml",
+        name: str = "Drift Audit GPU",
+        inputs: list[str] | None = None,
+    ) -> dict:
         """``inputs``: declared workflow_dispatch inputs; others are refused like GitHub does."""
         with self.lock:
-            wf = {"id": self.next_id(), "node_id": "W", "name": name, "path": f".github/workflows/{file}",
-                  "state": "active", "created_at": iso(), "updated_at": iso(), "_inputs": inputs, "_repo": repo}
+            wf = {
+                "id": self.next_id(),
+                "node_id": "W",
+                "name": name,
+                "path": f".github/workflows/{file}",
+                "state": "active",
+                "created_at": iso(),
+                "updated_at": iso(),
+                "_inputs": inputs,
+                "_repo": repo,
+            }
             self.workflows[(repo, file)] = wf
             return wf
 
-    def add_run(self, repo: str, *, head_sha: str, workflow: str = "drift-audit-gpu.yml",
-                status: str = "completed", conclusion: str | None = "success", event: str = "workflow_dispatch",
-                head_branch: str = "main", inputs: dict | None = None, display_title: str | None = None) -> dict:
+    def add_run(
+        self,
+        repo: str,
+        *,
+        head_sha: str,
+        workflow: str = "drift-audit-gpu.yml",
+        status: str = "completed",
+        conclusion: str | None = "success",
+        event: str = "workflow_dispatch",
+        head_branch: str = "main",
+        inputs: dict | None = None,
+        display_title: str | None = None,
+    ) -> dict:
         """Seed a workflow run (as if a dispatch had started one)."""
         with self.lock:
             wf = self.workflows.get((repo, workflow)) or self.add_workflow(repo, workflow)
             rid = self.next_id()
-            run = {"id": rid, "name": wf["name"], "node_id": f"WR_{rid}", "head_sha": head_sha,
-                   "head_branch": head_branch, "path": wf["path"], "run_number": rid, "run_attempt": 1,
-                   "event": event, "status": status, "conclusion": conclusion if status == "completed" else None,
-                   "workflow_id": wf["id"], "created_at": iso(), "updated_at": iso(),
-                   "display_title": display_title or wf["name"], "_repo": repo, "_inputs": inputs or {}}
+            run = {
+                "id": rid,
+                "name": wf["name"],
+                "node_id": f"WR_{rid}",
+                "head_sha": head_sha,
+                "head_branch": head_branch,
+                "path": wf["path"],
+                "run_number": rid,
+                "run_attempt": 1,
+                "event": event,
+                "status": status,
+                "conclusion": conclusion if status == "completed" else None,
+                "workflow_id": wf["id"],
+                "created_at": iso(),
+                "updated_at": iso(),
+                "display_title": display_title or wf["name"],
+                "_repo": repo,
+                "_inputs": inputs or {},
+            }
             self.runs[rid] = run
             return run
 
@@ -203,8 +283,15 @@ class StubState:
             run.update(status="completed", conclusion=conclusion, updated_at=iso())
             return run
 
-    def add_artifact(self, run_id: int, name: str, files: dict[str, bytes | str] | None = None, *,
-                     raw_zip: bytes | None = None, expired: bool = False) -> dict:
+    def add_artifact(
+        self,
+        run_id: int,
+        name: str,
+        files: dict[str, bytes | str] | None = None,
+        *,
+        raw_zip: bytes | None = None,
+        expired: bool = False,
+    ) -> dict:
         """Attach an artifact to a run: ``files`` are zipped like actions/upload-artifact does."""
         if raw_zip is None:
             buf = io.BytesIO()
@@ -215,10 +302,21 @@ class StubState:
         with self.lock:
             run = self.runs[run_id]
             aid = self.next_id()
-            art = {"id": aid, "node_id": f"A_{aid}", "name": name, "size_in_bytes": len(raw_zip),
-                   "expired": expired, "created_at": iso(), "updated_at": iso(), "expires_at": iso(time.time() + 86400),
-                   "workflow_run": {"id": run_id, "head_sha": run["head_sha"], "head_branch": run["head_branch"]},
-                   "digest": "", "_repo": run["_repo"], "_run": run_id, "_zip": raw_zip}
+            art = {
+                "id": aid,
+                "node_id": f"A_{aid}",
+                "name": name,
+                "size_in_bytes": len(raw_zip),
+                "expired": expired,
+                "created_at": iso(),
+                "updated_at": iso(),
+                "expires_at": iso(time.time() + 86400),
+                "workflow_run": {"id": run_id, "head_sha": run["head_sha"], "head_branch": run["head_branch"]},
+                "digest": "",
+                "_repo": run["_repo"],
+                "_run": run_id,
+                "_zip": raw_zip,
+            }
             self.artifacts[aid] = art
             return art
 
@@ -230,16 +328,29 @@ class StubState:
     def add_comment(self, repo: str, number: int, body: str, user: str = "octocat") -> dict:
         with self.lock:
             cid = self.next_id()
-            c = {"id": cid, "node_id": f"IC_{cid}", "body": body, "user": {"login": user, "id": 7, "type": "User"},
-                 "created_at": iso(), "updated_at": iso(), "author_association": "MEMBER",
-                 "_repo": repo, "_issue": number}
+            c = {
+                "id": cid,
+                "node_id": f"IC_{cid}",
+                "body": body,
+                "user": {"login": user, "id": 7, "type": "User"},
+                "created_at": iso(),
+                "updated_at": iso(),
+                "author_association": "MEMBER",
+                "_repo": repo,
+                "_issue": number,
+            }
             self.comments[cid] = c
             return c
 
     def check_runs_for(self, repo: str, head_sha: str | None = None, name: str | None = None) -> list[dict]:
         with self.lock:
-            return [c for c in self.check_runs.values() if c["_repo"] == repo
-                    and (head_sha is None or c["head_sha"] == head_sha) and (name is None or c["name"] == name)]
+            return [
+                c
+                for c in self.check_runs.values()
+                if c["_repo"] == repo
+                and (head_sha is None or c["head_sha"] == head_sha)
+                and (name is None or c["name"] == name)
+            ]
 
     def arrived(self, method: str, fragment: str) -> int:
         with self.lock:
@@ -247,8 +358,9 @@ class StubState:
 
     def count(self, method: str, fragment: str, status: int | None = None) -> int:
         with self.lock:
-            return sum(1 for m, p, s in self.requests if m == method and fragment in p
-                       and (status is None or s == status))
+            return sum(
+                1 for m, p, s in self.requests if m == method and fragment in p and (status is None or s == status)
+            )
 
     # ------------------------------------------------------------------ used by the app
     def mint_token(self, installation_id: int) -> dict:
@@ -257,8 +369,12 @@ class StubState:
         exp = time.time() + self.token_ttl
         with self.lock:
             self.tokens[token] = {"installation_id": installation_id, "expires_at": exp}
-        return {"token": token, "expires_at": iso(exp), "permissions": self.installations[installation_id]["permissions"],
-                "repository_selection": "selected"}
+        return {
+            "token": token,
+            "expires_at": iso(exp),
+            "permissions": self.installations[installation_id]["permissions"],
+            "repository_selection": "selected",
+        }
 
     def consume(self, key: str) -> tuple[int, int, int]:
         with self.lock:
