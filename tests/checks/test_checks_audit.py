@@ -150,3 +150,16 @@ def test_rule_that_cannot_run_on_head_does_not_claim_fixed(tmp_path):
     found = audit(repo, base, head)
     assert not [f for f in found.findings if f.rule == "mtp-prefill-pinned" and f.status == "fixed"]
     assert any(u.entry.startswith("rule 'mtp-prefill-pinned'") for u in found.unchecked)
+
+
+def test_renaming_a_file_keeps_a_finding_preexisting(tmp_path):
+    repo = shape.init_repo(tmp_path / "mv")
+    files = shape.DRIFTS["shard-tables-differ"][1](shape.base_files())
+    base = shape.commit(repo, files, "base")
+    files["scripts/tp_demo.py"] = files.pop("scripts/demo.py")
+    config = shape.CONFIG.replace('files = ["scripts/demo.py"]', 'files = ["scripts/*demo.py"]')
+    repo_cfg = {**files, ".github/drift-audit.toml": config}
+    head = shape.commit(repo, repo_cfg, "rename the demo")
+    found = audit(repo, base, head, config)
+    assert [(f.rule, f.status) for f in found.findings] == [("shard-tables-agree", "pre-existing")]
+    assert found.findings[0].locations[0].path == "scripts/tp_demo.py"
