@@ -256,7 +256,7 @@ def main() -> int:
              [{"block": b, "warps": w} for b in (1024, 2048, 4096) for w in (4, 8)]),
             ("silu_mul_quant", lambda: op_silu_mul(big // 2, quant=True),
              [{"groups": g, "warps": w} for g in (4, 8, 16, 32) for w in (4, 8) if g * 128 // (w * 32) >= 4]),
-            ("rope", lambda: op_rope(big // 2), [{"block": b, "warps": w} for b in (32, 64, 128, 256) for w in (4, 8)]),
+            ("rope", lambda: op_rope(big // 2), [{"block": b, "warps": w} for b in (16, 32, 64, 128) for w in (2, 4, 8)]),
             ("weight_dequant", lambda: op_weight_dequant(128 if ARGS.smoke else 18432),
              [{"tile_n": t, "warps": w} for t in (16, 32, 64, 128) for w in (4, 8)]),
         ]

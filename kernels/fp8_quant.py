@@ -121,16 +121,19 @@ def _act_dequant_kernel(
 
 @triton.jit
 def _weight_dequant_kernel(
-    w_ptr, s_ptr, o_ptr, n_rows, n_cols, stride_w, stride_s, stride_o,
+    w_ptr, s_ptr, o_ptr, n_rows, n_cols, n_kb, stride_w, stride_s, stride_o,
     BLOCK: tl.constexpr, TILE_N: tl.constexpr, EXACT: tl.constexpr,
 ):
-    bn = tl.program_id(0)
-    bk = tl.program_id(1)
-    rows = (bn * BLOCK + tl.program_id(2) * TILE_N + tl.arange(0, TILE_N)).to(tl.int64)[:, None]
+    # 1-D grid, column blocks fastest: neighbouring programs cover neighbouring columns of the same rows,
+    # so reads and writes stream whole rows; TILE_N divides BLOCK, so one scale serves the whole tile
+    pid = tl.program_id(0)
+    bk = pid % n_kb
+    r0 = (pid // n_kb) * TILE_N
+    rows = (r0 + tl.arange(0, TILE_N)).to(tl.int64)[:, None]
     cols = bk * BLOCK + tl.arange(0, BLOCK)[None, :]
     mask = (rows < n_rows) & (cols < n_cols)
     w = tl.load(w_ptr + rows * stride_w + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
-    s = tl.load(s_ptr + bn * stride_s + bk)
+    s = tl.load(s_ptr + (r0 // BLOCK) * stride_s + bk)
     tl.store(o_ptr + rows * stride_o + cols, cast_rne(w * s, o_ptr.dtype.element_ty, EXACT), mask=mask)
 
 
@@ -189,7 +192,8 @@ def act_dequant(q: torch.Tensor, scale: torch.Tensor, out_dtype: torch.dtype = t
 
 def weight_dequant(w: torch.Tensor, scale_inv: torch.Tensor, block: int = 128,
                    out_dtype: torch.dtype = torch.float32, *, out=None, tune: dict | None = None):
-    """Triton :func:`weight_dequant_ref`: one program per ``TILE_N × block`` slice of a scale block."""
+    """Triton :func:`weight_dequant_ref`: one program per ``TILE_N × block`` slice of a scale block;
+    ``tune``: ``tile_n`` (a divisor of ``block``), ``warps``."""
     if w.dim() != 2:
         raise ValueError(f"weight must be 2-D, got {tuple(w.shape)}")
     n, k = w.shape
@@ -200,8 +204,10 @@ def weight_dequant(w: torch.Tensor, scale_inv: torch.Tensor, block: int = 128,
     w2 = as_rows(w)
     on_gpu = capability(w.device) is not None
     tile_n = (tune or {}).get("tile_n") or (32 if on_gpu else block)
-    _weight_dequant_kernel[(want[0], want[1], block // tile_n)](
-        w2, scale_inv, out, n, k, w2.stride(0), scale_inv.stride(0), out.stride(0),
+    if block % tile_n:
+        raise ValueError(f"tile_n {tile_n} must divide block {block}")
+    _weight_dequant_kernel[(triton.cdiv(n, tile_n) * want[1],)](
+        w2, scale_inv, out, n, k, want[1], w2.stride(0), scale_inv.stride(0), out.stride(0),
         BLOCK=block, TILE_N=tile_n, EXACT=interpreting(), num_warps=(tune or {}).get("warps", 4),
     )
     return out

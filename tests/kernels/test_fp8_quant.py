@@ -138,3 +138,18 @@ def test_reference_scale_is_an_ieee_divide():
     amax_row = torch.zeros(1, 128)
     amax_row[0, 0] = 672.0  # 672/448 = 1.5 exactly; a reciprocal multiply gives 1.5000001
     assert fq.act_quant_ref(amax_row)[1].item() == 1.5
+
+
+@pytest.mark.parametrize("tune", [{"tile_n": 16}, {"tile_n": 64}, {"groups": 2}, {"groups": 8}], ids=str)
+def test_launch_overrides_keep_results_exact(tune):
+    if "tile_n" in tune:
+        w = torch.randn(300, 260).to(torch.float8_e4m3fn)
+        s = torch.rand(3, 3)
+        assert torch.equal(fq.weight_dequant(w, s, tune=tune), fq.weight_dequant_ref(w, s))
+        with pytest.raises(ValueError, match="must divide"):
+            fq.weight_dequant(w, s, tune={"tile_n": 48})
+    else:
+        x = torch.randn(3, 1000).bfloat16()
+        q, s = fq.act_quant(x, tune=tune)
+        rq, rs = fq.act_quant_ref(x)
+        assert torch.equal(q.view(torch.uint8), rq.view(torch.uint8)) and torch.equal(s, rs)
