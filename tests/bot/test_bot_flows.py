@@ -327,3 +327,41 @@ def test_rerequested_pr_check_run_is_concluded_again_in_place(bot_factory, engin
     bot.settle()
     (fresh,) = state.check_runs_for(REPO, newer)
     assert fresh["status"] == "completed" and state.check_runs[run["id"]]["status"] == "completed"
+
+
+def test_a_new_push_closes_the_audit_waiting_for_gpu_results(bot_factory, gpu_repo):
+    make, state = bot_factory
+    repo_path, base, h1 = gpu_repo
+    state.add_repo(REPO, str(repo_path))
+    state.add_pull(REPO, 19, head_sha=h1, base_sha=base)
+    state.add_workflow(REPO)
+    runs: list[dict] = []
+
+    def on_dispatch(st, record):
+        inputs = record["inputs"]
+        run = st.add_run(REPO, head_sha=inputs["head_sha"], display_title=run_title(inputs["audit_id"], inputs["label"]))
+        results = Results(inputs["audit_id"], inputs["head_sha"], [SuiteResult("parity-loader", "sm90", "passed")])
+        st.add_artifact(run["id"], artifact_name(inputs["audit_id"], inputs["label"]), {"results.json": to_json(results)})
+        runs.append(run)
+
+    state.on_dispatch = on_dispatch
+    bot = make()
+    bot.deliver("pull_request", pr_payload("opened", number=19, head=h1, base=base))
+    bot.settle()
+    h2 = commit(repo_path, {"engine/weights/loader.py": "def load(path):\n    return {'w': 2}\n"}, "again")
+    state.pulls[(REPO, 19)]["head"]["sha"] = h2
+    bot.deliver("pull_request", pr_payload("synchronize", number=19, head=h2, base=base))
+    bot.settle()
+    (old_run,) = state.check_runs_for(REPO, h1)
+    assert old_run["conclusion"] == "cancelled"
+    (comment,) = _marked(state, 19)
+    before = comment["body"]
+    assert h2[:12] in before
+
+    bot.deliver("workflow_run", workflow_run_payload(runs[0]))  # the old head's results arrive late
+    bot.settle()
+    assert state.comments[comment["id"]]["body"] == before and old_run["conclusion"] == "cancelled"
+    bot.deliver("workflow_run", workflow_run_payload(runs[1]))
+    bot.settle()
+    (new_run,) = state.check_runs_for(REPO, h2)
+    assert new_run["conclusion"] == "success" and state.comments[comment["id"]]["body"] != before
