@@ -257,12 +257,13 @@ def _gemm_prefill():
     rows = []
     cap = torch.cuda.get_device_capability() if DEV == "cuda" else None
     variants = [("ours default", None)]
-    if not SMOKE:
-        variants += [("ours 128x256 w8 s3", GemmConfig(128, 256, 1, 8, 8, 3)),
-                     ("ours 256x128 w8 s3", GemmConfig(256, 128, 1, 8, 8, 3)),
+    if not SMOKE:  # 2026-11-29 H200: 128x128 w8 s4 403 TF, 128x256 274, 256x128 135, DeepSeek design 672
+        variants += [("ours 64x128 w8 s4", GemmConfig(64, 128, 1, 8, 8, 4)),
+                     ("ours 64x128 w8 s3 g1", GemmConfig(64, 128, 1, 1, 8, 3)),
+                     ("ours 64x256 w8 s3", GemmConfig(64, 256, 1, 8, 8, 3)),
+                     ("ours 64x128 w4 s4", GemmConfig(64, 128, 1, 8, 4, 4)),
                      ("ours 128x128 w8 s3", GemmConfig(128, 128, 1, 8, 8, 3)),
-                     ("ours 128x128 w4 s4", GemmConfig(128, 128, 1, 8, 4, 4)),
-                     ("ours 64x256 w4 s4", GemmConfig(64, 256, 1, 8, 4, 4))]
+                     ("ours 64x64 w4 s5", GemmConfig(64, 64, 1, 8, 4, 5))]
     best = None
     for name, cfg in variants:
         try:
@@ -319,11 +320,14 @@ def _gemm_decode():
         cap = torch.cuda.get_device_capability() if DEV == "cuda" else None
         default = gemm_config(m, n, k, cap, torch.cuda.get_device_properties(0).multi_processor_count if cap else 132)
         variants = [("ours default", None)]
-        if not SMOKE:
-            bm = max(16, triton.next_power_of_2(m))
-            for bn, split, st in ((64, 1, 4), (64, 2, 4), (64, 8, 4), (128, 4, 4), (32, 4, 4), (64, 4, 6),
-                                  (128, 8, 3)):
-                variants.append((f"ours bn{bn} split{split} s{st}", GemmConfig(bm, bn, split, 1, 4, st)))
+        if not SMOKE:  # (bm, bn, split, group, warps, stages); 2026-11-29 H200 best: M=1 16/128/4 18.6 us
+            grid = ([(16, 128, 2, 1, 4, 4), (16, 128, 8, 1, 4, 3), (16, 64, 4, 1, 4, 4), (16, 256, 4, 1, 8, 3),
+                     (16, 128, 4, 1, 8, 4), (16, 32, 4, 1, 4, 4)] if m <= 16 else
+                    [(16, 128, 1, 4, 4, 4), (16, 64, 2, 4, 4, 4), (16, 64, 1, 4, 8, 3), (64, 64, 1, 1, 8, 3),
+                     (64, 128, 1, 1, 8, 3), (32, 64, 1, 2, 4, 4), (64, 64, 1, 1, 4, 4)])
+            for bm, bn, split, group, warps, st in grid:
+                variants.append((f"ours {bm}x{bn} split{split} g{group} w{warps} s{st}",
+                                 GemmConfig(bm, bn, split, group, warps, st)))
         best = None
         for name, cfg in variants:
             try:
@@ -339,7 +343,8 @@ def _gemm_decode():
         try:
             t = bench_graph([lambda b=b, s=s: ds_fp8_gemm(a, a_s, b, s) for b, s in bs])
             anchor = (wbytes + m * k + m * n * 2) / t / 1e12
-            say(f"  M={m:3d} {'DeepSeek-design triton':28s} {t * 1e6:8.1f} us {anchor:6.2f} TB/s")
+            say(f"  M={m:3d} {'DeepSeek-design triton':28s} {t * 1e6:8.1f} us {anchor:6.2f} TB/s "
+                f"({getattr(_ds_fp8_gemm_kernel, 'best_config', '?')})")
         except Exception as exc:
             say(f"  M={m} DeepSeek design: {type(exc).__name__}: {str(exc)[:200]}")
         RESULTS["gemm"].append({"shape": [m, n, k], "rows": rows, "anchor_deepseek_tbs": anchor, "weight_copies": nb})
@@ -391,7 +396,9 @@ def _mla():
             for splits in sorted({max(1, dflt.num_splits // 2), dflt.num_splits * 2}):
                 variants.append((f"splits{splits}", DecodeConfig(dflt.block_h, dflt.block_n, splits, dflt.num_warps,
                                                                  dflt.num_stages)))
-            variants.append(("bn32 s2", DecodeConfig(dflt.block_h, 32, dflt.num_splits, dflt.num_warps, 2)))
+            # 2026-11-29 H200, b=32 4k: bn64 s2 95 us, bn32 s2 83 us
+            for bn, st, w in ((32, 3, 4), (32, 4, 4), (16, 4, 4), (64, 2, 4), (32, 2, 8)):
+                variants.append((f"bn{bn} s{st} w{w}", DecodeConfig(dflt.block_h, bn, dflt.num_splits, w, st)))
         for name, cfg in variants:
             try:
                 t = bench_graph([lambda c=c, tb=tb, cfg=cfg: paged_mla_decode(q, c, tb, lens, scale, config=cfg)
@@ -451,6 +458,9 @@ def _moe():
             try:
                 out = moe_experts(**inp)
                 t_ours = timer(lambda: moe_experts(**inp))
+                if decode and not SMOKE:
+                    t_al = timer(lambda: moe_experts(**inp, align="torch"))
+                    say(f"           same with the torch alignment ops: {t_al * 1e6:9.1f} us")
                 t_loop = bench(lambda: expert_loop(**loop_inp, dtype=torch.bfloat16))
                 ref = expert_loop(**loop_inp, dtype=torch.bfloat16)
                 diff = _gemm_diff(out, ref)
@@ -460,9 +470,10 @@ def _moe():
                 row = {"tokens": t, "fp8": fp8, "ours_s": t_ours, "loop_s": t_loop, "speedup": t_loop / t_ours,
                        "bytes": mb, "bytes_per_token": mb / t, "tbs": tbs,
                        "config": str(moe_config(t, k, e, cap))}
-                if not SMOKE and t in (64, 4096):
-                    alts = ([MoeConfig(16, 128, 128, 4, 4), MoeConfig(32, 128, 64, 4, 4)] if decode else
-                            [MoeConfig(128, 128, 64, 8, 3), MoeConfig(64, 64, 128, 4, 4)])
+                if not SMOKE and t in (1, 64, 4096):
+                    alts = ([MoeConfig(16, 32, 128, 4, 4), MoeConfig(16, 64, 64, 4, 6), MoeConfig(16, 128, 128, 4, 3)]
+                            if decode else
+                            [MoeConfig(64, 128, 64, 8, 3), MoeConfig(128, 64, 64, 8, 3), MoeConfig(64, 64, 64, 4, 4)])
                     for cfg in alts:
                         ta = timer(lambda cfg=cfg: moe_experts(**inp, config=cfg))
                         say(f"           variant {cfg}: {ta * 1e6:9.1f} us")

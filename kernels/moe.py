@@ -96,15 +96,24 @@ def _check(x, topk_weights, topk_ids, w1, w3, w2, w1_scale, w3_scale, w2_scale) 
                 raise ValueError(f"moe: fp8 {name} needs {name}_scale of shape {want}, got {got}")
 
 
-def align_by_expert(topk_ids: torch.Tensor, num_experts: int, block_m: int):
+def align_by_expert(topk_ids: torch.Tensor, num_experts: int, block_m: int, method: str = "auto"):
     """Sort the ``T·k`` routing pairs by expert and pad each expert's run to a multiple of ``block_m``.
 
-    Returns ``(sorted_ids, block_expert)``: ``sorted_ids[P]`` holds flat pair indices (``t·k + j``) with
-    ``T·k`` marking padding; ``block_expert[P/block_m]`` is each M tile's expert, ``-1`` past the end.
-    ``P = T·k + E·(block_m − 1)`` rounded up is a bound known from shapes alone, so nothing syncs.
+    Returns ``(sorted_ids, block_expert)``: ``sorted_ids[P]`` holds flat pair indices (``t·k + j``) in
+    routing order within each expert, with ``T·k`` marking padding; ``block_expert[P/block_m]`` is each M
+    tile's expert, ``-1`` past the end. ``P = T·k + E·(block_m − 1)`` rounded up is a bound known from
+    shapes alone, so nothing syncs. ``method``: ``"torch"`` (a dozen small device ops), ``"triton"`` (one
+    single-program kernel, for decode-sized inputs where those launches dominate), ``"auto"`` picks.
     """
+    n = topk_ids.numel()
+    cap = triton.cdiv(n + num_experts * (block_m - 1), block_m) * block_m
+    if method == "auto":
+        method = "triton" if _align_fits(n, num_experts, cap // block_m) else "torch"
+    if method == "triton":
+        return _align_triton(topk_ids, num_experts, block_m, cap)
+    if method != "torch":
+        raise ValueError(f"align method must be auto, torch or triton, got {method!r}")
     flat = topk_ids.reshape(-1).long()
-    n = flat.numel()
     dev = flat.device
     counts = torch.zeros(num_experts, dtype=torch.long, device=dev).scatter_add_(0, flat, torch.ones_like(flat))
     padded = (counts + block_m - 1) // block_m * block_m
@@ -114,12 +123,64 @@ def align_by_expert(topk_ids: torch.Tensor, num_experts: int, block_m: int):
     order = torch.sort(flat, stable=True).indices
     sorted_e = flat[order]
     dest = pad_start[sorted_e] + torch.arange(n, device=dev) - start[sorted_e]
-    cap = triton.cdiv(n + num_experts * (block_m - 1), block_m) * block_m
     sorted_ids = torch.full((cap,), n, dtype=torch.int32, device=dev)
     sorted_ids.scatter_(0, dest, order.to(torch.int32))
     block_start = torch.arange(0, cap, block_m, device=dev)
     block_expert = torch.searchsorted(pad_end, block_start, right=True)
     block_expert = torch.where(block_expert < num_experts, block_expert, -1).to(torch.int32)
+    return sorted_ids, block_expert
+
+
+_ALIGN_MAX_CELLS = 16384  # pairs × experts (and tiles × experts) one program holds in registers
+
+
+def _align_fits(n_pairs: int, num_experts: int, n_tiles: int) -> bool:
+    e = triton.next_power_of_2(num_experts)
+    return triton.next_power_of_2(max(n_pairs, 1)) * e <= _ALIGN_MAX_CELLS and \
+        triton.next_power_of_2(n_tiles) * e <= 4 * _ALIGN_MAX_CELLS
+
+
+@triton.jit
+def _align_kernel(
+    ids_ptr, sorted_ptr, bexp_ptr, N, E, CAP, N_TILES,
+    BLOCK_M: tl.constexpr, N_P2: tl.constexpr, E_P2: tl.constexpr, TILES_P2: tl.constexpr, FILL: tl.constexpr,
+):
+    i = tl.arange(0, N_P2)
+    ok = i < N
+    e = tl.load(ids_ptr + i, mask=ok, other=-1).to(tl.int32)
+    ev = tl.arange(0, E_P2)
+    hit = e[:, None] == ev[None, :]
+    onehot = hit.to(tl.int32)
+    counts = tl.sum(onehot, 0)
+    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    pad_end = tl.cumsum(padded, 0)
+    pad_start = pad_end - padded
+    before = tl.cumsum(onehot, 0) - onehot  # pairs of the same expert earlier in routing order
+    dest = tl.sum(tl.where(hit, before + pad_start[None, :], 0), 1)
+    for c0 in range(0, CAP, FILL):
+        offs = c0 + tl.arange(0, FILL)
+        tl.store(sorted_ptr + offs, tl.zeros((FILL,), dtype=tl.int32) + N, mask=offs < CAP)
+    tl.debug_barrier()  # padding first, then the pairs over it
+    tl.store(sorted_ptr + dest, i, mask=ok)
+    b = tl.arange(0, TILES_P2)
+    done = (pad_end[None, :] <= (b * BLOCK_M)[:, None]) & (ev[None, :] < E)
+    be = tl.sum(done.to(tl.int32), 1)
+    tl.store(bexp_ptr + b, tl.where(be < E, be, -1), mask=b < N_TILES)
+
+
+def _align_triton(topk_ids: torch.Tensor, num_experts: int, block_m: int, cap: int):
+    n = topk_ids.numel()
+    ids = topk_ids.reshape(-1)
+    if not ids.is_contiguous():
+        ids = ids.contiguous()
+    n_tiles = cap // block_m
+    sorted_ids = torch.empty(cap, dtype=torch.int32, device=ids.device)
+    block_expert = torch.empty(n_tiles, dtype=torch.int32, device=ids.device)
+    _align_kernel[(1,)](
+        ids, sorted_ids, block_expert, n, num_experts, cap, n_tiles,
+        BLOCK_M=block_m, N_P2=triton.next_power_of_2(max(n, 1)), E_P2=triton.next_power_of_2(num_experts),
+        TILES_P2=triton.next_power_of_2(n_tiles), FILL=1024, num_warps=8,
+    )
     return sorted_ids, block_expert
 
 
@@ -263,8 +324,10 @@ def moe_experts(
     *,
     out: torch.Tensor | None = None,
     config: MoeConfig | None = None,
+    align: str = "auto",
 ) -> torch.Tensor:
-    """Triton twin of :func:`moe_experts_ref` (into ``out`` when given)."""
+    """Triton twin of :func:`moe_experts_ref` (into ``out`` when given); ``align`` as in
+    :func:`align_by_expert`."""
     _check(x, topk_weights, topk_ids, w1, w3, w2, w1_scale, w3_scale, w2_scale)
     t, d = x.shape
     e, i, _ = w1.shape
@@ -279,7 +342,7 @@ def moe_experts(
     if w1.stride() != w3.stride() or (fp8 and w1_scale.stride() != w3_scale.stride()):
         raise ValueError("moe: w1 and w3 (and their scales) must share a layout")
     x = x.contiguous()
-    sorted_ids, block_expert = align_by_expert(topk_ids, e, config.block_m)
+    sorted_ids, block_expert = align_by_expert(topk_ids, e, config.block_m, align)
     n_pairs = t * k
     h = torch.empty(n_pairs, i, dtype=x.dtype, device=x.device)
     y = torch.empty(n_pairs, d, dtype=torch.float32, device=x.device)

@@ -13,9 +13,10 @@ def test_moe_spec_passes_on_cpu():
     assert rows and all(r.passed for r in rows), format_table(rows)
 
 
-def test_align_groups_pairs_by_expert_in_padded_tiles():
+@pytest.mark.parametrize("method", ["torch", "triton"])
+def test_align_groups_pairs_by_expert_in_padded_tiles(method):
     ids = torch.tensor([[3, 0], [3, 1], [0, 3], [2, 3]])
-    sorted_ids, block_expert = align_by_expert(ids, num_experts=5, block_m=4)
+    sorted_ids, block_expert = align_by_expert(ids, num_experts=5, block_m=4, method=method)
     n = ids.numel()
     tiles = sorted_ids.view(-1, 4)
     seen = []
@@ -28,6 +29,16 @@ def test_align_groups_pairs_by_expert_in_padded_tiles():
         seen += real
     assert sorted(seen) == list(range(n))  # every pair exactly once
     assert block_expert.tolist()[:4] == [0, 1, 2, 3] and 4 not in block_expert.tolist()  # expert 4 is empty
+
+
+@pytest.mark.parametrize("t, e, k, bm", [(1, 64, 6, 16), (16, 64, 6, 16), (5, 256, 8, 16), (40, 8, 2, 4)])
+def test_single_program_alignment_equals_the_torch_one(t, e, k, bm):
+    g = torch.Generator().manual_seed(t)
+    ids = torch.rand(t, e, generator=g).argsort(dim=1)[:, :k]
+    if t == 40:
+        ids[:30] = torch.tensor([1, 2])  # one long run and empty experts
+    a, b = align_by_expert(ids, e, bm, "torch"), align_by_expert(ids, e, bm, "triton")
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
 
 
 def test_routing_weights_scale_each_expert_output():
