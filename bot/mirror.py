@@ -31,7 +31,7 @@ class Mirrors:
 
     def path_for(self, repo: str) -> Path:
         owner, _, name = repo.partition("/")
-        if not (_SAFE.match(owner) and _SAFE.match(name)) or name in (".", ".."):
+        if not (_SAFE.match(owner) and _SAFE.match(name)) or {owner, name} & {".", ".."}:
             raise MirrorError(f"refusing repository name {repo!r}")
         return self.root / owner / f"{name}.git"
 
