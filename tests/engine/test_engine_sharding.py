@@ -79,3 +79,24 @@ def test_two_rank_tensor_parallel_matches_one_rank(tmp_path, tiny_dir, tiny_mode
     assert got["heads"] == 2  # each rank really held half of the 4 heads
     want = prefill_logits(tiny_model, tokens, "absorbed")
     torch.testing.assert_close(got["logits"], want, atol=1e-4, rtol=1e-4)
+
+
+def test_a_tree_sitter_fact_query_reads_the_table():
+    """What a drift rule does: pull (pattern, placement) rows out of the source with a tree-sitter query."""
+    pytest.importorskip("tree_sitter")
+    import inspect
+
+    import tree_sitter as ts
+
+    import engine.sharding as mod
+    from checks import syntax
+
+    query = ts.Query(syntax.language("python"), """
+        (assignment left: (identifier) @name (#eq? @name "TP_SHARDING")
+          right: (dictionary (pair key: (string (string_content) @key) value: (string (string_content) @value))))
+    """)
+    tree = syntax.parse("python", inspect.getsource(mod).encode())
+    rows = {}
+    for _, caps in ts.QueryCursor(query).matches(tree.root_node):
+        rows[syntax.text(caps["key"][0])] = syntax.text(caps["value"][0])
+    assert rows == TP_SHARDING
