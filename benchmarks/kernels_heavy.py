@@ -263,7 +263,11 @@ def _gemm_prefill():
                      ("ours 64x256 w8 s3", GemmConfig(64, 256, 1, 8, 8, 3)),
                      ("ours 64x128 w4 s4", GemmConfig(64, 128, 1, 8, 4, 4)),
                      ("ours 128x128 w8 s3", GemmConfig(128, 128, 1, 8, 8, 3)),
-                     ("ours 64x64 w4 s5", GemmConfig(64, 64, 1, 8, 4, 5))]
+                     ("ours 64x64 w4 s5", GemmConfig(64, 64, 1, 8, 4, 5)),
+                     ("ours 64x128 w8 s3 pair", GemmConfig(64, 128, 1, 8, 8, 3, True)),
+                     ("ours 128x128 w8 s3 pair", GemmConfig(128, 128, 1, 8, 8, 3, True)),
+                     ("ours 64x256 w8 s2 pair", GemmConfig(64, 256, 1, 8, 8, 2, True)),
+                     ("ours 128x256 w8 s2 pair", GemmConfig(128, 256, 1, 8, 8, 2, True))]
     best = None
     for name, cfg in variants:
         try:
@@ -328,6 +332,9 @@ def _gemm_decode():
             for bm, bn, split, group, warps, st in grid:
                 variants.append((f"ours {bm}x{bn} split{split} g{group} w{warps} s{st}",
                                  GemmConfig(bm, bn, split, group, warps, st)))
+            d = default
+            variants.append(("ours default pair", GemmConfig(d.block_m, d.block_n, d.split_k, d.group_m, d.num_warps,
+                                                             min(d.num_stages, 3), True)))
         best = None
         for name, cfg in variants:
             try:

@@ -83,6 +83,7 @@ class GemmConfig:
     group_m: int
     num_warps: int
     num_stages: int
+    k_pair: bool = False  # issue two K steps' dots before promoting either (two MMAs in flight)
 
 
 def _pow2_at_least(x: int, lo: int) -> int:
@@ -125,7 +126,7 @@ def _fp8_gemm_kernel(
     stride_asm, stride_ask, stride_bsn, stride_bsk,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, UPCAST: tl.constexpr,
-    EXACT: tl.constexpr,
+    EXACT: tl.constexpr, PAIR: tl.constexpr,
 ):
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -157,6 +158,26 @@ def _fp8_gemm_kernel(
     bs_ptrs = b_s_ptr + (rn // BLOCK_K) * stride_bsn + kb0 * stride_bsk
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if PAIR:  # EVEN_K only: two K steps per trip, both dots issued before the scale promotion waits
+        for _ in range(0, (kb1 - kb0) // 2):
+            a0 = tl.load(a_ptrs)
+            b0 = tl.load(b_ptrs)
+            a1 = tl.load(a_ptrs + BLOCK_K * stride_ak)
+            b1 = tl.load(b_ptrs + BLOCK_K * stride_bk)
+            s0 = tl.load(as_ptrs)[:, None] * tl.load(bs_ptrs)[None, :]
+            s1 = tl.load(as_ptrs + stride_ask)[:, None] * tl.load(bs_ptrs + stride_bsk)[None, :]
+            if UPCAST:
+                p0 = tl.dot(a0.to(tl.bfloat16), b0.to(tl.bfloat16))
+                p1 = tl.dot(a1.to(tl.bfloat16), b1.to(tl.bfloat16))
+            else:
+                p0 = tl.dot(a0, b0)
+                p1 = tl.dot(a1, b1)
+            acc += p0 * s0 + p1 * s1
+            a_ptrs += 2 * BLOCK_K * stride_ak
+            b_ptrs += 2 * BLOCK_K * stride_bk
+            as_ptrs += 2 * stride_ask
+            bs_ptrs += 2 * stride_bsk
+        kb0 = kb1 - (kb1 - kb0) % 2  # an odd last step runs below
     for kb in range(kb0, kb1):
         if EVEN_K:
             a = tl.load(a_ptrs)
@@ -240,7 +261,7 @@ def fp8_gemm(
         a_s.stride(0), a_s.stride(1), b_s.stride(0), b_s.stride(1),
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=BLOCK,
         SPLIT_K=split, GROUP_M=config.group_m, EVEN_K=k % BLOCK == 0,
-        UPCAST=cap is not None and cap < (8, 9), EXACT=interpreting(),
+        UPCAST=cap is not None and cap < (8, 9), EXACT=interpreting(), PAIR=config.k_pair and k % BLOCK == 0,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
     if split > 1:

@@ -31,6 +31,15 @@ def test_split_k_matches_single_pass_and_reference():
     assert not torch.equal(a_s, torch.ones_like(a_s))  # scales are real, so a dropped scale would show
 
 
+@pytest.mark.parametrize("kblocks, split", [(4, 1), (5, 1), (7, 2)])
+def test_paired_k_steps_match_single_steps(kblocks, split):
+    a, a_s, b, b_s = _operands(5, 40, 128 * kblocks, seed=kblocks)
+    one = fp8_gemm(a, a_s, b, b_s, config=GemmConfig(16, 32, split, 1, 4, 1))
+    pair = fp8_gemm(a, a_s, b, b_s, config=GemmConfig(16, 32, split, 1, 4, 1, k_pair=True))
+    torch.testing.assert_close(pair.float(), one.float(), rtol=2**-7, atol=1e-2)
+    torch.testing.assert_close(pair.float(), fp8_gemm_ref(a, a_s, b, b_s).float(), rtol=2**-7, atol=1e-2)
+
+
 def test_scales_are_applied_per_block():
     a, a_s, b, b_s = _operands(2, 256, 256, seed=2)
     b_s2 = b_s.clone()
