@@ -121,6 +121,41 @@ class _Compiled:
     spec: pathspec.PathSpec
     signature: str
     finish: _Finish
+    # Per pattern, groups of literals of which the file must contain one each (from #eq?/#any-of?
+    # on captures that are always present); None when some pattern needs no literal.
+    needs: tuple[tuple[tuple[bytes, ...], ...], ...] | None = None
+
+    def may_match(self, data: bytes) -> bool:
+        """False only when no pattern can match: the file lacks a literal every match would contain."""
+        if self.needs is None:
+            return True
+        return any(all(any(lit in data for lit in group) for group in pattern) for pattern in self.needs)
+
+
+_PREDICATE = re.compile(r'\(\s*#(eq|any-of)\?\s+@([\w.-]+)((?:\s+"(?:[^"\\]|\\.)*")+)\s*\)')
+_STRING = re.compile(r'"((?:[^"\\]|\\.)*)"')
+_ALWAYS = {"", "+"}  # capture_quantifier: exactly one, one or more
+
+
+def _needs(query: ts.Query, source: str) -> tuple[tuple[tuple[bytes, ...], ...], ...] | None:
+    """The literals each pattern's text predicates force into any file it matches."""
+    raw = source.encode()
+    index = {query.capture_name(i): i for i in range(query.capture_count)}
+    out = []
+    for p in range(query.pattern_count):
+        text = raw[query.start_byte_for_pattern(p) : query.end_byte_for_pattern(p)].decode()
+        groups = []
+        for _, cap, strings in _PREDICATE.findall(text):
+            if cap in index and query.capture_quantifier(p, index[cap]) in _ALWAYS:
+                lits = tuple(
+                    bytes(s, "utf-8").decode("unicode_escape").encode("utf-8") for s in _STRING.findall(strings)
+                )
+                if lits and all(lits):
+                    groups.append(lits)
+        if not groups:
+            return None
+        out.append(tuple(groups))
+    return tuple(out)
 
 
 def validate_options(fact: Fact) -> None:
@@ -206,7 +241,8 @@ def _compile(sig: str, fact: Fact) -> _Compiled:
         cases=tuple(cases.items()),
         ignore=tuple(fact.options.get("ignore", [])),
     )
-    out = _Compiled(fact, query, regex, spec, sig, finish)
+    needs = _needs(query, fact.query) if query is not None else None
+    out = _Compiled(fact, query, regex, spec, sig, finish, needs)
     with _compile_lock:
         _compiled[key] = out
     return out
@@ -365,6 +401,8 @@ def _regex_rows(c: _Compiled, path: str, data: bytes) -> list[Row]:
 
 
 def _query_rows(c: _Compiled, path: str, data: bytes, blob: str | None) -> tuple[list[Row], str | None]:
+    if not c.may_match(data):
+        return [], None  # no parse for a file that cannot hold a row
     fact = c.fact
     tree = syntax.parse(fact.lang, data, key=blob)
     root = tree.root_node

@@ -115,3 +115,14 @@ def test_non_utf8_and_binary_files_do_not_stop_extraction():
     assert [x.key for x in extract_text(r, "x.bin", b"\x00\xff\xfeTASK_B\x00")[0]] == ["TASK_B"]
     rows, problem = extract_text(f, "blob.h", bytes(range(256)) * 4)
     assert rows == [] and "syntax error" in problem
+
+
+def test_files_without_a_required_literal_are_not_parsed():
+    f = Fact("lit", "python", ["*.py"], query='(call function: (identifier) @_f (#eq? @_f "register_task") arguments: (argument_list (string) @key))')
+    broken = b"def f(:\n    pass\n"
+    assert extract_text(f, "a.py", broken) == ([], None)  # no "register_task": never parsed
+    rows, problem = extract_text(f, "b.py", broken + b'register_task("x")\n')
+    assert problem is not None and problem.startswith("b.py:1")
+    # A predicate on an optional capture holds when the capture is absent, so it must not filter.
+    optional = Fact("opt", "python", ["*.py"], query='(argument_list (identifier)? @_f . (string) @key (#eq? @_f "nope"))')
+    assert [r.key for r in extract_text(optional, "c.py", b'g("y")\n')[0]] == ["y"]
