@@ -145,7 +145,7 @@ def _mla_split_kernel(
     stride_kvp, stride_kvt, stride_pep, stride_pet, stride_btb,
     stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
     D_LAT: tl.constexpr, D_ROPE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
-    F32_DOT: tl.constexpr,
+    F32_DOT: tl.constexpr, IN_PAGE: tl.constexpr,
 ):
     b = tl.program_id(0)
     split = tl.program_id(1)
@@ -175,8 +175,12 @@ def _mla_split_kernel(
     for t0 in range(start, end, BLOCK_N):
         t = t0 + tl.arange(0, BLOCK_N)
         t_ok = t < end
-        page = tl.load(bt_ptr + b * stride_btb + t // PAGE_SIZE, mask=t_ok, other=0).to(tl.int64)
-        slot = t % PAGE_SIZE
+        if IN_PAGE:  # the tile lies in one page: one block-table read, rows at a constant stride
+            page = tl.load(bt_ptr + b * stride_btb + t0 // PAGE_SIZE).to(tl.int64)
+            slot = t0 % PAGE_SIZE + tl.arange(0, BLOCK_N)
+        else:
+            page = tl.load(bt_ptr + b * stride_btb + t // PAGE_SIZE, mask=t_ok, other=0).to(tl.int64)
+            slot = t % PAGE_SIZE
         kv = tl.load(kv_ptr + (page * stride_kvp + slot * stride_kvt)[:, None] + d_lat[None, :],
                      mask=t_ok[:, None] & c_ok[None, :], other=0.0)
         k_pe = tl.load(pe_ptr + (page * stride_pep + slot * stride_pet)[:, None] + d_rope[None, :],
@@ -266,6 +270,7 @@ def _decode(q_lat, q_pe, kv, pe, block_table, seq_lens, page_size, capacity, sca
         kv.stride(0), kv.stride(1), pe.stride(0), pe.stride(1), block_table.stride(0),
         part_o.stride(0), part_o.stride(1), part_o.stride(2), part_lse.stride(0), part_lse.stride(1),
         D_LAT=d_lat, D_ROPE=d_rope, BLOCK_H=config.block_h, BLOCK_N=config.block_n, F32_DOT=cap is None,
+        IN_PAGE=page_size % config.block_n == 0,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
     _mla_merge_kernel[(b_sz, h)](

@@ -39,6 +39,16 @@ def test_split_count_does_not_change_the_result(splits):
     assert (lse - ref_lse).abs().max() < 5e-6
 
 
+@pytest.mark.parametrize("page, block_n", [(16, 32), (64, 32), (32, 16)])
+def test_tiles_across_and_within_pages(page, block_n):
+    """A 32-token tile over 16-token pages gathers rows from two pages; within a page it reads one."""
+    inp = paged_inputs([45, 97], 3, "cpu", torch.Generator().manual_seed(page), page=page)
+    ref_o, ref_lse = paged_mla_decode_ref(**inp)
+    out, lse = paged_mla_decode(**inp, config=DecodeConfig(16, block_n, 2, 4, 1))
+    assert gemm_diff(out, ref_o).value < 1e-5
+    assert (lse - ref_lse).abs().max() < 5e-6
+
+
 def test_shared_pages_and_a_sequence_of_one_token():
     """Two sequences reading the same page (prefix sharing) get the same answer for the same query."""
     inp = paged_inputs([70, 70], 2, "cpu", torch.Generator().manual_seed(2))
