@@ -124,26 +124,21 @@ class Publisher:
                 raise
 
     # ------------------------------------------------------------------ check runs
-    def start_check(self, head_sha: str, external_id: str, details_url: str | None, *, existing_id: int | None = None):
-        """Create the in-progress check run, or find the one an earlier attempt created."""
+    def start_check(self, head_sha: str, external_id: str, details_url: str | None, *,
+                    existing_id: int | None = None, status: str = "in_progress"):
+        """Create the check run (``queued`` on intake, ``in_progress`` when a worker starts), or find the one an
+        earlier step or attempt created and move it to ``status``."""
         run = self.repo.get_check_run(existing_id) if existing_id else self.find_check(head_sha, external_id)
         kwargs = {"details_url": details_url} if details_url else {}
+        output = {"title": "Auditing…", "summary": "The audit is running."} if status == "in_progress" else \
+            {"title": "Queued", "summary": "The audit is waiting for a worker."}
         if run is None:
             return create_once(
-                lambda: self.repo.create_check_run(
-                    name=self.check_name,
-                    head_sha=head_sha,
-                    status="in_progress",
-                    external_id=external_id,
-                    output={"title": "Auditing…", "summary": "The audit is running."},
-                    **kwargs,
-                ),
-                lambda: self.find_check(head_sha, external_id),
-            )
-        if run.status == "completed" and existing_id:
-            run.edit(
-                status="in_progress", output={"title": "Auditing again…", "summary": "Re-run requested."}, **kwargs
-            )
+                lambda: self.repo.create_check_run(name=self.check_name, head_sha=head_sha, status=status,
+                                                   external_id=external_id, output=output, **kwargs),
+                lambda: self.find_check(head_sha, external_id))
+        if status == "in_progress" and run.status != "in_progress":
+            run.edit(status="in_progress", output=output, **kwargs)
         return run
 
     def find_check(self, head_sha: str, external_id: str):

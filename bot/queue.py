@@ -90,6 +90,17 @@ class JobStore(ABC):
     def set_check_run(self, job_id: int, check_run_id: int) -> None: ...
 
     @abstractmethod
+    def unannounced(self, limit: int = 20) -> list[JobRow]:
+        """Queued audits that have no check run yet."""
+
+    @abstractmethod
+    def claim_announce(self, job_id: int) -> bool:
+        """Reserve the creation of a queued job's check run (``check_run_id`` 0 while it is created)."""
+
+    @abstractmethod
+    def release_announce(self, job_id: int) -> None: ...
+
+    @abstractmethod
     def get(self, job_id: int) -> JobRow | None: ...
 
     @abstractmethod
@@ -197,15 +208,17 @@ class SqliteJobStore(JobStore):
 
     @staticmethod
     def _supersede(db: sqlite3.Connection, key: str, head_sha: str, now: float) -> None:
+        # queued with nothing on GitHub yet: drop it; queued with a check run, or running: tell its worker,
+        # which closes the check run as cancelled
         db.execute(
             "UPDATE jobs SET status = ?, superseded_by = ?, updated = ? WHERE key = ? AND status = ?"
-            " AND head_sha IS NOT NULL AND head_sha != ? AND kind IN ('audit', 'command')",
+            " AND check_run_id IS NULL AND head_sha IS NOT NULL AND head_sha != ? AND kind IN ('audit', 'command')",
             (SUPERSEDED, head_sha, now, key, QUEUED, head_sha),
         )
         db.execute(
-            "UPDATE jobs SET superseded_by = ?, updated = ? WHERE key = ? AND status = ?"
+            "UPDATE jobs SET superseded_by = ?, updated = ? WHERE key = ? AND status IN (?, ?)"
             " AND head_sha IS NOT NULL AND head_sha != ? AND kind IN ('audit', 'command')",
-            (head_sha, now, key, LEASED, head_sha),
+            (head_sha, now, key, QUEUED, LEASED, head_sha),
         )
 
     def mark_head(self, job_id: int, head_sha: str) -> None:
@@ -287,6 +300,27 @@ class SqliteJobStore(JobStore):
             db.execute(
                 "UPDATE jobs SET check_run_id = ?, updated = ? WHERE id = ?", (check_run_id, time.time(), job_id)
             )
+
+    def unannounced(self, limit: int = 20) -> list[JobRow]:
+        rows = self._db().execute(
+            "SELECT * FROM jobs WHERE status = ? AND kind = 'audit' AND check_run_id IS NULL"
+            " AND superseded_by IS NULL ORDER BY id LIMIT ?",
+            (QUEUED, limit),
+        ).fetchall()
+        return [_row(r) for r in rows]
+
+    def claim_announce(self, job_id: int) -> bool:
+        with self._tx() as db:
+            cur = db.execute(
+                "UPDATE jobs SET check_run_id = 0 WHERE id = ? AND check_run_id IS NULL AND status = ?"
+                " AND superseded_by IS NULL",
+                (job_id, QUEUED),
+            )
+            return cur.rowcount == 1
+
+    def release_announce(self, job_id: int) -> None:
+        with self._tx() as db:
+            db.execute("UPDATE jobs SET check_run_id = NULL WHERE id = ? AND check_run_id = 0", (job_id,))
 
     def get(self, job_id: int) -> JobRow | None:
         row = self._db().execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()

@@ -44,6 +44,7 @@ class BotSettings:
     seconds_between_requests: float = 0.25  # PyGithub's pacing; GitHub asks integrators not to burst
     seconds_between_writes: float = 1.0
     max_body_bytes: int = 25 * 1024 * 1024
+    announce_wait: float = 30.0  # how long a worker waits for the queued check run being created for its job
 
     def __post_init__(self) -> None:
         self.github_url = self.github_url.rstrip("/")

@@ -84,13 +84,19 @@ class Service:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._wake = threading.Event()
+        self._announce = threading.Event()
         self.owner_prefix = f"{socket.gethostname()}:{os.getpid()}"
         self._unrunnable: set[int] = set()  # job ids whose audit could not run (bad config, unknown suite)
 
     # ------------------------------------------------------------------ pool
     def start(self, workers: int | None = None) -> None:
         """``workers=0`` runs intake only (jobs wait in the store for another replica)."""
-        for i in range(self.settings.workers if workers is None else workers):
+        count = self.settings.workers if workers is None else workers
+        if count:
+            t = threading.Thread(target=self._announce_loop, daemon=True, name="announcer")
+            t.start()
+            self._threads.append(t)
+        for i in range(count):
             t = threading.Thread(target=self._loop, args=(f"{self.owner_prefix}:{i}",), daemon=True, name=f"worker-{i}")
             t.start()
             self._threads.append(t)
@@ -103,6 +109,47 @@ class Service:
 
     def wake(self) -> None:
         self._wake.set()
+        self._announce.set()
+
+    # ------------------------------------------------------------------ check runs at intake
+    def _announce_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                created = self.announce_pending()
+            except Exception:
+                log.exception("announcer: unexpected error")
+                created = 0
+            if not created:
+                self._announce.wait(1.0)
+                self._announce.clear()
+
+    def announce_pending(self) -> int:
+        """Give every queued audit its check run (status ``queued``) while it waits for a worker."""
+        created = 0
+        for row in self.store.unannounced():
+            if self._stop.is_set() or not self.store.claim_announce(row.id):
+                continue
+            try:
+                repo = self._repo(row.job)
+                run = Publisher(repo, self.settings.check_name).start_check(
+                    row.job.head_sha, self._external_id(row, row.job), self._details_url(row), status="queued")
+            except Exception as exc:
+                self.store.release_announce(row.id)  # the worker creates it instead
+                log.warning("job %s: could not create its queued check run: %s", row.id, exc)
+                continue
+            self.store.set_check_run(row.id, run.id)
+            created += 1
+        return created
+
+    def _await_announce(self, job_id: int) -> int | None:
+        """The announcer is creating this job's check run: wait for its id (bounded; it may have died)."""
+        deadline = time.monotonic() + self.settings.announce_wait
+        while time.monotonic() < deadline:
+            current = self.store.get(job_id)
+            if current is None or current.check_run_id != 0:
+                return current.check_run_id if current else None
+            time.sleep(0.05)
+        return None
 
     def _loop(self, owner: str) -> None:
         while not self._stop.is_set():
@@ -175,6 +222,8 @@ class Service:
         if job.kind == "installation":
             log.info("installation %s: %s", job.installation_id, job.note)
             return DONE
+        if job.kind == "audit" and row.check_run_id == 0:
+            row.check_run_id = self._await_announce(row.id)
         if row.superseded_by and job.kind == "audit" and not row.check_run_id:
             return SUPERSEDED  # never started: nothing on GitHub to close
         repo = self._repo(job)

@@ -61,7 +61,8 @@ def test_a_newer_push_supersedes_running_and_queued_audits(bot_factory, engine_r
     bot.settle()
     (first,) = state.check_runs_for(REPO, h1)
     assert first["conclusion"] == "cancelled" and h3[:12] in first["output"]["summary"]
-    assert state.check_runs_for(REPO, h2) == []  # superseded while queued: never started
+    # superseded while queued: never started, and a queued check run it got on intake is closed
+    assert all(c["conclusion"] == "cancelled" for c in state.check_runs_for(REPO, h2))
     (last,) = state.check_runs_for(REPO, h3)
     assert last["status"] == "completed" and last["conclusion"] != "cancelled"
     (comment,) = _marked(state, 8)
@@ -365,3 +366,22 @@ def test_a_new_push_closes_the_audit_waiting_for_gpu_results(bot_factory, gpu_re
     bot.settle()
     (new_run,) = state.check_runs_for(REPO, h2)
     assert new_run["conclusion"] == "success" and state.comments[comment["id"]]["body"] != before
+
+
+def test_check_run_is_queued_on_intake_while_workers_are_busy(bot_factory, engine_repo):
+    make, state = bot_factory
+    repo_path, base, head_a = engine_repo
+    head_b = commit(repo_path, {"README.md": "b\n"}, "b")
+    state.add_repo(REPO, str(repo_path))
+    state.add_pull(REPO, 20, head_sha=head_a, base_sha=base)
+    state.add_pull(REPO, 21, head_sha=head_b, base_sha=base)
+    state.delays["POST /issues/20/comments"] = 2.0  # the only worker is stuck publishing PR 20
+    bot = make(workers=1)
+    bot.deliver("pull_request", pr_payload("opened", number=20, head=head_a, base=base))
+    wait_for(lambda: state.arrived("POST", "/issues/20/comments"))
+    bot.deliver("pull_request", pr_payload("opened", number=21, head=head_b, base=base))
+    queued = wait_for(lambda: state.check_runs_for(REPO, head_b), timeout=5)
+    assert queued[0]["status"] == "queued" and "/audits/job-2?key=" in queued[0]["details_url"]
+    bot.settle()
+    (run,) = state.check_runs_for(REPO, head_b)
+    assert run["id"] == queued[0]["id"] and run["status"] == "completed"
