@@ -81,3 +81,18 @@ def test_a_newer_head_supersedes_queued_and_running_audits(tmp_path):
     assert store.superseded_by(running.id) == "3" * 40
     store.accept("d4", "pull_request", _job(pr=9, head="4" * 40))  # another PR is untouched
     assert store.jobs()[-1].status == QUEUED
+
+
+def test_announce_claims_are_exclusive_and_superseding_keeps_announced_jobs_for_their_worker(tmp_path):
+    store = SqliteJobStore(str(tmp_path / "q.db"))
+    store.accept("d1", "pull_request", _job(head="1" * 40))
+    (row,) = store.unannounced()
+    assert store.claim_announce(row.id) and not store.claim_announce(row.id)
+    assert store.unannounced() == []
+    store.release_announce(row.id)
+    assert store.claim_announce(row.id)
+    store.set_check_run(row.id, 77)
+    store.accept("d2", "pull_request", _job(head="2" * 40))
+    old = store.get(row.id)
+    assert old.status == QUEUED and old.superseded_by == "2" * 40  # its worker closes check run 77
+    assert [r.job.head_sha[0] for r in store.unannounced()] == ["2"]
