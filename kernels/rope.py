@@ -92,28 +92,33 @@ def rope_ref(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Ten
 @triton.jit
 def _rope_kernel(
     x_ptr, o_ptr, cos_ptr, sin_ptr, pos_ptr,
-    n_vec, n_heads, cos_rows, stride_xr, stride_xh, stride_or, stride_oh, stride_c, stride_s,
-    DIM: tl.constexpr, HALF: tl.constexpr, BLOCK: tl.constexpr, HAS_POS: tl.constexpr, EXACT: tl.constexpr,
+    n_rows, n_heads, cos_rows, stride_xr, stride_xh, stride_or, stride_oh, stride_c, stride_s,
+    DIM: tl.constexpr, HALF: tl.constexpr, HB: tl.constexpr, BLOCK: tl.constexpr,
+    HAS_POS: tl.constexpr, WRAP: tl.constexpr, EXACT: tl.constexpr,
 ):
-    # one "vector" = one (row, head) pair of DIM contiguous values; a program rotates BLOCK of them. Rows are
-    # loaded whole (wide loads) and split into (even, odd) in registers; cos/sin rows load once per vector.
-    v = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    live = v < n_vec
-    row = v // n_heads
-    head = v - row * n_heads
+    # one "vector" = one (row, head) pair of DIM contiguous values, numbered row·HB + head with HB a power
+    # of two, so splitting the number is a shift and a mask; a program rotates BLOCK vectors. Rows load
+    # whole (wide loads) and split into (even, odd) in registers.
+    v = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    row = v // HB
+    head = v % HB
+    live = ((row < n_rows) & (head < n_heads))[:, None]
     if HAS_POS:
-        p = tl.load(pos_ptr + row, mask=live, other=0).to(tl.int64)
+        p = tl.load(pos_ptr + row, mask=row < n_rows, other=0).to(tl.int64)
+    elif WRAP:
+        p = (row % cos_rows).to(tl.int64)
     else:
-        p = row % cos_rows
+        p = row.to(tl.int64)
     j = tl.arange(0, HALF)[None, :]
-    c = tl.load(cos_ptr + p[:, None] * stride_c + j, mask=live[:, None], other=0.0)
-    s = tl.load(sin_ptr + p[:, None] * stride_s + j, mask=live[:, None], other=0.0)
+    c = tl.load(cos_ptr + p[:, None] * stride_c + j, mask=live, other=0.0)
+    s = tl.load(sin_ptr + p[:, None] * stride_s + j, mask=live, other=0.0)
     d = tl.arange(0, DIM)[None, :]
-    x = tl.load(x_ptr + (row * stride_xr + head * stride_xh)[:, None] + d, mask=live[:, None], other=0.0)
+    r64 = row.to(tl.int64)
+    x = tl.load(x_ptr + (r64 * stride_xr + head * stride_xh)[:, None] + d, mask=live, other=0.0)
     x0, x1 = tl.split(tl.reshape(x.to(tl.float32), [BLOCK, HALF, 2]))
     y = tl.reshape(tl.join(x0 * c - x1 * s, x0 * s + x1 * c), [BLOCK, DIM])
-    tl.store(o_ptr + (row * stride_or + head * stride_oh)[:, None] + d, cast_rne(y, o_ptr.dtype.element_ty, EXACT),
-             mask=live[:, None])
+    tl.store(o_ptr + (r64 * stride_or + head * stride_oh)[:, None] + d, cast_rne(y, o_ptr.dtype.element_ty, EXACT),
+             mask=live)
 
 
 def _as_vectors(t: torch.Tensor, name: str, must_view: bool) -> torch.Tensor:
@@ -166,13 +171,17 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, positions: to
         raise ValueError(f"cos/sin have {cos.shape[0]} rows for a sequence of {seq}; slice the table or pass positions")
     if dim & (dim - 1):
         raise ValueError(f"rope dim must be a power of two for the Triton kernel, got {dim}")
-    n_vec = rows * heads
+    hb = next_pow2(heads)
+    n_vec = rows * hb
+    if n_vec >= 2**31:
+        raise ValueError(f"{rows} rows × {hb} head slots is past the kernel's 2^31 vector index; split the call")
     on_gpu = capability(x.device) is not None
     block = (tune or {}).get("block") or max(1, min(next_pow2(n_vec), (2048 if on_gpu else 16384) // dim))
     _rope_kernel[(triton.cdiv(n_vec, block),)](
         x3, o3, cos, sin, positions if positions is not None else cos,
-        n_vec, heads, seq, x3.stride(0), x3.stride(1), o3.stride(0), o3.stride(1), cos.stride(0), sin.stride(0),
-        DIM=dim, HALF=half, BLOCK=block, HAS_POS=positions is not None, EXACT=interpreting(),
+        rows, heads, seq, x3.stride(0), x3.stride(1), o3.stride(0), o3.stride(1), cos.stride(0), sin.stride(0),
+        DIM=dim, HALF=half, HB=hb, BLOCK=block, HAS_POS=positions is not None, WRAP=rows > seq,
+        EXACT=interpreting(),
         num_warps=(tune or {}).get("warps") or (4 if on_gpu else 1),
     )
     return out
