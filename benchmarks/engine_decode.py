@@ -107,7 +107,7 @@ def time_decode(fn, n: int, device: torch.device, repeats: int) -> float | None:
 
 
 def bench_config(name: str, args, device: torch.device, dtype: torch.dtype) -> tuple[list[list[str]], list[str]]:
-    cfg_dict = dict(PRESETS[name], num_nextn_predict_layers=0)
+    cfg_dict = dict(PRESETS[name], num_nextn_predict_layers=0, **args.overrides)
     t0 = time.perf_counter()
     tensors = random_weights(cfg_dict, seed=0, dtype=dtype, device=device)
     cfg = parse_config(cfg_dict, name)
@@ -242,6 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=None, help="best of N timings (default 3; --quick 1)")
     p.add_argument("--backends", default="torch,triton", help="engine backends to time: torch and/or triton")
     p.add_argument("--skip-hf", action="store_true")
+    p.add_argument("--set", default="{}", help='config overrides for every preset, as JSON, e.g. \'{"num_hidden_layers": 2}\'')
     p.add_argument("--quick", action="store_true", help="tiny config, small batches, few steps (CPU smoke run)")
     args = p.parse_args(argv)
     args.configs = (args.configs or ("tiny" if args.quick else "tiny,small")).split(",")
@@ -251,6 +252,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.parity_steps = min(args.parity_steps, 8)
     args.backends = args.backends.split(",")
+    import json
+
+    args.overrides = json.loads(args.set)
     device = torch.device(args.device)
     dtype = getattr(torch, args.dtype)
     bad = [c for c in args.configs if c not in PRESETS]
@@ -267,6 +271,8 @@ def main(argv: list[str] | None = None) -> int:
     if device.type == "cuda":
         env.append(torch.cuda.get_device_name(device))
         env.append("sm%d%d" % torch.cuda.get_device_capability(device))
+    if args.overrides:
+        env.append(f"config overrides {args.overrides}")
     print(f"# engine decode benchmark: {', '.join(env)}; {args.dtype}; prompt {args.prompt_len} tokens, "
           f"{args.steps} new tokens timed (decode only), best of {args.repeats}", flush=True)
     t0 = time.perf_counter()
