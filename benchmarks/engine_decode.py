@@ -106,6 +106,11 @@ def time_decode(fn, n: int, device: torch.device, repeats: int) -> float | None:
     return dt if dt > 0.05 * tn else None
 
 
+def over_budget(args) -> bool:
+    """Past the time budget, remaining timings are skipped so the run still ends with its table."""
+    return time.perf_counter() - args.started > args.time_budget
+
+
 def bench_config(name: str, args, device: torch.device, dtype: torch.dtype) -> tuple[list[list[str]], list[str]]:
     cfg_dict = dict(PRESETS[name], num_nextn_predict_layers=0, **args.overrides)
     t0 = time.perf_counter()
@@ -149,6 +154,8 @@ def bench_config(name: str, args, device: torch.device, dtype: torch.dtype) -> t
         anchor = None
         if isinstance(hf, Exception) or hf is None:
             row.append("n/a")
+        elif over_budget(args):
+            row.append("skipped")
         else:
             try:
                 dt = time_decode(lambda k: hf_greedy(hf, ids, k), args.steps, device, args.repeats)
@@ -161,6 +168,9 @@ def bench_config(name: str, args, device: torch.device, dtype: torch.dtype) -> t
             if isinstance(run, Exception):
                 row.append("n/a")
                 continue
+            if over_budget(args):
+                row.append("skipped")
+                continue
             try:
                 dt = time_decode(lambda k: run(prompts, k), args.steps, device, args.repeats)
                 tps = batch * (args.steps - 1) / dt if dt else None
@@ -169,6 +179,7 @@ def bench_config(name: str, args, device: torch.device, dtype: torch.dtype) -> t
                 row.append("error")
                 notes.append(f"{label} {name} b{batch}: {type(exc).__name__}: {exc}".splitlines()[0])
         rows.append(row)
+        print("# row: " + "  ".join(row), flush=True)
     for label, (run, _) in engines.items():
         if isinstance(run, Exception):
             notes.append(f"{label} {name}: not built: {type(run).__name__}: {run}".splitlines()[0])
@@ -176,7 +187,7 @@ def bench_config(name: str, args, device: torch.device, dtype: torch.dtype) -> t
         notes.append(f"HF {name}: not built: {type(hf).__name__}: {hf}".splitlines()[0])
 
     parity = []
-    if not isinstance(hf, Exception) and hf is not None:
+    if not isinstance(hf, Exception) and hf is not None and not over_budget(args):
         try:
             parity = parity_rows(name, cfg, hf, engines, device, args)
         except Exception as exc:
@@ -242,6 +253,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=None, help="best of N timings (default 3; --quick 1)")
     p.add_argument("--backends", default="torch,triton", help="engine backends to time: torch and/or triton")
     p.add_argument("--skip-hf", action="store_true")
+    p.add_argument("--time-budget", type=float, default=200.0,
+                   help="seconds after which remaining timings are skipped (the run must end in < 4 min on the H200)")
     p.add_argument("--set", default="{}", help='config overrides for every preset, as JSON, e.g. \'{"num_hidden_layers": 2}\'')
     p.add_argument("--quick", action="store_true", help="tiny config, small batches, few steps (CPU smoke run)")
     args = p.parse_args(argv)
@@ -275,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
         env.append(f"config overrides {args.overrides}")
     print(f"# engine decode benchmark: {', '.join(env)}; {args.dtype}; prompt {args.prompt_len} tokens, "
           f"{args.steps} new tokens timed (decode only), best of {args.repeats}", flush=True)
-    t0 = time.perf_counter()
+    t0 = args.started = time.perf_counter()
     rows, notes = [], []
     for name in args.configs:
         try:
