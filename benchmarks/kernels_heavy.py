@@ -16,7 +16,8 @@ decode tokens/s (torch backend vs the Triton paged path) and greedy-token equali
 - MoE layer (small config: hidden 2048, 64 experts top-6, inter 1408), decode 1–64 tokens and prefill 4096,
   bf16 and fp8 weights, against a torch per-expert loop; bytes per token against bandwidth;
 - engine decode tokens/s, tiny and small configs, batch 1 and 32: torch backend (eager, dense absorbed
-  cache) vs the Triton paged decoder (CUDA graph); greedy tokens equal for ≥ 32 steps on the tiny model.
+  cache) vs the Triton paged decoder (CUDA graph) vs HF transformers' DeepseekV3ForCausalLM; greedy tokens
+  equal for ≥ 32 steps on the tiny model.
 Decode-sized timings replay a CUDA graph of 20 calls (launch gaps hidden); prefill sizes use do_bench.
 """
 
@@ -641,6 +642,52 @@ def _engine():
                             f"HF {hf.get((preset, batch), '-')}", f">= {tgt}" if tgt else "-",
                             "OK" if tgt and r_k >= tgt else "MISS"))
         del m_t, m_k
+        torch.cuda.empty_cache() if DEV == "cuda" else None
+
+
+@section("engine vs HF transformers", 40)
+def _hf():
+    """HF's DeepseekV3ForCausalLM on the same configs (random weights, eager attention, greedy generate):
+    the difference of two generation lengths gives decode tokens/s without the prefill."""
+    import transformers
+    from transformers.utils import logging
+
+    from engine.tiny import PRESETS
+
+    logging.set_verbosity_error()
+    for preset in ("tiny", "small") if not SMOKE else ("tiny",):
+        cfg = transformers.DeepseekV3Config(**{k: v for k, v in PRESETS[preset].items() if k != "architectures"})
+        cfg._attn_implementation = "eager"
+        with torch.device(DEV):
+            model = transformers.DeepseekV3ForCausalLM._from_config(cfg, torch_dtype=torch.bfloat16).eval()
+        for batch in (1, 32) if not SMOKE else (2,):
+            if left() < 15:
+                say("  (rest skipped for time)")
+                return
+            ids = torch.randint(2, cfg.vocab_size, (batch, 16), device=DEV)
+
+            def run(n):
+                sync()
+                t = time.perf_counter()
+                with torch.inference_mode():
+                    model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, eos_token_id=None,
+                                   pad_token_id=0)
+                sync()
+                return time.perf_counter() - t
+
+            n1, n2 = (4, 20) if not SMOKE else (2, 4)
+            run(2)
+            rate = batch * (n2 - n1) / (run(n2) - run(n1))
+            ours = next((r for r in RESULTS["engine"] if r["preset"] == preset and r["batch"] == batch), None)
+            say(f"  {preset:5s} batch {batch:2d}: HF transformers {rate:8.1f} tok/s"
+                + (f"; ours (triton paged) {ours['triton_tok_s']:.0f} = x{ours['triton_tok_s'] / rate:.0f}" if ours else ""))
+            RESULTS.setdefault("hf", []).append({"preset": preset, "batch": batch, "tok_s": rate})
+            if ours:
+                ours["hf_measured_tok_s"] = rate
+            SUMMARY.append((f"HF transformers {preset} b={batch} tok/s", f"{rate:.1f}", "issue: HF "
+                            f"{ {('tiny', 1): 22, ('tiny', 32): 558, ('small', 1): 17.8, ('small', 32): 523}.get((preset, batch), '-')}",
+                            "anchor", f"ours x{ours['triton_tok_s'] / rate:.0f}" if ours else "-"))
+        del model
         torch.cuda.empty_cache() if DEV == "cuda" else None
 
 
