@@ -18,15 +18,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from checks.config import Config, Fact, Rule, parse_config
-from checks.facts import (
-    FactError,
-    FactResult,
-    Row,
-    compile_fact,
-    describe,
-    extract,
-    prefetch,
-)
+from checks.facts import FactError, FactResult, Row, compile_fact, extract, prefetch
 from checks.model import ChangeSet, Checkout, Finding, Findings, Unchecked
 from checks.workspace import Tree
 
@@ -161,13 +153,13 @@ def classify(base: SideResult, head: SideResult) -> list[Finding]:
 
 
 def _unique(findings: list[Finding]) -> list[Finding]:
-    seen: set[tuple[str, str]] = set()
-    out = []
+    """One finding per (fingerprint, status); the same drift seen twice keeps every location."""
+    kept: dict[tuple[str, str], Finding] = {}
     for f in findings:
-        if (f.fingerprint, f.status) not in seen:
-            seen.add((f.fingerprint, f.status))
-            out.append(f)
-    return out
+        first = kept.setdefault((f.fingerprint, f.status), f)
+        if first is not f:
+            first.locations += [loc for loc in f.locations if loc not in first.locations]
+    return list(kept.values())
 
 
 def run_checks(checkout: Checkout, config: Config, changes: ChangeSet) -> Findings:
@@ -175,8 +167,8 @@ def run_checks(checkout: Checkout, config: Config, changes: ChangeSet) -> Findin
     if not config.rules and not config.facts:
         return Findings()
     head = evaluate_tree(config, Tree(checkout.repo, checkout.head_sha))
-    base_sha = checkout.merge_base_sha or changes.merge_base_sha or checkout.base_sha
-    if changes is not None and not changes.files and base_sha:
+    base_sha = checkout.merge_base_sha or (changes.merge_base_sha if changes else "") or checkout.base_sha
+    if not config.rules or (changes is not None and not changes.files):
         base = SideResult(findings=[_copy(f) for f in head.findings])  # nothing changed: all pre-existing
     else:
         base = evaluate_tree(config, Tree(checkout.repo, base_sha))
@@ -187,4 +179,4 @@ def _copy(f: Finding) -> Finding:
     return Finding(f.rule, f.pillar, f.severity, f.message, list(f.locations), f.status, f.fingerprint)
 
 
-__all__ = ["run_checks", "evaluate_tree", "classify", "SideResult", "describe"]
+__all__ = ["run_checks", "evaluate_tree", "classify", "SideResult"]

@@ -163,3 +163,16 @@ def test_renaming_a_file_keeps_a_finding_preexisting(tmp_path):
     found = audit(repo, base, head, config)
     assert [(f.rule, f.status) for f in found.findings] == [("shard-tables-agree", "pre-existing")]
     assert found.findings[0].locations[0].path == "scripts/tp_demo.py"
+
+
+def test_one_drift_in_two_places_is_one_finding_with_both_locations(tmp_path):
+    repo = shape.init_repo(tmp_path / "dup")
+    files = shape.base_files()
+    base = shape.commit(repo, files, "base")
+    flags = files["python/engine/config.py"].replace("= True", "= False")
+    config = shape.CONFIG.replace('files = ["python/engine/config.py"]', 'files = ["python/engine/*config.py"]')
+    head = shape.commit(repo, {**files, "python/engine/config.py": flags, "python/engine/mtp_config.py": flags,
+                               ".github/drift-audit.toml": config}, "turn it off twice")
+    found = audit(repo, base, head, config)
+    assert [(f.rule, f.status) for f in found.findings] == [("mtp-prefill-pinned", "new")]
+    assert sorted(loc.path for loc in found.findings[0].locations) == ["python/engine/config.py", "python/engine/mtp_config.py"]
