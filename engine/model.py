@@ -164,8 +164,10 @@ class MLA(nn.Module):
                                         c.qk_nope_head_dim, c.v_head_dim)
         return self._absorbed
 
-    def forward(self, x: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """``x[B, S, H]`` at positions ``pos[B, S]``; ``cos``/``sin`` already gathered at ``pos``."""
+    def forward(self, x: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                end: int | None = None) -> torch.Tensor:
+        """``x[B, S, H]`` at positions ``pos[B, S]``; ``cos``/``sin`` already gathered at ``pos``; ``end`` is
+        ``pos.max() + 1`` (computed here when not given: a device sync the caller can do once per step)."""
         c, nh = self.cfg, self.n_heads
         b, s, _ = x.shape
         q = self.q_proj(x) if c.q_lora_rank is None else self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
@@ -179,7 +181,7 @@ class MLA(nn.Module):
         kv = self.kv_a_layernorm(kv)
         k_pe = self.ops.rope(k_pe.reshape(b * s, 1, r), cs, sn).view(b, s, r)
         rows = torch.arange(b, device=x.device).unsqueeze(1).expand(b, s)
-        end = int(pos.max()) + 1
+        end = int(pos.max()) + 1 if end is None else end
         visible = torch.arange(end, device=x.device).view(1, 1, end) <= pos.unsqueeze(-1)  # [B, S, T]
         visible = visible.unsqueeze(2)  # [B, S, 1, T]
 
@@ -289,8 +291,8 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops)
 
-    def forward(self, x, pos, cos, sin):
-        x = x + self.self_attn(self.input_layernorm(x), pos, cos, sin)
+    def forward(self, x, pos, cos, sin, end: int | None = None):
+        x = x + self.self_attn(self.input_layernorm(x), pos, cos, sin, end)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -390,9 +392,10 @@ class DeepseekV3(nn.Module):
         """Pre-final-norm hidden states ``[B, S, H]`` of ``tokens[B, S]`` at positions ``pos[B, S]``,
         reading and extending the KV cache."""
         cos, sin = self.rope_cos[pos], self.rope_sin[pos]
+        end = int(pos.max()) + 1
         x = self.model.embed_tokens(tokens)
         for layer in self.decoder_layers:
-            x = layer(x, pos, cos, sin)
+            x = layer(x, pos, cos, sin, end)
         return x
 
     def head(self, h: torch.Tensor) -> torch.Tensor:
