@@ -3,6 +3,7 @@ so an untested part (sm120) takes the path its capability supports."""
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -14,11 +15,19 @@ def interpreting() -> bool:
 
 
 def capability(device: torch.device | str | None = None) -> tuple[int, int] | None:
-    """Compute capability of a CUDA device, or None on CPU / under the interpreter."""
-    dev = torch.device(device) if device is not None else None
-    if interpreting() or (dev is not None and dev.type != "cuda") or not torch.cuda.is_available():
+    """Compute capability of a CUDA device, or None on CPU / under the interpreter (cached: it is asked on
+    every launch, and decode launches are a few microseconds)."""
+    dev = torch.device(device) if device is not None else torch.device("cuda")
+    if dev.type != "cuda" or interpreting():
         return None
-    return torch.cuda.get_device_capability(dev)
+    return _cuda_capability(dev.index if dev.index is not None else -1)
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_capability(index: int) -> tuple[int, int] | None:
+    if not torch.cuda.is_available():
+        return None
+    return torch.cuda.get_device_capability(None if index < 0 else index)
 
 
 def fp8_hw_cast(cap: tuple[int, int] | None) -> bool:
