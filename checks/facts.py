@@ -600,7 +600,7 @@ _BRANCHING = {
     "if_statement": {"condition"},
     "elif_clause": set(),
     "else_clause": set(),
-    "for_statement": {"right", "initializer"},
+    "for_statement": {"right", "initializer", "condition"},  # python: right; C++: init and first test
     "for_range_loop": {"right"},
     "while_statement": {"condition"},
     "conditional_expression": set(),
