@@ -158,7 +158,7 @@ def bench_config(name: str, args, device: torch.device, dtype: torch.dtype) -> t
             row.append("skipped")
         else:
             try:
-                dt = time_decode(lambda k: hf_greedy(hf, ids, k), args.steps, device, args.repeats)
+                dt = time_decode(lambda k, m=hf, x=ids: hf_greedy(m, x, k), args.steps, device, args.repeats)
                 anchor = batch * (args.steps - 1) / dt if dt else None
                 row.append(f"{anchor:,.1f}" if anchor else "noisy")
             except Exception as exc:
@@ -172,7 +172,7 @@ def bench_config(name: str, args, device: torch.device, dtype: torch.dtype) -> t
                 row.append("skipped")
                 continue
             try:
-                dt = time_decode(lambda k: run(prompts, k), args.steps, device, args.repeats)
+                dt = time_decode(lambda k, f=run, p=prompts: f(p, k), args.steps, device, args.repeats)
                 tps = batch * (args.steps - 1) / dt if dt else None
                 row.append("noisy" if tps is None else f"{tps:,.1f}" + (f" ({tps / anchor:.2f}x)" if anchor else ""))
             except Exception as exc:

@@ -56,7 +56,7 @@ def generate(model: DeepseekV3, prompts: list[list[int]], max_new_tokens: int, *
         top2 = logits.topk(2, dim=-1).values
         nxt = logits.argmax(dim=-1)
         margin = (top2[:, 0] - top2[:, 1]).tolist()
-        for i, (t, m) in enumerate(zip(nxt.tolist(), margin)):
+        for i, (t, m) in enumerate(zip(nxt.tolist(), margin, strict=True)):
             if not done[i]:
                 outs[i].tokens.append(t)
                 outs[i].margins.append(m)

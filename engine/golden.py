@@ -133,7 +133,7 @@ class Comparison:
                          "-" if p.expected is None else str(p.expected), "-" if p.got is None else str(p.got),
                          "-" if p.reference_margin is None else f"{p.reference_margin:.4g}"))
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-        out = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+        out = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
         verdict = "OK" if self.ok else "BREAK"
         out.append(f"{verdict}: near-tie threshold {self.near_tie} logits")
         return "\n".join(out)

@@ -35,7 +35,7 @@ def test_fp8_dequant_load_equals_bf16_checkpoint_of_dequantised_weights(tmp_path
     bf16_dir = save_checkpoint(tmp_path / "bf16", cfg, dense)
     a = load_model(fp8_dir, dtype=torch.bfloat16)
     b = load_model(bf16_dir, dtype=torch.bfloat16)
-    for (na, pa), (nb, pb) in zip(a.named_parameters(), b.named_parameters()):
+    for (na, pa), (nb, pb) in zip(a.named_parameters(), b.named_parameters(), strict=True):
         assert na == nb and torch.equal(pa, pb), na
     tokens = torch.randint(2, 256, (2, 9), generator=torch.Generator().manual_seed(0))
     assert torch.equal(prefill_logits(a, tokens), prefill_logits(b, tokens))

@@ -49,6 +49,6 @@ def test_decode_matches_golden(golden, golden_model, mla):
     result = compare_records(golden.records, cand, near_tie=NEAR_TIE)
     assert result.ok, "\n" + result.table()
     # margins are reproduced too, not just the argmax
-    for ref, got in zip(golden.records, cand):
+    for ref, got in zip(golden.records, cand, strict=True):
         n = next((p.match_length for p in result.prompts if p.index == ref.index), len(ref.tokens))
-        assert max(abs(a - b) for a, b in zip(ref.margins[:n], got.margins[:n])) < 1e-3
+        assert max(abs(a - b) for a, b in zip(ref.margins[:n], got.margins[:n], strict=True)) < 1e-3

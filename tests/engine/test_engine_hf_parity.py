@@ -42,7 +42,7 @@ def test_prefill_logits_match_hf(tiny_model, hf_model, mla):
 def test_greedy_tokens_match_hf_for_32_steps(tiny_model, hf_model, prompts):
     steps = 32
     ours = generate(tiny_model, prompts, steps)  # one ragged batch
-    for g, p in zip(ours, prompts):
+    for g, p in zip(ours, prompts, strict=True):
         assert len(g.tokens) == steps
         assert g.tokens == hf_greedy(hf_model, p, steps), f"prompt {p}: greedy decode differs from HF"
     # the decode is not trivially repetitive, so matching it means something
@@ -52,14 +52,14 @@ def test_greedy_tokens_match_hf_for_32_steps(tiny_model, hf_model, prompts):
 def test_absorbed_decode_matches_naive_decode(tiny_model, prompts):
     naive = generate(tiny_model, prompts, 32, mla="naive")
     absorbed = generate(tiny_model, prompts, 32, mla="absorbed")
-    for a, b in zip(naive, absorbed):
+    for a, b in zip(naive, absorbed, strict=True):
         assert a.tokens == b.tokens
-        assert max(abs(x - y) for x, y in zip(a.margins, b.margins)) < 1e-4
+        assert max(abs(x - y) for x, y in zip(a.margins, b.margins, strict=True)) < 1e-4
 
 
 def test_ragged_batch_equals_one_prompt_at_a_time(tiny_model, prompts):
     batch = generate(tiny_model, prompts, 12)
-    for g, p in zip(batch, prompts):
+    for g, p in zip(batch, prompts, strict=True):
         assert generate(tiny_model, [p], 12)[0].tokens == g.tokens
 
 

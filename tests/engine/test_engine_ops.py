@@ -33,15 +33,15 @@ def test_missing_triton_op_is_a_clear_error(monkeypatch):
     monkeypatch.setitem(OPS, "frobnicate", ("kernels.rmsnorm", "frobnicate_ref"))
     with pytest.raises(OpUnavailable, match=r"op 'frobnicate' has no triton implementation yet: "
                                             r"kernels/rmsnorm.py defines no 'frobnicate'"):
-        OpSet("triton").frobnicate
+        _ = OpSet("triton").frobnicate
     monkeypatch.setitem(OPS, "ghost", ("kernels.no_such_module", "ghost_ref"))
     with pytest.raises(OpUnavailable, match="kernels/no_such_module.py defines no 'ghost_ref'"):
-        OpSet("torch").ghost
+        _ = OpSet("torch").ghost
 
 
 def test_bad_backend_names_are_rejected():
     with pytest.raises(OpUnavailable, match="backend for op 'rope' is 'cuda'"):
-        OpSet("cuda").rope
+        _ = OpSet("cuda").rope
     with pytest.raises(OpUnavailable, match="unknown op.*rmsnrom"):
         OpSet({"rmsnrom": "triton"})
 
