@@ -104,6 +104,7 @@ class Service:
     def stop(self) -> None:
         self._stop.set()
         self._wake.set()
+        self._announce.set()
         for t in self._threads:
             t.join(timeout=30)
 
