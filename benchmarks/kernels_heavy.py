@@ -336,13 +336,22 @@ def _gemm_decode():
             d = default
             variants.append(("ours default pair", GemmConfig(d.block_m, d.block_n, d.split_k, d.group_m, d.num_warps,
                                                              min(d.num_stages, 3), True)))
+            if d.split_k > 1:
+                variants.append(("ours default fused-reduce", GemmConfig(
+                    d.block_m, d.block_n, d.split_k, d.group_m, d.num_warps, d.num_stages, fused_reduce=True)))
+                variants.append(("ours 16x64 split8 fused", GemmConfig(16, 64, 8, 1, 4, 4, fused_reduce=True)))
+        check = fp8_gemm(a, a_s, *bs[0])
         best = None
         for name, cfg in variants:
             try:
                 t = bench_graph([lambda b=b, s=s, cfg=cfg: fp8_gemm(a, a_s, b, s, config=cfg) for b, s in bs])
                 tbs = (wbytes + m * k + m * n * 2) / t / 1e12
-                rows.append({"kernel": name, "config": str(cfg or default), "s": t, "tbs": tbs})
-                say(f"  M={m:3d} {name:28s} {t * 1e6:8.1f} us {tbs:6.2f} TB/s")
+                diff = _gemm_diff(fp8_gemm(a, a_s, *bs[0], config=cfg), check)
+                rows.append({"kernel": name, "config": str(cfg or default), "s": t, "tbs": tbs, "diff": diff})
+                say(f"  M={m:3d} {name:28s} {t * 1e6:8.1f} us {tbs:6.2f} TB/s  (diff vs default {diff:.1e})")
+                if diff > 1e-4:
+                    say(f"  M={m} {name}: WRONG RESULT, not counted")
+                    continue
                 if best is None or tbs > best[1]:
                     best = (name, tbs, t)
             except Exception as exc:
@@ -405,7 +414,7 @@ def _mla():
                 variants.append((f"splits{splits}", DecodeConfig(dflt.block_h, dflt.block_n, splits, dflt.num_warps,
                                                                  dflt.num_stages)))
             # 2026-11-29 H200, b=32 4k: bn64 s2 95 us, bn32 s2 83 us
-            for bn, st, w in ((32, 3, 4), (32, 4, 4), (16, 4, 4), (64, 2, 4), (32, 2, 8)):
+            for bn, st, w in ((32, 3, 4), (32, 4, 4), (16, 4, 4), (64, 2, 4), (32, 2, 8), (64, 2, 8), (32, 3, 8)):
                 variants.append((f"bn{bn} s{st} w{w}", DecodeConfig(dflt.block_h, bn, dflt.num_splits, w, st)))
         for name, cfg in variants:
             try:

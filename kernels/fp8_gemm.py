@@ -84,6 +84,7 @@ class GemmConfig:
     num_warps: int
     num_stages: int
     k_pair: bool = False  # issue two K steps' dots before promoting either (two MMAs in flight)
+    fused_reduce: bool = False  # split-K: the last program of a tile sums the partials (one launch, not two)
 
 
 def _pow2_at_least(x: int, lo: int) -> int:
@@ -120,13 +121,13 @@ def gemm_config(m: int, n: int, k: int, capability: tuple[int, int] | None, num_
 
 @triton.jit
 def _fp8_gemm_kernel(
-    a_ptr, a_s_ptr, b_ptr, b_s_ptr, c_ptr, ws_ptr,
+    a_ptr, a_s_ptr, b_ptr, b_s_ptr, c_ptr, ws_ptr, cnt_ptr,
     M, N, K, KB_PER_SPLIT,
     stride_am, stride_ak, stride_bn, stride_bk, stride_cm, stride_cn,
     stride_asm, stride_ask, stride_bsn, stride_bsk,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, UPCAST: tl.constexpr,
-    EXACT: tl.constexpr, PAIR: tl.constexpr,
+    EXACT: tl.constexpr, PAIR: tl.constexpr, FUSED_REDUCE: tl.constexpr,
 ):
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -205,6 +206,19 @@ def _fp8_gemm_kernel(
     else:
         ws_ptrs = ws_ptr + (pid_k * M + rm[:, None]) * N + rn[None, :]
         tl.store(ws_ptrs, acc, mask=mask)
+        if FUSED_REDUCE:
+            # every thread's partial is stored before one thread counts this split in (release); the
+            # program that counts last (acquire) sums all partials from L2 and resets the counter
+            tl.debug_barrier()
+            done = tl.atomic_add(cnt_ptr + pid, 1, sem="acq_rel", scope="gpu")
+            if done == SPLIT_K - 1:
+                total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                for s in range(SPLIT_K):
+                    total += tl.load(ws_ptr + (s * M + rm[:, None]) * N + rn[None, :], mask=mask, other=0.0,
+                                     cache_modifier=".cg")
+                c_ptrs = c_ptr + rm[:, None] * stride_cm + rn[None, :] * stride_cn
+                tl.store(c_ptrs, cast_rne(total, c_ptr.dtype.element_ty, EXACT), mask=mask)
+                tl.atomic_xchg(cnt_ptr + pid, 0, sem="relaxed", scope="gpu")
 
 
 @triton.jit
@@ -219,6 +233,18 @@ def _split_k_reduce_kernel(
     row = offs // N
     col = offs % N
     tl.store(c_ptr + row * stride_cm + col * stride_cn, cast_rne(acc, c_ptr.dtype.element_ty, EXACT), mask=ok)
+
+
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+
+
+def _tile_counters(device: torch.device, n: int) -> torch.Tensor:
+    """Per-tile split-K arrival counters, zero between calls (the last arrival resets its own). Grown
+    outside graph capture on first use of a size; kept per device."""
+    have = _COUNTERS.get(device)
+    if have is None or have.numel() < n:
+        have = _COUNTERS[device] = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
+    return have
 
 
 def fp8_gemm(
@@ -253,18 +279,22 @@ def fp8_gemm(
     kb_per_split = triton.cdiv(n_kb, split)
     split = triton.cdiv(n_kb, kb_per_split)
     ws = torch.empty((split, m, n), dtype=torch.float32, device=a.device) if split > 1 else c
-    grid = (triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n), split)
+    tiles = triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n)
+    fused = config.fused_reduce and split > 1
+    counters = _tile_counters(a.device, tiles) if fused else ws
+    grid = (tiles, split)
     _fp8_gemm_kernel[grid](
-        a, a_s, b, b_s, c, ws,
+        a, a_s, b, b_s, c, ws, counters,
         m, n, k, kb_per_split,
         a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
         a_s.stride(0), a_s.stride(1), b_s.stride(0), b_s.stride(1),
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=BLOCK,
         SPLIT_K=split, GROUP_M=config.group_m, EVEN_K=k % BLOCK == 0,
         UPCAST=cap is not None and cap < (8, 9), EXACT=interpreting(), PAIR=config.k_pair and k % BLOCK == 0,
+        FUSED_REDUCE=fused,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
-    if split > 1:
+    if split > 1 and not fused:
         rb = 1024
         _split_k_reduce_kernel[(triton.cdiv(m * n, rb),)](
             ws, c, m * n, n, c.stride(0), c.stride(1), SPLIT_K=split, BLOCK=rb, EXACT=interpreting()

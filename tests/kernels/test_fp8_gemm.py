@@ -31,6 +31,17 @@ def test_split_k_matches_single_pass_and_reference():
     assert not torch.equal(a_s, torch.ones_like(a_s))  # scales are real, so a dropped scale would show
 
 
+def test_fused_split_k_reduction_matches_the_two_kernel_one():
+    a, a_s, b, b_s = _operands(3, 72, 128 * 6, seed=9)
+    two = fp8_gemm(a, a_s, b, b_s, config=GemmConfig(16, 32, 3, 1, 4, 1))
+    for _ in range(2):  # the counters are reset by each call's last program, so a second call works too
+        one = fp8_gemm(a, a_s, b, b_s, config=GemmConfig(16, 32, 3, 1, 4, 1, fused_reduce=True))
+        assert torch.equal(one, two)
+    from kernels.fp8_gemm import _COUNTERS
+
+    assert int(_COUNTERS[a.device].abs().sum()) == 0
+
+
 @pytest.mark.parametrize("kblocks, split", [(4, 1), (5, 1), (7, 2)])
 def test_paired_k_steps_match_single_steps(kblocks, split):
     a, a_s, b, b_s = _operands(5, 40, 128 * kblocks, seed=kblocks)
