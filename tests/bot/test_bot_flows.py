@@ -385,3 +385,32 @@ def test_check_run_is_queued_on_intake_while_workers_are_busy(bot_factory, engin
     bot.settle()
     (run,) = state.check_runs_for(REPO, head_b)
     assert run["id"] == queued[0]["id"] and run["status"] == "completed"
+
+
+def test_two_replicas_on_one_database_audit_each_pr_once(bot_factory, engine_repo):
+    from bot.queue import SqliteJobStore
+    from bot.worker import Service
+
+    make, state = bot_factory
+    repo_path, base, _ = engine_repo
+    state.add_repo(REPO, str(repo_path))
+    heads = []
+    for n in range(30, 36):
+        git(repo_path, "checkout", "-q", "-B", f"pr-{n}", base)
+        heads.append(commit(repo_path, {"engine/runtime/scheduler.py": f"STEP = {n}\n"}, f"pr {n}"))
+        state.add_pull(REPO, n, head_sha=heads[-1], base_sha=base)
+    bot = make(workers=2)
+    other = Service(bot.settings, SqliteJobStore(bot.settings.db))  # a second replica, same database
+    other.start(2)
+    try:
+        for n, head in zip(range(30, 36), heads, strict=True):
+            bot.deliver("pull_request", pr_payload("opened", number=n, head=head, base=base))
+        other.wake()
+        bot.settle()
+    finally:
+        other.stop()
+    for n, head in zip(range(30, 36), heads, strict=True):
+        assert len(_marked(state, n)) == 1
+        (run,) = state.check_runs_for(REPO, head)
+        assert run["status"] == "completed"
+    assert all(j.status == "done" and j.attempts == 1 for j in bot.store.jobs())
