@@ -46,7 +46,7 @@ def _specs(cap: tuple[int, int]) -> list[tuple]:
          {"x_ptr": BF16, "o_ptr": BF16, "cos_ptr": "*fp32", "sin_ptr": "*fp32", "pos_ptr": "*fp32",
           "n_rows": "i32", "n_heads": "i32", "cos_rows": "i32", "stride_xr": "i32", "stride_xh": "i32",
           "stride_or": "i32", "stride_oh": "i32", "stride_c": "i32", "stride_s": "i32"},
-         {"DIM": 64, "HALF": 32, "HB": 128, "BLOCK": 32, "HAS_POS": False, "WRAP": False, "EXACT": False}, 4, 2048),
+         {"DIM": 64, "HALF": 32, "DIM_P2": 64, "HB": 128, "BLOCK": 32, "HAS_POS": False, "WRAP": False, "EXACT": False}, 4, 2048),
         ("silu_mul", silu_mul._silu_mul_kernel,
          {"x_ptr": BF16, "o_ptr": BF16, "n_half": "i32", "stride_x": "i32", "stride_o": "i32"},
          {"BLOCK": 2048, "EXACT": False}, 8, 2048),

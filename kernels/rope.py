@@ -93,7 +93,7 @@ def rope_ref(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Ten
 def _rope_kernel(
     x_ptr, o_ptr, cos_ptr, sin_ptr, pos_ptr,
     n_rows, n_heads, cos_rows, stride_xr, stride_xh, stride_or, stride_oh, stride_c, stride_s,
-    DIM: tl.constexpr, HALF: tl.constexpr, HB: tl.constexpr, BLOCK: tl.constexpr,
+    DIM: tl.constexpr, HALF: tl.constexpr, DIM_P2: tl.constexpr, HB: tl.constexpr, BLOCK: tl.constexpr,
     HAS_POS: tl.constexpr, WRAP: tl.constexpr, EXACT: tl.constexpr,
 ):
     # one "vector" = one (row, head) pair of DIM contiguous values, numbered row·HB + head with HB a power
@@ -102,23 +102,25 @@ def _rope_kernel(
     v = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     row = v // HB
     head = v % HB
-    live = ((row < n_rows) & (head < n_heads))[:, None]
+    live = ((row < n_rows) & (head < n_heads))[:, None]  # [BLOCK, 1]
     if HAS_POS:
         p = tl.load(pos_ptr + row, mask=row < n_rows, other=0).to(tl.int64)
     elif WRAP:
         p = (row % cos_rows).to(tl.int64)
     else:
         p = row.to(tl.int64)
-    j = tl.arange(0, HALF)[None, :]
-    c = tl.load(cos_ptr + p[:, None] * stride_c + j, mask=live, other=0.0)
-    s = tl.load(sin_ptr + p[:, None] * stride_s + j, mask=live, other=0.0)
-    d = tl.arange(0, DIM)[None, :]
+    j = tl.arange(0, DIM_P2 // 2)[None, :]  # a power-of-two tile; DIM itself only needs to be even
+    cmask = live & (j < HALF)
+    c = tl.load(cos_ptr + p[:, None] * stride_c + j, mask=cmask, other=0.0)
+    s = tl.load(sin_ptr + p[:, None] * stride_s + j, mask=cmask, other=0.0)
+    d = tl.arange(0, DIM_P2)[None, :]
+    xmask = live & (d < DIM)
     r64 = row.to(tl.int64)
-    x = tl.load(x_ptr + (r64 * stride_xr + head * stride_xh)[:, None] + d, mask=live, other=0.0)
-    x0, x1 = tl.split(tl.reshape(x.to(tl.float32), [BLOCK, HALF, 2]))
-    y = tl.reshape(tl.join(x0 * c - x1 * s, x0 * s + x1 * c), [BLOCK, DIM])
+    x = tl.load(x_ptr + (r64 * stride_xr + head * stride_xh)[:, None] + d, mask=xmask, other=0.0)
+    x0, x1 = tl.split(tl.reshape(x.to(tl.float32), [BLOCK, DIM_P2 // 2, 2]))
+    y = tl.reshape(tl.join(x0 * c - x1 * s, x0 * s + x1 * c), [BLOCK, DIM_P2])
     tl.store(o_ptr + (r64 * stride_or + head * stride_oh)[:, None] + d, cast_rne(y, o_ptr.dtype.element_ty, EXACT),
-             mask=live)
+             mask=xmask)
 
 
 def _as_vectors(t: torch.Tensor, name: str, must_view: bool) -> torch.Tensor:
@@ -169,18 +171,16 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, positions: to
         positions = positions.reshape(-1).contiguous()
     elif cos.shape[0] < seq:
         raise ValueError(f"cos/sin have {cos.shape[0]} rows for a sequence of {seq}; slice the table or pass positions")
-    if dim & (dim - 1):
-        raise ValueError(f"rope dim must be a power of two for the Triton kernel, got {dim}")
     hb = next_pow2(heads)
     n_vec = rows * hb
     if n_vec >= 2**31:
         raise ValueError(f"{rows} rows × {hb} head slots is past the kernel's 2^31 vector index; split the call")
     on_gpu = capability(x.device) is not None
-    block = (tune or {}).get("block") or max(1, min(next_pow2(n_vec), (2048 if on_gpu else 16384) // dim))
+    block = (tune or {}).get("block") or max(1, min(next_pow2(n_vec), (2048 if on_gpu else 16384) // next_pow2(dim)))
     _rope_kernel[(triton.cdiv(n_vec, block),)](
         x3, o3, cos, sin, positions if positions is not None else cos,
         rows, heads, seq, x3.stride(0), x3.stride(1), o3.stride(0), o3.stride(1), cos.stride(0), sin.stride(0),
-        DIM=dim, HALF=half, HB=hb, BLOCK=block, HAS_POS=positions is not None, WRAP=rows > seq,
+        DIM=dim, HALF=half, DIM_P2=next_pow2(dim), HB=hb, BLOCK=block, HAS_POS=positions is not None, WRAP=rows > seq,
         EXACT=interpreting(),
         num_warps=(tune or {}).get("warps") or (4 if on_gpu else 1),
     )
@@ -230,7 +230,8 @@ SPEC = ParitySpec(
         Case("7x64 2-D", {"shape": (7, 64)}),
         Case("decode 3x1x16x64 positions", {"shape": (3, 1, 16, 64), "positions": True, "max_pos": 8192}),
         Case("1x9x3x64 fp32", {"shape": (1, 9, 3, 64)}, dtype=torch.float32),
-        Case("1x4x2x32 in-place", {"shape": (1, 4, 2, 32), "inplace": True, "factor": 1.0}),
+        Case("1x4x2x48 in-place", {"shape": (1, 4, 2, 48), "inplace": True, "factor": 1.0}),  # not a power of two
+        Case("tiny 2x3x4x8", {"shape": (2, 3, 4, 8)}),
         Case("q_pe 1x4096x128x64 of 192", {"shape": (1, 4096, 128, 64), "nope": 128}, devices=_GPU),
         Case("k_pe 1x32768x1x64", {"shape": (1, 32768, 1, 64)}, devices=_GPU),
         Case("decode 64x1x128x64 positions", {"shape": (64, 1, 128, 64), "positions": True, "max_pos": 163840},
