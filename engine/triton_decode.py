@@ -183,8 +183,10 @@ class PagedDecoder:
         return self._decode_eager(tokens, pos)
 
     @torch.inference_mode()
-    def generate(self, prompts: list[list[int]], max_new_tokens: int) -> list[Generation]:
-        """Greedy continuations, in :func:`engine.generate.generate`'s format."""
+    def generate(self, prompts: list[list[int]], max_new_tokens: int, *,
+                 eos_token_id: int | None = None) -> list[Generation]:
+        """Greedy continuations, in :func:`engine.generate.generate`'s format (a sequence stops recording
+        at ``eos_token_id``; the batch stops when all have)."""
         _check_prompts(self.model, prompts)
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -197,13 +199,16 @@ class PagedDecoder:
             tokens[i, : len(p)] = torch.tensor(p, dtype=torch.long)
         logits = self.prefill(tokens, lens)
         outs = [Generation(prompt=list(map(int, p))) for p in prompts]
+        done = [False] * b
         for step in range(max_new_tokens):
             top2 = logits.topk(2, dim=-1).values
             nxt = logits.argmax(dim=-1)
             for i, (t, m) in enumerate(zip(nxt.tolist(), (top2[:, 0] - top2[:, 1]).tolist())):
-                outs[i].tokens.append(t)
-                outs[i].margins.append(m)
-            if step + 1 == max_new_tokens:
+                if not done[i]:
+                    outs[i].tokens.append(t)
+                    outs[i].margins.append(m)
+                    done[i] = t == eos_token_id
+            if step + 1 == max_new_tokens or all(done):
                 break
             logits = self.step(nxt, lens + step)
         return outs

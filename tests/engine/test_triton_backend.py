@@ -59,6 +59,11 @@ def test_torch_ops_through_the_paged_path_match_the_dense_path(bf16_pair):
     ref = generate(torch_model, PROMPTS[:2], 4, mla="absorbed")
     out = PagedDecoder(torch_model, page_size=8).generate(PROMPTS[:2], 4)
     assert _same_tokens(ref, out) is None, _same_tokens(ref, out)
+    eos = ref[0].tokens[1]  # stop the first sequence at its second token
+    ref_eos = generate(torch_model, PROMPTS[:2], 4, mla="absorbed", eos_token_id=eos)
+    out_eos = PagedDecoder(torch_model, page_size=8).generate(PROMPTS[:2], 4, eos_token_id=eos)
+    assert [o.tokens for o in out_eos] == [r.tokens for r in ref_eos]
+    assert out_eos[0].tokens[-1] == eos and len(out_eos[0].tokens) == 2
 
 
 def test_fp8_checkpoint_keeps_fp8_weights_on_the_triton_path(tmp_path):
