@@ -28,7 +28,7 @@ HELP = """\
 | `/audit retry` | re-run only the suites that failed last time |
 | `/audit help` | this text |
 
-GPU work (`full`, `run`, `retry`, and any run on a fork or first-time contributor's PR) needs write access.
+A command starts suites on GPU runners only when its author has write access to the repository.
 """
 
 _LINE = re.compile(r"^\s*/audit(?:\s+(?P<rest>.*?))?\s*$", re.IGNORECASE)
