@@ -97,14 +97,16 @@ def _change(rng: random.Random, base: dict[str, bytes], change_files: int, chang
         extra = _content(rng, ext, f"x{rng.randint(0, 10**6)}", max(2, per_file // 4)).splitlines()
         # rewrite a run of lines in the middle and append a block: both sides of the diff get work
         cut = len(lines) // 2
-        lines[cut:cut + 5] = [ln + "  # changed" for ln in lines[cut:cut + 5]]
+        mark = "  # changed" if ext == "py" else "  // changed"
+        lines[cut:cut + 5] = [ln + mark for ln in lines[cut:cut + 5]]
         head[p] = ("\n".join(lines + extra[: per_file]) + "\n").encode()
     for k in range(plan["added"]):
         ext = rng.choice(["py", "cc", "cu", "h"])
         d = rng.choice(_DIRS[ext])
         body = _content(rng, ext, f"n{k}", max(2, per_file // 4)).splitlines()[: per_file]
         if k == 0:
-            body.append("# latin-1 bytes follow: caf\xe9")  # replaced below by raw bytes
+            comment = "#" if ext == "py" else "//"
+            body.append(f"{comment} latin-1 bytes follow: caf\xe9")  # replaced below by raw bytes
         data = ("\n".join(body) + "\n").encode()
         if k == 0:
             data = data.replace("caf\xe9".encode(), b"caf\xe9")  # not UTF-8

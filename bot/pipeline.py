@@ -14,9 +14,12 @@ from contextlib import contextmanager
 
 from checks.config import load_config
 from checks.diff import build_changeset
-from checks.model import Audit, AuditRequest, Findings
+from bot.report import render as render_report
+from checks.audit import run_checks
+from checks.model import Audit, AuditRequest, PillarHit
 from checks.pillars import map_pillars
 from checks.workspace import Tree, checkout, open_repo
+from runner.select import select_tests
 
 Progress = Callable[[str], None]
 
@@ -53,39 +56,31 @@ def run_audit(request: AuditRequest, *, progress: Progress | None = None, render
                   timings=timings)
 
     with _stage(timings, "checks", progress):
-        audit.findings = _run_checks(co, config, changes)
+        audit.findings = run_checks(co, config, changes)
+    _add_finding_pillars(audit, config)
 
-    select = _optional("runner.select", "select_tests")
-    if select is not None:
-        with _stage(timings, "select", progress):
-            audit.plan = select(config, changes, pillars, audit.findings, request.options, Tree(co.repo, co.head_sha),
-                                audit_id_for(request, co.head_sha))
-    if audit.plan is not None and (request.options.run or request.options.suites or request.options.all_suites):
+    with _stage(timings, "select", progress):
+        audit.plan = select_tests(config, changes, pillars, audit.findings, request.options, Tree(co.repo, co.head_sha),
+                                  audit_id_for(request, co.head_sha))
+    if request.options.run or request.options.suites or request.options.all_suites:
         with _stage(timings, "dispatch", progress):
             audit.results = dispatch(audit.plan) if dispatch else _run_locally(co, audit, request, progress)
 
     if render:
-        from bot.report import render as render_report
-
         with _stage(timings, "report", progress):
             audit.report = render_report(audit, blob_url=blob_url, details_url=details_url)
     return audit
 
 
-def _optional(module: str, name: str):
-    import importlib
-
-    try:
-        return getattr(importlib.import_module(module), name)
-    except ModuleNotFoundError as exc:
-        if exc.name == module:
-            return None
-        raise
-
-
-def _run_checks(co, config, changes) -> Findings:
-    run_checks = _optional("checks.audit", "run_checks")
-    return run_checks(co, config, changes) if run_checks else Findings()
+def _add_finding_pillars(audit: Audit, config) -> None:
+    """A finding can sit in a pillar the diff did not touch (a table edited in one file drifts from
+    its copy in another): give that pillar a row so the finding shows in the table."""
+    present = {p.id for p in audit.pillars.pillars}
+    for pid in dict.fromkeys(f.pillar for f in audit.findings.findings if f.status != "fixed"):
+        if pid not in present:
+            pillar = config.pillar(pid)
+            audit.pillars.pillars.append(PillarHit(id=pid, title=pillar.title if pillar else pid))
+            present.add(pid)
 
 
 def _run_locally(co, audit: Audit, request: AuditRequest, progress: Progress | None):

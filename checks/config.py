@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from typing import Any
 
@@ -209,6 +209,20 @@ def parse_config(text: str, source: str = CONFIG_PATH, *, include_default_pillar
     _unique(r, "pillar", [p.id for p in pillars])
     pillar_ids = [p.id for p in pillars]
 
+    raw = data.get("settings", {})
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: 'settings' must be a table; write [settings]")
+    settings = Settings()
+    for key, value in raw.items():
+        if not hasattr(settings, key):
+            line = r.where.key("settings", 0, key)
+            raise ConfigError(f"{source}:{line}: [settings] unknown key '{key}'; {_closest(key, list(vars(settings)))}")
+        if type(value) is not type(getattr(settings, key)):
+            line = r.where.key("settings", 0, key)
+            raise ConfigError(
+                f"{source}:{line}: [settings] '{key}' must be {type(getattr(settings, key)).__name__}; fix its value"
+            )
+        setattr(settings, key, value)
     facts: list[Fact] = []
     for i, e in enumerate(r.entries(data, "fact")):
         fid = r.string("fact", i, e, "id")
@@ -238,7 +252,13 @@ def parse_config(text: str, source: str = CONFIG_PATH, *, include_default_pillar
                 line=r.where.table("fact", i),
             )
         )
+    for i, fact in enumerate(facts):
+        problem = _validate_fact(fact)
+        if problem:
+            r.fail("fact", i, None, problem, "see docs/rules.md#facts for the options")
     _unique(r, "fact", [f.id for f in facts])
+    pack_facts, pack_rules = _packs(settings.packs, source)
+    facts += [f for f in pack_facts if f.id not in {x.id for x in facts}]
     fact_ids = [f.id for f in facts]
 
     rules: list[Rule] = []
@@ -317,22 +337,11 @@ def parse_config(text: str, source: str = CONFIG_PATH, *, include_default_pillar
         )
     _unique(r, "suite", [s.id for s in suites])
 
-    raw = data.get("settings", {})
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{source}: 'settings' must be a table; write [settings]")
-    settings = Settings()
-    for key, value in raw.items():
-        if not hasattr(settings, key):
-            line = r.where.key("settings", 0, key)
-            raise ConfigError(f"{source}:{line}: [settings] unknown key '{key}'; {_closest(key, list(vars(settings)))}")
-        if type(value) is not type(getattr(settings, key)):
-            line = r.where.key("settings", 0, key)
-            raise ConfigError(
-                f"{source}:{line}: [settings] '{key}' must be {type(getattr(settings, key)).__name__}; fix its value"
-            )
-        setattr(settings, key, value)
-    config = Config(pillars=pillars, facts=facts, rules=rules, suites=suites, settings=settings, source=source)
-    return _with_packs(config)
+    known = {x.id for x in rules}
+    for x in pack_rules:  # a pack rule whose pillar this repo does not declare reports under "other"
+        if x.id not in known:
+            rules.append(x if x.pillar in pillar_ids else replace(x, pillar="other"))
+    return Config(pillars=pillars, facts=facts, rules=rules, suites=suites, settings=settings, source=source)
 
 
 def _unique(r: _Reader, table: str, ids: list[str]) -> None:
@@ -363,19 +372,32 @@ def _validate_rule(rule: Rule) -> tuple[str | None, str, str] | None:
     return validate(rule) if validate else None
 
 
-def _with_packs(config: Config) -> Config:
-    """Merge the built-in rule packs named in [settings] packs (checks/packs/<name>.toml)."""
-    for name in config.settings.packs:
+def _validate_fact(fact: Fact) -> str | None:
+    """The fact extractor's own option check, phrased for the config error; None when fine."""
+    try:
+        from checks.facts import FactError, validate_options
+    except ImportError:
+        return None
+    try:
+        validate_options(fact)
+    except FactError as exc:
+        return str(exc).split(": ", 1)[-1]
+    return None
+
+
+def _packs(names: list[str], source: str) -> tuple[list[Fact], list[Rule]]:
+    """Facts and rules of the built-in rule packs named in [settings] packs (checks/packs/<name>.toml)."""
+    facts: list[Fact] = []
+    rules: list[Rule] = []
+    for name in names:
         try:
             text = resources.files("checks.packs").joinpath(f"{name}.toml").read_text()
         except (FileNotFoundError, ModuleNotFoundError):
-            raise ConfigError(f"{config.source}: [settings] packs: unknown rule pack '{name}'; see docs/rules.md") from None
-        pack = parse_config(text, f"rule pack '{name}'")
-        known = {f.id for f in config.facts}
-        config.facts += [f for f in pack.facts if f.id not in known]
-        known = {x.id for x in config.rules}
-        config.rules += [x for x in pack.rules if x.id not in known and x.pillar in {p.id for p in config.pillars}]
-    return config
+            raise ConfigError(f"{source}: [settings] packs: unknown rule pack '{name}'; see docs/rules.md") from None
+        pack = parse_config(text, f"rule pack '{name}'", include_default_pillars=True)
+        facts += pack.facts
+        rules += pack.rules
+    return facts, rules
 
 
 def default_config() -> Config:

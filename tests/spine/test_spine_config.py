@@ -75,3 +75,24 @@ def test_non_utf8_config_is_a_clear_error(repo):
     sha = repo.commit("latin-1 config")
     with pytest.raises(ConfigError, match="not UTF-8"):
         load_config(open_repo(repo.root), sha)
+
+
+def test_repo_rules_may_use_pack_facts():
+    cfg = parse_config(
+        '[settings]\npacks = ["persistent_kernel"]\n'
+        '[[rule]]\nid = "mine"\nkind = "same-set"\nfacts = ["pk_enum_tasks", "pk_name_map"]\n'
+    )
+    assert "mine" in [r.id for r in cfg.rules]
+    assert {"pk_enum_tasks", "pk_name_map"} <= {f.id for f in cfg.facts}
+    # the pack's own rules come along; pillars this repo lacks report under "other"
+    pack_rules = [r for r in cfg.rules if r.id != "mine"]
+    assert pack_rules and all(r.pillar in {p.id for p in cfg.pillars} for r in pack_rules)
+
+
+def test_fact_options_are_checked_when_the_config_loads():
+    message = error_of('[[fact]]\nid = "f"\nlang = "cpp"\nfiles = ["a.h"]\nquery = "(x) @key"\nscope = "enum"\n')
+    assert ".github/drift-audit.toml:1: [[fact]] #1" in message and "scope" in message
+
+
+def test_unknown_pack_is_named():
+    assert "unknown rule pack 'nope'" in error_of('[settings]\npacks = ["nope"]\n')
