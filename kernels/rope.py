@@ -123,6 +123,18 @@ def _rope_kernel(
              mask=xmask)
 
 
+def _per_row_tables(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    """Tables given the way :func:`rope_ref` broadcasts them (e.g. ``cos[pos].unsqueeze(2)`` of
+    ``[B, S, 1, dim/2]``) as one ``[B·S, dim/2]`` row per (batch, position); they must not vary by head."""
+    lead, half = x.shape[:-2], x.shape[-1] // 2
+    if cos.dim() != x.dim() or cos.shape[-2] != 1:
+        raise ValueError(f"cos/sin of shape {tuple(cos.shape)} must be [rows, {half}] or broadcast as "
+                         f"{(*lead, 1, half)} against x {tuple(x.shape)}")
+    want = (*lead, 1, half)
+    return (cos.expand(want).reshape(-1, half).float().contiguous(),
+            sin.expand(want).reshape(-1, half).float().contiguous())
+
+
 def _as_vectors(t: torch.Tensor, name: str, must_view: bool) -> torch.Tensor:
     """``t`` as ``[rows, heads, dim]`` with unit last-dim stride; ``[seq, dim]`` gets ``heads = 1``."""
     if t.stride(-1) != 1:
@@ -148,6 +160,9 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, positions: to
     ``tune``: ``block`` (head vectors per program), ``warps``."""
     dim = x.shape[-1]
     half = dim // 2
+    per_row = cos.dim() > 2 and x.dim() >= 3 and positions is None
+    if per_row:
+        cos, sin = _per_row_tables(x, cos, sin)
     if dim % 2 or cos.shape[-1] != half or sin.shape != cos.shape or cos.dim() != 2:
         raise ValueError(f"cos/sin must be [rows, {half}] for rope dim {dim}, got {tuple(cos.shape)}, {tuple(sin.shape)}")
     if cos.stride(-1) != 1 or sin.stride(-1) != 1:
@@ -164,6 +179,8 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, positions: to
     o3 = _as_vectors(out, "out", True)
     rows, heads = x3.shape[0], x3.shape[1]
     seq = x.shape[0] if x.dim() == 2 else x.shape[-3]
+    if per_row:
+        seq = rows  # one table row per (batch, position): a table already gathered by position
     if positions is not None:
         want = tuple(x.shape[:1] if x.dim() == 2 else x.shape[:-2])
         if tuple(positions.shape) != want:

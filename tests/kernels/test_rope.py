@@ -78,3 +78,15 @@ def test_bad_inputs_are_explained():
         rope(torch.randn(2, 1, 1, 64), cos, sin, positions=torch.zeros(3, dtype=torch.long))
     with pytest.raises(ValueError, match="unit last-dim stride"):
         rope(torch.randn(4, 1, 128)[..., ::2], cos, sin, inplace=True)
+
+
+def test_takes_tables_broadcast_the_way_the_reference_does():
+    """The engine's op table calls ``rope`` with the reference's arguments: ``cos[pos].unsqueeze(2)``."""
+    x = torch.randn(2, 3, 4, 64).bfloat16()
+    cos, sin = yarn_freqs(64, 50, 10000.0, 40.0)
+    pos = torch.tensor([[7, 8, 9], [0, 31, 49]])
+    c4, s4 = cos[pos].unsqueeze(2), sin[pos].unsqueeze(2)
+    assert torch.equal(rope(x, c4, s4), rope_ref(x, c4, s4))
+    assert torch.equal(rope(x, cos, sin, positions=pos), rope_ref(x, c4, s4))
+    with pytest.raises(ValueError, match="must be"):
+        rope(x, cos[pos].unsqueeze(2).expand(2, 3, 4, 32), sin[pos].unsqueeze(2).expand(2, 3, 4, 32))
