@@ -4,7 +4,7 @@
 
 Builds the synthetic repo (benchmarks/synth_repo.py: ≥ 2000 files, one change
 of 129 files and ~50k lines), with a persistent-kernel engine of 150 tasks laid
-over it (tests/checks/checks_shape.py) to which the change adds 10 tasks
+over it (checks/packs/sample.py) to which the change adds 10 tasks
 consistently. Two configs:
 - ``pack``: the persistent_kernel rule pack plus shard-table, gate, pinned and
   derived rules, as a real repo would configure it (facts read ~20 files);
@@ -32,7 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.synth_repo import make_synthetic_repo  # noqa: E402
-from tests.checks import checks_shape as shape  # noqa: E402
+from checks.packs import sample as shape  # noqa: E402
 
 EVERY_FILE = '''
 [[fact]]

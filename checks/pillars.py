@@ -23,7 +23,7 @@ from checks.config import Config, Pillar
 from checks.model import ChangeSet, Checkout, FileChange, HunkPillars, PillarHit, PillarMap, Touch
 from checks.workspace import read_blob
 
-# Definition node types per grammar, and how their name is found.
+# Definition node types per grammar. Namespaces qualify names but are never a hunk's symbol.
 _PY_DEFS = {"function_definition", "class_definition"}
 _C_DEFS = {"function_definition", "class_specifier", "struct_specifier", "namespace_definition",
            "union_specifier", "enum_specifier"}
@@ -31,7 +31,7 @@ _QUERIES = {
     "python": "(function_definition) @d (class_definition) @d",
     "c": "(function_definition) @d (struct_specifier body: (_)) @d (enum_specifier body: (_)) @d",
     "cpp": "(function_definition) @d (class_specifier body: (_)) @d (struct_specifier body: (_)) @d "
-    "(namespace_definition) @d (enum_specifier body: (_)) @d",
+    "(enum_specifier body: (_)) @d",
 }
 _QUERIES["cuda"] = _QUERIES["cpp"]
 

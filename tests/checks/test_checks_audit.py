@@ -3,7 +3,7 @@ and findings sorted into new / pre-existing / fixed by fingerprint."""
 
 from __future__ import annotations
 
-import checks_shape as shape
+from checks.packs import sample as shape
 import pytest
 
 from checks.audit import run_checks

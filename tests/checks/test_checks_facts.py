@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import checks_shape as shape
+from checks.packs import sample as shape
 import pytest
 
 from checks.config import Fact

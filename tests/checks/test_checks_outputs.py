@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import checks_shape as shape
+from checks.packs import sample as shape
 import jsonschema
 import pytest
 

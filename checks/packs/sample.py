@@ -1,4 +1,7 @@
-"""A persistent-kernel engine in miniature, committed to a real git repo, for the drift-check tests.
+"""A persistent-kernel engine in miniature: the layout the ``persistent_kernel`` pack is written for.
+
+The drift-check tests, the checks benchmark and ``drift-audit demo`` all build
+real git repos from it.
 
 ``base_files()`` is consistent; ``clean_change`` adds one task everywhere it must
 go; ``DRIFTS`` seeds one drift of each kind, each an edit of the base files.

@@ -1,0 +1,23 @@
+"""`drift-audit demo`, the README's first command: a real review with findings and a suite run."""
+
+import subprocess
+import sys
+
+from checks.model import Audit, from_json
+
+
+def test_demo_reviews_a_drifting_pr_and_runs_its_cpu_suite(tmp_path):
+    out = tmp_path / "audit.json"
+    res = subprocess.run([sys.executable, "-m", "bot.cli", "demo", "--dir", str(tmp_path / "engine"),
+                          "--format", "json", "--output", str(out)], capture_output=True, text=True)
+    assert res.returncode == 1, res.stderr  # the PR introduces a wiring error
+    audit = from_json(Audit, out.read_text())
+    new = audit.findings.with_status("new")
+    assert [f.rule for f in new] == ["pk-task-wiring"]
+    assert "TASK_TOPK_SOFTMAX" in new[0].message and "pk_name_map" in new[0].message
+    assert [f.rule for f in audit.findings.with_status("pre-existing")] == ["shard-tables-agree"]
+    assert {p.id for p in audit.pillars.pillars} >= {"wiring", "topology", "runtime"}
+    outcomes = {(s.suite, s.runner): (s.outcome, s.reason) for s in audit.results.suites}
+    assert outcomes[("wrapper-unit", "cpu")][0] == "passed"
+    assert outcomes[("attention-parity", "sm90")] == ("skipped", "needs sm90")
+    assert audit.report.verdict == "fail" and "pk-task-wiring" in audit.report.markdown
