@@ -47,19 +47,26 @@ def _read_prompts(args) -> list[list[int]]:
     if args.prompts:
         from pathlib import Path
 
-        for lineno, line in enumerate(Path(args.prompts).read_text().splitlines(), 1):
+        try:
+            text = Path(args.prompts).read_text()
+        except OSError as exc:
+            raise ValueError(f"{args.prompts}: cannot read prompts file: {exc.strerror}") from None
+        for lineno, line in enumerate(text.splitlines(), 1):
             if not line.strip():
                 continue
-            obj = json.loads(line)
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{args.prompts}:{lineno}: invalid JSON: {exc.msg}") from None
             if isinstance(obj, dict):
                 if obj.get("format") == "drift-audit-golden":
                     continue
                 obj = obj.get("prompt")
             if not isinstance(obj, list) or not all(isinstance(t, int) for t in obj):
-                raise SystemExit(f"{args.prompts}:{lineno}: expected a list of token ids or {{'prompt': [...]}}")
+                raise ValueError(f"{args.prompts}:{lineno}: expected a list of token ids or {{'prompt': [...]}}")
             prompts.append(obj)
     if not prompts:
-        raise SystemExit("give at least one prompt with --prompt-ids or --prompts")
+        raise ValueError("give at least one prompt with --prompt-ids or --prompts")
     return prompts
 
 

@@ -50,6 +50,12 @@ def test_bad_inputs_exit_2_with_a_message(tmp_path, capsys):
     assert "config.json: not found" in capsys.readouterr().err
     assert main(["engine", "compare", str(tmp_path / "nope.jsonl"), str(tmp_path / "nope.jsonl")]) == 2
     assert "no such golden file" in capsys.readouterr().err
+    bad = tmp_path / "prompts.jsonl"
+    bad.write_text("[1, 2]\n[3, oops]\n")
+    assert main(["engine", "generate", "--model", str(tmp_path), "--prompts", str(bad)]) == 2
+    assert f"{bad}:2: invalid JSON" in capsys.readouterr().err
+    assert main(["engine", "generate", "--model", str(tmp_path), "--prompts", str(tmp_path / "none.jsonl")]) == 2
+    assert "cannot read prompts file" in capsys.readouterr().err
 
 
 def test_cli_module_is_import_light():
