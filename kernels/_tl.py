@@ -62,3 +62,17 @@ def e4m3_bits(y):
     code = tl.where(e >= -6, normal, sub)
     sign = (y.to(tl.int32, bitcast=True) >> 24) & 0x80
     return code | sign
+
+
+@triton.jit
+def e4m3_to_f32(b):
+    """The fp32 value of float8_e4m3fn bytes ``b`` (any integer type), decoded in integer arithmetic: for
+    parts without e4m3 support (< sm89). Exact; 0x7F/0xFF decode to NaN as in e4m3fn."""
+    b = b.to(tl.int32) & 0xFF
+    e = (b >> 3) & 0xF
+    m = b & 7
+    normal = (((b & 0x80) << 24) | ((e + 120) << 23) | (m << 20)).to(tl.float32, bitcast=True)
+    sub = m.to(tl.float32) * 0.001953125  # m · 2^-9
+    sub = tl.where((b & 0x80) != 0, -sub, sub)
+    v = tl.where(e == 0, sub, normal)
+    return tl.where((b & 0x7F) == 0x7F, float("nan"), v)

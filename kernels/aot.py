@@ -30,6 +30,10 @@ def _specs(cap: tuple[int, int]) -> list[tuple]:
     hw = fp8_hw_cast(cap)
     q8 = "*fp8e4nv" if hw else "*u8"
     return [
+        ("rmsnorm[fp16,plain]", rmsnorm._rmsnorm_kernel,
+         {"x_ptr": "*fp16", "r_ptr": "*fp16", "w_ptr": "*fp32", "o_ptr": "*fp16", "h_ptr": "*fp16", "n_rows": "i32",
+          "n_cols": "i32", "stride_x": "i32", "stride_r": "i32", "stride_o": "i32", "stride_h": "i32", "eps": "fp32"},
+         {"HAS_RES": False, "ROWS": 8, "BLOCK": 512, "EXACT": False}, 4, 4096),
         ("rmsnorm", rmsnorm._rmsnorm_kernel,
          {"x_ptr": BF16, "r_ptr": BF16, "w_ptr": BF16, "o_ptr": BF16, "h_ptr": BF16, "n_rows": "i32", "n_cols": "i32",
           "stride_x": "i32", "stride_r": "i32", "stride_o": "i32", "stride_h": "i32", "eps": "fp32"},
@@ -41,7 +45,7 @@ def _specs(cap: tuple[int, int]) -> list[tuple]:
         ("weight_dequant", fp8_quant._weight_dequant_kernel,
          {"w_ptr": "*fp8e4nv" if hw else "*u8", "s_ptr": "*fp32", "o_ptr": BF16, "n_rows": "i32", "n_cols": "i32",
           "n_kb": "i32", "stride_w": "i32", "stride_s": "i32", "stride_o": "i32"},
-         {"BLOCK": 128, "TILE_N": 32, "EXACT": False}, 4, 4096),
+         {"BLOCK": 128, "TILE_N": 32, "HW_CAST": hw, "EXACT": False}, 4, 4096),
         ("rope", rope._rope_kernel,
          {"x_ptr": BF16, "o_ptr": BF16, "cos_ptr": "*fp32", "sin_ptr": "*fp32", "pos_ptr": "*fp32",
           "n_rows": "i32", "n_heads": "i32", "cos_rows": "i32", "stride_xr": "i32", "stride_xh": "i32",
@@ -50,6 +54,20 @@ def _specs(cap: tuple[int, int]) -> list[tuple]:
         ("silu_mul", silu_mul._silu_mul_kernel,
          {"x_ptr": BF16, "o_ptr": BF16, "n_half": "i32", "stride_x": "i32", "stride_o": "i32"},
          {"BLOCK": 2048, "EXACT": False}, 8, 2048),
+        ("act_dequant", fp8_quant._act_dequant_kernel,
+         {"q_ptr": q8, "s_ptr": "*fp32", "o_ptr": BF16, "n_cols": "i32", "stride_q": "i32", "stride_s": "i32",
+          "stride_o": "i32"},
+         {"QBLOCK": 128, "G": 8, "HW_CAST": hw, "EXACT": False}, 2, 1024),
+        ("rope[positions]", rope._rope_kernel,
+         {"x_ptr": BF16, "o_ptr": BF16, "cos_ptr": "*fp32", "sin_ptr": "*fp32", "pos_ptr": "*i64",
+          "n_rows": "i32", "n_heads": "i32", "cos_rows": "i32", "stride_xr": "i32", "stride_xh": "i32",
+          "stride_or": "i32", "stride_oh": "i32", "stride_c": "i32", "stride_s": "i32"},
+         {"DIM": 48, "HALF": 24, "DIM_P2": 64, "HB": 1, "BLOCK": 32, "HAS_POS": True, "WRAP": False, "EXACT": False},
+         4, 2048),
+        ("act_quant[ue8m0]", fp8_quant._act_quant_kernel,
+         {"x_ptr": "*fp32", "q_ptr": q8, "s_ptr": "*fp32", "n_cols": "i32", "n_groups": "i32", "n_tiles": "i32",
+          "stride_x": "i32", "stride_q": "i32", "stride_s": "i32"},
+         {"QBLOCK": 128, "G": 8, "UE8M0": True, "HW_CAST": hw}, 2, 1024),
         ("silu_mul_quant", silu_mul._silu_mul_quant_kernel,
          {"x_ptr": BF16, "q_ptr": q8, "s_ptr": "*fp32", "n_half": "i32", "n_groups": "i32", "stride_x": "i32",
           "stride_q": "i32", "stride_s": "i32"},
@@ -108,11 +126,11 @@ def main(argv: list[str] | None = None) -> int:
     if interpreting():
         print("run with TRITON_INTERPRET=0: the interpreter builds no GPU code", file=sys.stderr)
         return 2
-    print(f"{'kernel':<16}{'arch':<8}{'regs':>5}{'stack':>6}{'sass':>6}{'/elem':>7}  top instructions")
+    print(f"{'kernel':<21}{'arch':<8}{'regs':>5}{'stack':>6}{'sass':>6}{'/elem':>7}  top instructions")
     for a in args.arch:
         for r in report((a // 10, a % 10)):
             top = " ".join(f"{k}:{v}" for k, v in r["top"])
-            print(f"{r['kernel']:<16}{r['arch']:<8}{r['regs']:>5}{r['stack']:>6}{r['sass']:>6}{r['sass_per_elem']:>7.1f}  {top}")
+            print(f"{r['kernel']:<21}{r['arch']:<8}{r['regs']:>5}{r['stack']:>6}{r['sass']:>6}{r['sass_per_elem']:>7.1f}  {top}")
     return 0
 
 

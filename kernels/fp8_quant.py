@@ -7,7 +7,7 @@ import triton
 import triton.language as tl
 
 from kernels._launch import as_rows, next_pow2, out_rows
-from kernels._tl import cast_rne, div_rn_by, e4m3_bits
+from kernels._tl import cast_rne, div_rn_by, e4m3_bits, e4m3_to_f32
 from kernels.arch import capability, fp8_hw_cast, interpreting
 from kernels.harness import Case, Check, ParitySpec
 
@@ -108,13 +108,14 @@ def _act_quant_kernel(
 @triton.jit
 def _act_dequant_kernel(
     q_ptr, s_ptr, o_ptr, n_cols, stride_q, stride_s, stride_o,
-    QBLOCK: tl.constexpr, G: tl.constexpr, EXACT: tl.constexpr,
+    QBLOCK: tl.constexpr, G: tl.constexpr, HW_CAST: tl.constexpr, EXACT: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     g = tl.program_id(1) * G + tl.arange(0, G)
     cols = g[:, None] * QBLOCK + tl.arange(0, QBLOCK)[None, :]
     mask = cols < n_cols
-    q = tl.load(q_ptr + row * stride_q + cols, mask=mask, other=0.0).to(tl.float32)
+    q = tl.load(q_ptr + row * stride_q + cols, mask=mask)  # masked lanes: never stored
+    q = q.to(tl.float32) if HW_CAST else e4m3_to_f32(q)
     s = tl.load(s_ptr + row * stride_s + g, mask=(g * QBLOCK) < n_cols, other=0.0)
     tl.store(o_ptr + row * stride_o + cols, cast_rne(q * s[:, None], o_ptr.dtype.element_ty, EXACT), mask=mask)
 
@@ -122,7 +123,7 @@ def _act_dequant_kernel(
 @triton.jit
 def _weight_dequant_kernel(
     w_ptr, s_ptr, o_ptr, n_rows, n_cols, n_kb, stride_w, stride_s, stride_o,
-    BLOCK: tl.constexpr, TILE_N: tl.constexpr, EXACT: tl.constexpr,
+    BLOCK: tl.constexpr, TILE_N: tl.constexpr, HW_CAST: tl.constexpr, EXACT: tl.constexpr,
 ):
     # 1-D grid, column blocks fastest: neighbouring programs cover neighbouring columns of the same rows,
     # so reads and writes stream whole rows; TILE_N divides BLOCK, so one scale serves the whole tile
@@ -132,13 +133,10 @@ def _weight_dequant_kernel(
     rows = (r0 + tl.arange(0, TILE_N)).to(tl.int64)[:, None]
     cols = bk * BLOCK + tl.arange(0, BLOCK)[None, :]
     mask = (rows < n_rows) & (cols < n_cols)
-    w = tl.load(w_ptr + rows * stride_w + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+    w = tl.load(w_ptr + rows * stride_w + cols, mask=mask, eviction_policy="evict_first")  # masked lanes: never stored
+    w = w.to(tl.float32) if HW_CAST else e4m3_to_f32(w)
     s = tl.load(s_ptr + (r0 // BLOCK) * stride_s + bk)
     tl.store(o_ptr + rows * stride_o + cols, cast_rne(w * s, o_ptr.dtype.element_ty, EXACT), mask=mask)
-
-
-def _uses_fp8_view(device: torch.device) -> bool:
-    return not fp8_hw_cast(capability(device))
 
 
 def _groups_per_program(n_groups: int, on_gpu: bool) -> int:
@@ -182,10 +180,11 @@ def act_dequant(q: torch.Tensor, scale: torch.Tensor, out_dtype: torch.dtype = t
     out, o2 = out_rows(out, q.shape, out_dtype, q.device)
     q2, s2 = as_rows(q), as_rows(scale)
     cap = capability(q.device)
+    hw = fp8_hw_cast(cap)
     g = _groups_per_program(nb, cap is not None)
     _act_dequant_kernel[(q2.shape[0], triton.cdiv(nb, g))](
-        q2, s2, o2, k, q2.stride(0), s2.stride(0), o2.stride(0),
-        QBLOCK=block, G=g, EXACT=interpreting(), num_warps=8 if g * block >= 4096 else 4,
+        q2 if hw else q2.view(torch.uint8), s2, o2, k, q2.stride(0), s2.stride(0), o2.stride(0),
+        QBLOCK=block, G=g, HW_CAST=hw, EXACT=interpreting(), num_warps=8 if g * block >= 4096 else 4,
     )
     return out
 
@@ -202,13 +201,14 @@ def weight_dequant(w: torch.Tensor, scale_inv: torch.Tensor, block: int = 128,
         raise ValueError(f"scale_inv must be {want} for weight {tuple(w.shape)} and block {block}, got {tuple(scale_inv.shape)}")
     out, _ = out_rows(out, w.shape, out_dtype, w.device)
     w2 = as_rows(w)
-    on_gpu = capability(w.device) is not None
+    cap = capability(w.device)
+    on_gpu, hw = cap is not None, fp8_hw_cast(cap)
     tile_n = (tune or {}).get("tile_n") or (32 if on_gpu else block)
     if block % tile_n:
         raise ValueError(f"tile_n {tile_n} must divide block {block}")
     _weight_dequant_kernel[(triton.cdiv(n, tile_n) * want[1],)](
-        w2, scale_inv, out, n, k, want[1], w2.stride(0), scale_inv.stride(0), out.stride(0),
-        BLOCK=block, TILE_N=tile_n, EXACT=interpreting(), num_warps=(tune or {}).get("warps", 4),
+        w2 if hw else w2.view(torch.uint8), scale_inv, out, n, k, want[1], w2.stride(0), scale_inv.stride(0),
+        out.stride(0), BLOCK=block, TILE_N=tile_n, HW_CAST=hw, EXACT=interpreting(), num_warps=(tune or {}).get("warps", 4),
     )
     return out
 

@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 
 import kernels.fp8_quant as fq
-from kernels._tl import div_rn_by, e4m3_bits
+from kernels._tl import div_rn_by, e4m3_bits, e4m3_to_f32
 from kernels.harness import format_table, run_spec
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -153,3 +153,20 @@ def test_launch_overrides_keep_results_exact(tune):
         q, s = fq.act_quant(x, tune=tune)
         rq, rs = fq.act_quant_ref(x)
         assert torch.equal(q.view(torch.uint8), rq.view(torch.uint8)) and torch.equal(s, rs)
+
+
+
+@triton.jit
+def _decode(q_ptr, y_ptr, BLOCK: tl.constexpr):
+    o = tl.arange(0, BLOCK)
+    tl.store(y_ptr + o, e4m3_to_f32(tl.load(q_ptr + o)))
+
+
+def test_integer_e4m3_decoding_matches_torch_for_all_256_codes():
+    codes = torch.arange(256, dtype=torch.uint8)
+    y = torch.empty(256)
+    _decode[(1,)](codes, y, BLOCK=256)
+    want = codes.view(torch.float8_e4m3fn).float()
+    nan = torch.isnan(want)
+    assert torch.equal(torch.isnan(y), nan)
+    assert torch.equal(y[~nan].view(torch.int32), want[~nan].view(torch.int32))

@@ -30,6 +30,7 @@ def test_every_kernel_compiles_for_sm80_and_sm120_without_spills():
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [ln.split() for ln in proc.stdout.splitlines()[1:] if ln.strip()]
     built = {(r[0], r[1]) for r in rows}
-    names = {"rmsnorm", "act_quant", "weight_dequant", "rope", "silu_mul", "silu_mul_quant"}
+    names = {"rmsnorm", "rmsnorm[fp16,plain]", "act_quant", "act_quant[ue8m0]", "act_dequant", "weight_dequant",
+             "rope", "rope[positions]", "silu_mul", "silu_mul_quant"}
     assert built == {(n, a) for n in names for a in ("sm_80", "sm_120")}
     assert all(int(r[3]) == 0 for r in rows), proc.stdout  # stack bytes: no spills
