@@ -25,8 +25,9 @@ Progress = Callable[[str], None]
 
 
 def audit_id_for(request: AuditRequest, head_sha: str) -> str:
-    """Stable id for (repo, head, trigger): the artifact and details-page name."""
-    digest = hashlib.sha256(f"{request.repo}\0{head_sha}\0{request.pr}\0{request.trigger}".encode()).hexdigest()
+    """Stable id for (repo, head, PR, trigger, nonce): the GPU artifact and details-page name."""
+    key = f"{request.repo}\0{head_sha}\0{request.pr}\0{request.trigger}\0{request.nonce}"
+    digest = hashlib.sha256(key.encode()).hexdigest()
     return f"da-{head_sha[:12]}-{digest[:8]}"
 
 
@@ -66,10 +67,20 @@ def run_audit(request: AuditRequest, *, progress: Progress | None = None, render
         with _stage(timings, "dispatch", progress):
             audit.results = dispatch(audit.plan) if dispatch else _run_locally(co, audit, request, progress)
 
+    if request.options.pillars:
+        restrict_pillars(audit, request.options.pillars)
     if render:
         with _stage(timings, "report", progress):
             audit.report = render_report(audit, blob_url=blob_url, details_url=details_url)
     return audit
+
+
+def restrict_pillars(audit: Audit, pillar_ids: list[str]) -> None:
+    """``--pillars a,b`` / ``/audit pillars=a,b``: the report shows only these pillars and their findings."""
+    keep = set(pillar_ids)
+    audit.pillars.pillars = [p for p in audit.pillars.pillars if p.id in keep]
+    audit.pillars.hunks = [h for h in audit.pillars.hunks if keep & set(h.pillars)]
+    audit.findings.findings = [f for f in audit.findings.findings if f.pillar in keep]
 
 
 def _add_finding_pillars(audit: Audit, config) -> None:

@@ -33,14 +33,6 @@ log = logging.getLogger("drift_audit.worker")
 PERMANENT_HTTP = (400, 401, 404, 410, 422)
 
 
-def restrict_pillars(audit: Audit, pillar_ids: list[str]) -> None:
-    """``/audit pillars=a,b``: the report shows only these pillars and their findings."""
-    keep = set(pillar_ids)
-    audit.pillars.pillars = [p for p in audit.pillars.pillars if p.id in keep]
-    audit.pillars.hunks = [h for h in audit.pillars.hunks if keep & set(h.pillars)]
-    audit.findings.findings = [f for f in audit.findings.findings if f.pillar in keep]
-
-
 class LeaseLost(RuntimeError):
     """Another worker owns this job now; stop without publishing."""
 
@@ -269,15 +261,14 @@ class Service:
             repo, gate=gate, head_sha=job.head_sha, workflow=self.settings.gpu_workflow, ref=repo.default_branch
         )
         request = AuditRequest(
-            repo=mirror, base=job.base_sha, head=job.head_sha, pr=job.pr, trigger=job.trigger, options=job.options
+            repo=mirror, base=job.base_sha, head=job.head_sha, pr=job.pr, trigger=job.trigger, options=job.options,
+            nonce=f"job-{row.id}",
         )
         from bot.pipeline import run_audit  # heavy: git, tree-sitter, the checks
 
         blob_url = f"{repo.html_url}/blob/{job.head_sha}" if getattr(repo, "html_url", None) else None
         try:
             audit = run_audit(request, blob_url=blob_url, details_url=details, dispatch=dispatch, render=False)
-            if job.options.pillars:
-                restrict_pillars(audit, job.options.pillars)
             from bot.report import render
 
             start = time.perf_counter()

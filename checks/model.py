@@ -57,6 +57,7 @@ class AuditRequest:
     pr: int | None = None
     trigger: Trigger = "cli"
     options: AuditOptions = field(default_factory=AuditOptions)
+    nonce: str = ""  # tells apart repeated audits of one head (the bot's job id)
 
 
 @dataclass

@@ -77,3 +77,28 @@ def test_overflow_is_cut_with_a_pointer(repo):
     assert len(report.markdown) <= COMMENT_LIMIT
     assert report.truncated and "more" in report.markdown
     assert report.check_text and len(report.check_text) <= 65_535
+
+
+def test_pillars_option_restricts_the_report(repo):
+    repo.write("engine/model.py", "def forward(x):\n    return x\n")
+    repo.write("csrc/attn.cu", "__global__ void attn(float* o) {\n  o[0] = 1;\n}\n")
+    base = repo.commit("base")
+    repo.write("engine/model.py", "def forward(x):\n    return x * 2\n")
+    repo.write("csrc/attn.cu", "__global__ void attn(float* o) {\n  o[0] = 2;\n}\n")
+    repo.commit("head")
+    from checks.model import AuditOptions
+
+    full = run_audit(AuditRequest(repo=str(repo.root), base=base, head="HEAD"))
+    only = run_audit(AuditRequest(repo=str(repo.root), base=base, head="HEAD", options=AuditOptions(pillars=["wiring"])))
+    assert {"wiring", "topology"} <= {p.id for p in full.pillars.pillars}
+    assert [p.id for p in only.pillars.pillars] == ["wiring"]
+    assert "`csrc/attn.cu`" in only.report.markdown and "`engine/model.py`" not in only.report.markdown
+
+
+def test_repeated_audits_of_one_head_get_their_own_ids():
+    from bot.pipeline import audit_id_for
+
+    a = AuditRequest(repo="r", base="b", head="h", nonce="job-1")
+    b = AuditRequest(repo="r", base="b", head="h", nonce="job-2")
+    assert audit_id_for(a, "f" * 40) != audit_id_for(b, "f" * 40)
+    assert audit_id_for(a, "f" * 40) == audit_id_for(a, "f" * 40)
