@@ -27,7 +27,7 @@ import triton.language as tl
 from kernels._tl import cast_rne
 from kernels.arch import capability, interpreting
 from kernels.harness import Case, Check, ParitySpec
-from kernels.tiles import fit_stages
+from kernels.tiles import dot_precision, fit_stages
 
 LATENT = 512
 ROPE = 64
@@ -145,7 +145,7 @@ def _mla_split_kernel(
     stride_kvp, stride_kvt, stride_pep, stride_pet, stride_btb,
     stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
     D_LAT: tl.constexpr, D_ROPE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
-    F32_DOT: tl.constexpr, IN_PAGE: tl.constexpr,
+    F32_DOT: tl.constexpr, IN_PAGE: tl.constexpr, PREC: tl.constexpr,
 ):
     b = tl.program_id(0)
     split = tl.program_id(1)
@@ -188,8 +188,8 @@ def _mla_split_kernel(
         if F32_DOT:
             kv = kv.to(tl.float32)
             k_pe = k_pe.to(tl.float32)
-        s = tl.dot(q_lat, tl.trans(kv))
-        s = tl.dot(q_pe, tl.trans(k_pe), s)
+        s = tl.dot(q_lat, tl.trans(kv), input_precision=PREC)
+        s = tl.dot(q_pe, tl.trans(k_pe), s, input_precision=PREC)
         s = tl.where(t_ok[None, :], s * scale_log2, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp2(m_i - m_new)
@@ -199,7 +199,7 @@ def _mla_split_kernel(
             p_dot = p.to(ql_ptr.dtype.element_ty).to(tl.float32)
         else:
             p_dot = p.to(kv.dtype)
-        acc = acc * alpha[:, None] + tl.dot(p_dot, kv)
+        acc = acc * alpha[:, None] + tl.dot(p_dot, kv, input_precision=PREC)
         m_i = m_new
 
     empty = l_i == 0.0
@@ -270,7 +270,7 @@ def _decode(q_lat, q_pe, kv, pe, block_table, seq_lens, page_size, capacity, sca
         kv.stride(0), kv.stride(1), pe.stride(0), pe.stride(1), block_table.stride(0),
         part_o.stride(0), part_o.stride(1), part_o.stride(2), part_lse.stride(0), part_lse.stride(1),
         D_LAT=d_lat, D_ROPE=d_rope, BLOCK_H=config.block_h, BLOCK_N=config.block_n, F32_DOT=cap is None,
-        IN_PAGE=page_size % config.block_n == 0,
+        IN_PAGE=page_size % config.block_n == 0, PREC=dot_precision(q_lat.dtype),
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
     _mla_merge_kernel[(b_sz, h)](
@@ -419,9 +419,14 @@ SPEC_DENSE = ParitySpec(
     cases=[
         Case("tiny b3 h4 c32 r8", {"lens": [1, 9, 40], "heads": 4, "c": 32, "r": 8, "t": 48}),
         Case("small b2 h16 c512 r64", {"lens": [5, 77], "heads": 16, "c": 512, "r": 64, "t": 80}),
+        Case("tiny b2 h4 fp32", {"lens": [3, 30], "heads": 4, "c": 32, "r": 8, "t": 32}, dtype=torch.float32),
         Case("b32 h16 c512 r64 2k", {"lens": [2048 - 37 * i for i in range(32)], "heads": 16, "c": 512, "r": 64,
                                      "t": 2048}, devices=_GPU),
     ],
-    checks=SPEC.checks,
+    checks=[Check(c.metric, c.tol, c.why, c.output, c.name, dtypes=(torch.bfloat16,)) for c in SPEC.checks] + [
+        Check("gemm_diff", 1e-10, "fp32 operands multiply in full fp32 (not tf32)", name="out",
+              dtypes=(torch.float32,)),
+        Check("lse_abs", 1e-5, "as for bf16", output=1, name="lse", dtypes=(torch.float32,)),
+    ],
     description="absorbed MLA decode over the engine's contiguous latent cache (same kernel, one page per row)",
 )

@@ -24,7 +24,7 @@ import triton.language as tl
 from kernels._tl import cast_rne
 from kernels.arch import capability, interpreting
 from kernels.harness import Case, Check, ParitySpec
-from kernels.tiles import fit_stages
+from kernels.tiles import dot_precision, fit_stages
 
 BLOCK = 128  # fp8 weight-scale block
 
@@ -227,7 +227,7 @@ def _gate_up_kernel(
     NPAIRS, TOPK, D, I,
     stride_xt, stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk, stride_ht,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    FP8: tl.constexpr, F32_DOT: tl.constexpr, EXACT: tl.constexpr,
+    FP8: tl.constexpr, F32_DOT: tl.constexpr, EXACT: tl.constexpr, PREC: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -257,11 +257,11 @@ def _gate_up_kernel(
             s_off = e64 * stride_se + (rn // 128) * stride_sn + (k0 // 128) * stride_sk
             sg = tl.load(s1_ptr + s_off)
             su = tl.load(s3_ptr + s_off)
-            acc_g += tl.dot(xa, wg.to(xa.dtype)) * sg[None, :]
-            acc_u += tl.dot(xa, wu.to(xa.dtype)) * su[None, :]
+            acc_g += tl.dot(xa, wg.to(xa.dtype), input_precision=PREC) * sg[None, :]
+            acc_u += tl.dot(xa, wu.to(xa.dtype), input_precision=PREC) * su[None, :]
         else:
-            acc_g = tl.dot(xa, wg.to(xa.dtype), acc_g)
-            acc_u = tl.dot(xa, wu.to(xa.dtype), acc_u)
+            acc_g = tl.dot(xa, wg.to(xa.dtype), acc_g, input_precision=PREC)
+            acc_u = tl.dot(xa, wu.to(xa.dtype), acc_u, input_precision=PREC)
         x_ptrs += BLOCK_K
         w_off += BLOCK_K * stride_wk
     h = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
@@ -275,7 +275,7 @@ def _down_kernel(
     NPAIRS, D, I,
     stride_ht, stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk, stride_yt,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    FP8: tl.constexpr, F32_DOT: tl.constexpr,
+    FP8: tl.constexpr, F32_DOT: tl.constexpr, PREC: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -301,9 +301,9 @@ def _down_kernel(
             ha = ha.to(tl.float32)
         if FP8:
             s = tl.load(s2_ptr + e64 * stride_se + (rn // 128) * stride_sn + (k0 // 128) * stride_sk)
-            acc += tl.dot(ha, w.to(ha.dtype)) * s[None, :]
+            acc += tl.dot(ha, w.to(ha.dtype), input_precision=PREC) * s[None, :]
         else:
-            acc = tl.dot(ha, w.to(ha.dtype), acc)
+            acc = tl.dot(ha, w.to(ha.dtype), acc, input_precision=PREC)
         h_ptrs += BLOCK_K
         w_off += BLOCK_K * stride_wk
     wt = tl.load(wt_ptr + rp, mask=p_ok, other=0.0)
@@ -355,7 +355,7 @@ def moe_experts(
         x.stride(0), w1.stride(0), w1.stride(1), w1.stride(2),
         s1.stride(0), s1.stride(1), s1.stride(2), h.stride(0),
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, FP8=fp8, F32_DOT=f32,
-        EXACT=interpreting(), num_warps=config.num_warps, num_stages=config.num_stages,
+        EXACT=interpreting(), PREC=dot_precision(x.dtype), num_warps=config.num_warps, num_stages=config.num_stages,
     )
     wts = topk_weights.reshape(-1).float().contiguous()
     _down_kernel[(n_tiles, triton.cdiv(d, config.block_n))](
@@ -364,7 +364,7 @@ def moe_experts(
         h.stride(0), w2.stride(0), w2.stride(1), w2.stride(2),
         s2.stride(0), s2.stride(1), s2.stride(2), y.stride(0),
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, FP8=fp8, F32_DOT=f32,
-        num_warps=config.num_warps, num_stages=config.num_stages,
+        PREC=dot_precision(x.dtype), num_warps=config.num_warps, num_stages=config.num_stages,
     )
     total = y.view(t, k, d).sum(1)
     if out is None:
@@ -426,12 +426,16 @@ SPEC = ParitySpec(
         Case("t7 d160 i96 e8 k3", {"tdiek": (7, 160, 96, 8, 3)}),
         Case("t7 d160 i96 e8 k3 fp8", {"tdiek": (7, 160, 96, 8, 3), "fp8": True}),
         Case("t20 d64 i32 e16 k2 skew", {"tdiek": (20, 64, 32, 16, 2), "skew": True}),
+        Case("t5 d64 i32 e4 k2 fp32", {"tdiek": (5, 64, 32, 4, 2)}, dtype=torch.float32),
         Case("t1 small", {"tdiek": (1, *_SMALL)}, devices=_GPU),
         Case("t64 small fp8", {"tdiek": (64, *_SMALL), "fp8": True}, devices=_GPU),
         Case("t64 small", {"tdiek": (64, *_SMALL)}, devices=_GPU),
         Case("t4096 small", {"tdiek": (4096, *_SMALL)}, devices=_GPU),
         Case("t4096 small fp8", {"tdiek": (4096, *_SMALL), "fp8": True}, devices=_GPU),
     ],
-    checks=[Check("gemm_diff", 1e-5, "two fp32-accumulated GEMMs with a bf16 intermediate; bf16 GEMM bound")],
+    checks=[Check("gemm_diff", 1e-5, "two fp32-accumulated GEMMs with a bf16 intermediate; bf16 GEMM bound",
+                  dtypes=(torch.bfloat16,)),
+            Check("gemm_diff", 1e-10, "fp32 operands multiply in full fp32 (not tf32): only summation order",
+                  dtypes=(torch.float32,))],
     description="routed experts: gate/up, SiLU·mul, down, weighted sum; bf16 or fp8-block weights",
 )

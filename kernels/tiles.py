@@ -26,3 +26,12 @@ def fit_stages(stages: int, per_stage: int, capability: tuple[int, int] | None, 
     while stages > 1 and stages * per_stage > limit:
         stages -= 1
     return stages
+
+
+def dot_precision(dtype) -> str:
+    """``tl.dot``'s ``input_precision`` for operands of ``dtype``: fp32 operands multiply in full fp32
+    ("ieee"), so an fp32 model stays an fp32 model (Triton's default would round them to tf32's 10-bit
+    mantissa); 16-bit operands are unaffected by the setting."""
+    import torch
+
+    return "ieee" if dtype == torch.float32 else "tf32"
