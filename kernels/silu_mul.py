@@ -29,7 +29,7 @@ def silu_mul_quant_ref(x: torch.Tensor, block: int = 128, ue8m0: bool = False):
 def _silu_mul(x_ptr, cols, mask, n_half, EXACT: tl.constexpr):
     g = tl.load(x_ptr + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
     u = tl.load(x_ptr + n_half + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
-    return g / (1.0 + tl.exp(-g)) * u
+    return g / (1.0 + tl.exp2(g * -1.4426950408889634)) * u  # exp2 directly: 3 fewer SASS per element than tl.exp
 
 
 @triton.jit
