@@ -100,3 +100,13 @@ def test_a_tree_sitter_fact_query_reads_the_table():
     for _, caps in ts.QueryCursor(query).matches(tree.root_node):
         rows[syntax.text(caps["key"][0])] = syntax.text(caps["value"][0])
     assert rows == TP_SHARDING
+
+
+def test_fp8_weights_split_on_scale_block_boundaries():
+    name = "model.layers.0.self_attn.q_b_proj.weight"
+    w = torch.zeros(256, 64).to(torch.float8_e4m3fn)
+    s = torch.arange(2.0).view(2, 1)
+    assert shard(name, w, 1, 2).shape == (128, 64)
+    assert torch.equal(shard(name + "_scale_inv", s, 1, 2), s[1:])
+    with pytest.raises(ShardingError, match="split of 64 is not a multiple of the 128-wide fp8 scale block"):
+        shard(name, w, 0, 4)
