@@ -30,17 +30,22 @@ BLOCK = 128  # fp8 weight-scale block
 
 
 def _dequant(w: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+    """All experts' weights as fp32 (fp8 ones times their 128×128 block scales)."""
+    return torch.stack([_dequant_one(w, scale, e, torch.float32) for e in range(w.shape[0])])
+
+
+def _dequant_one(w: torch.Tensor, scale: torch.Tensor | None, e: int, dtype: torch.dtype) -> torch.Tensor:
     if scale is None:
-        return w.float()
+        return w[e].to(dtype)
     from kernels.fp8_quant import weight_dequant_ref
 
-    return torch.stack([weight_dequant_ref(w[e], scale[e], block=BLOCK) for e in range(w.shape[0])])
+    return weight_dequant_ref(w[e], scale[e], block=BLOCK).to(dtype)
 
 
 def expert_loop(x, topk_weights, topk_ids, w1, w3, w2, w1_scale=None, w3_scale=None, w2_scale=None, dtype=None):
-    """Per-expert loop in ``dtype`` (fp32 when None): gather the expert's tokens, MLP, scatter-add."""
+    """Per-expert loop in ``dtype`` (fp32 when None): gather the expert's tokens, MLP, scatter-add. Only
+    experts that received tokens have their weights converted."""
     dtype = dtype or torch.float32
-    w1f, w3f, w2f = (_dequant(w, s).to(dtype) for w, s in ((w1, w1_scale), (w3, w3_scale), (w2, w2_scale)))
     xf = x.to(dtype)
     out = torch.zeros(x.shape[0], w2.shape[1], dtype=torch.float32, device=x.device)
     for e in range(w1.shape[0]):
@@ -48,8 +53,10 @@ def expert_loop(x, topk_weights, topk_ids, w1, w3, w2, w1_scale=None, w3_scale=N
         if tok.numel() == 0:
             continue
         xe = xf[tok]
-        h = torch.nn.functional.silu(xe @ w1f[e].t()) * (xe @ w3f[e].t())
-        y = (h @ w2f[e].t()).float() * topk_weights[tok, slot, None].float()
+        g = xe @ _dequant_one(w1, w1_scale, e, dtype).t()
+        u = xe @ _dequant_one(w3, w3_scale, e, dtype).t()
+        h = torch.nn.functional.silu(g) * u
+        y = (h @ _dequant_one(w2, w2_scale, e, dtype).t()).float() * topk_weights[tok, slot, None].float()
         out.index_add_(0, tok, y)
     return out.to(x.dtype)
 
