@@ -416,6 +416,10 @@ def _mla():
             # 2026-11-29 H200, b=32 4k: bn64 s2 95 us, bn32 s2 83 us
             for bn, st, w in ((32, 3, 4), (32, 4, 4), (16, 4, 4), (64, 2, 4), (32, 2, 8), (64, 2, 8), (32, 3, 8)):
                 variants.append((f"bn{bn} s{st} w{w}", DecodeConfig(dflt.block_h, bn, dflt.num_splits, w, st)))
+        if not SMOKE and h == 128 and b == 32:  # 64-row head tiles reach wgmma's M and read KV half as often
+            dflt = decode_config(b, h, ctx, cap)
+            for bh, bn, w in ((64, 32, 8), (64, 16, 8), (16, 32, 4)):
+                variants.append((f"h{bh} bn{bn} w{w}", DecodeConfig(bh, bn, dflt.num_splits, w, 2)))
         for name, cfg in variants:
             try:
                 t = bench_graph([lambda c=c, tb=tb, cfg=cfg: paged_mla_decode(q, c, tb, lens, scale, config=cfg)
