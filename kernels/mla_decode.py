@@ -5,7 +5,11 @@ Layout, as in FlashMLA and vLLM: every cached token is one 576-wide row, the 512
 ``[num_pages, page_size, 576]`` and ``block_table[b, i]`` names the page holding tokens
 ``i*page_size … (i+1)*page_size-1`` of sequence ``b``. Queries arrive already absorbed
 (``q_nope · W_UK`` ‖ ``q_pe``), ``[B, H, 576]``; the output is ``[B, H, 512]`` in the latent space, plus the
-natural-log LSE of the scaled scores ``[B, H]`` (fp32).
+natural-log LSE of the scaled scores ``[B, H]`` (fp32). That is :func:`paged_mla_decode`.
+
+:func:`mla_decode` is the engine's op (``engine.ops``) over its contiguous per-sequence cache
+(``kv[B, T, C]``, ``pe[B, T, R]``, any latent/rope width): the same kernel, with each sequence's row as
+one page.
 
 The kernel reads KV once for all heads of a head block, splits each sequence's context into chunks that run
 as separate programs (split-KV, so that batch 1 still fills the GPU), and merges the chunks by their LSE in
