@@ -166,7 +166,7 @@ def _ceiling():
     CEIL["copy_tbs"] = tbs
     RESULTS["ceiling"] = {"copy_bytes": 2 * n, "copy_s": t, "copy_tbs": tbs}
     say(f"device-to-device copy {n >> 20} MiB: {t * 1e3:.3f} ms -> {tbs:.2f} TB/s (read + write)")
-    del src, dst
+    src = dst = None  # free the 2 GiB before the next section
 
 
 # --- parity sweep -----------------------------------------------------------------------------------------
@@ -507,13 +507,13 @@ def _moe():
                                     "speedup; B/token", f"{mb / best / 1e12:.2f} TB/s"))
             except Exception as exc:
                 say(f"  T={t} fp8={fp8}: {type(exc).__name__}: {str(exc)[:300]}")
-            del inp, loop_inp
+            inp = loop_inp = None
     # routing alone, V3 and small shapes
     for t, ee, g, tg, kk in ((64, 256, 8, 4, 8), (4096, 256, 8, 4, 8), (64, 64, 1, 1, 6)) if not SMOKE else ((5, 16, 4, 2, 3),):
         logits = torch.randn(t, ee, device=DEV)
         bias = 0.1 * torch.randn(ee, device=DEV)
         w, ids = noaux_tc(logits, bias, kk, g, tg, True, 2.5)
-        rw, rids = noaux_tc_ref(logits, bias, kk, g, tg, True, 2.5)
+        _, rids = noaux_tc_ref(logits, bias, kk, g, tg, True, 2.5)
         same = bool(torch.equal(ids, rids))
         t1 = bench_graph([lambda: noaux_tc(logits, bias, kk, g, tg, True, 2.5)])
         t2 = bench(lambda: noaux_tc_ref(logits, bias, kk, g, tg, True, 2.5))
@@ -700,7 +700,7 @@ def _hf():
             SUMMARY.append((f"HF transformers {preset} b={batch} tok/s", f"{rate:.1f}", "issue: HF "
                             f"{ {('tiny', 1): 22, ('tiny', 32): 558, ('small', 1): 17.8, ('small', 32): 523}.get((preset, batch), '-')}",
                             "anchor", f"ours x{ours['triton_tok_s'] / rate:.0f}" if ours else "-"))
-        del model
+        model = None
         torch.cuda.empty_cache() if DEV == "cuda" else None
 
 

@@ -108,7 +108,7 @@ def _noaux_tc_kernel(
             gscore = top1
         g2 = g[None, :]
         gscore = tl.where(g2 < N_GROUP, gscore, float("-inf"))
-        keep = gscore != gscore  # all False, [BLOCK_T, G_P2]
+        keep = gscore < float("-inf")  # all False, [BLOCK_T, G_P2]
         for _ in tl.static_range(TOPK_GROUP):
             pick = tl.min(tl.where(gscore == tl.max(gscore, 1)[:, None], g2, BIG), 1)
             keep = keep | (g2 == pick[:, None])

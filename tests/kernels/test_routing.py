@@ -33,8 +33,8 @@ def test_dropped_groups_stay_dropped_with_negative_scores():
     """Kept groups all score below zero; a 0-filled mask would let a dropped group's expert in."""
     logits = torch.full((1, 8), -10.0)
     bias = torch.tensor([-1.0, -1.0, -0.5, -0.5, -3.0, -3.0, -3.0, -3.0])
-    w, ids = noaux_tc(logits, bias, 3, 4, 2)
-    rw, rids = noaux_tc_ref(logits, bias, 3, 4, 2)
+    _, ids = noaux_tc(logits, bias, 3, 4, 2)
+    _, rids = noaux_tc_ref(logits, bias, 3, 4, 2)
     assert torch.equal(ids, rids)
     assert set(ids[0].tolist()) <= {0, 1, 2, 3}
 
