@@ -131,7 +131,7 @@ def bench_config(name: str, args, device: torch.device, dtype: torch.dtype) -> t
                     engines[label] = (lambda p, k, m=model: generate(m, p, k, mla="absorbed"), mla)
                 else:
                     dec = PagedDecoder(model)
-                    engines[label] = (lambda p, k, d=dec: d.generate(p, k), mla)
+                    engines[label] = (lambda p, k, d=dec: d.generate(p, k), dec)
             else:
                 engines[label] = (lambda p, k, m=model, a=mla: generate(m, p, k, mla=a), model)
         except Exception as exc:  # a backend missing an op is a result, not a crash
@@ -201,8 +201,7 @@ def bench_config(name: str, args, device: torch.device, dtype: torch.dtype) -> t
 
 @torch.inference_mode()
 def parity_rows(name, cfg, hf, engines, device, args) -> list[str]:
-    """Prefill logits and greedy decode, HF against each engine form (the paged Triton decoder exposes no
-    prefill logits, so it is compared on tokens only)."""
+    """Last-position prefill logits and greedy decode, HF against each engine form."""
     from engine.generate import prefill_logits
 
     gen = torch.Generator().manual_seed(2)
@@ -216,12 +215,15 @@ def parity_rows(name, cfg, hf, engines, device, args) -> list[str]:
     for label, (run, model) in engines.items():
         if isinstance(run, Exception):
             continue
-        diff, logit_note = 0.0, "no prefill logits exposed"
         if label in ("engine naive", "engine absorbed"):
-            logits = prefill_logits(model, ids, label.split()[1])
-            diff = (logits - ref_logits).abs().max().item()
-            cos = torch.nn.functional.cosine_similarity(logits.flatten(), ref_logits.flatten(), dim=0).item()
-            logit_note = f"max|dlogit| {diff:.3g} of max|logit| {ref_logits.abs().max().item():.3g}, cosine {cos:.6f}"
+            logits, ref_l, where = prefill_logits(model, ids, label.split()[1]), ref_logits, ""
+        else:  # the paged decoder returns logits at each prompt's last token
+            model.setup(ids.shape[0], ids.shape[1] + args.parity_steps + 1)
+            lens = torch.full((ids.shape[0],), ids.shape[1], device=device)
+            logits, ref_l, where = model.prefill(ids, lens), ref_logits[:, -1], "last-token "
+        diff = (logits - ref_l).abs().max().item()
+        cos = torch.nn.functional.cosine_similarity(logits.flatten(), ref_l.flatten(), dim=0).item()
+        logit_note = f"{where}max|dlogit| {diff:.3g} of max|logit| {ref_l.abs().max().item():.3g}, cosine {cos:.6f}"
         cand = [GoldenRecord(i, g.prompt, g.tokens, g.margins) for i, g in enumerate(run(ids.tolist(), args.parity_steps))]
         # a step whose HF margin is below the logit disagreement measured on the prefill can flip either way
         threshold = max(0.1, diff)
