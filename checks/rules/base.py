@@ -66,6 +66,14 @@ def operand(rule: Rule, ref: str, option: str) -> Problem | None:
     return None
 
 
+def facts_named(rule: Rule, option: str, names) -> Problem | None:
+    """Every fact an option names must be one of the rule's facts."""
+    for f in names:
+        if f not in rule.facts:
+            return option, f"'{f}' is not one of this rule's facts", f"use one of: {', '.join(rule.facts)}"
+    return None
+
+
 def split(ref: str) -> tuple[str, str]:
     fact, _, fld = ref.partition(".")
     return fact, fld
@@ -123,6 +131,15 @@ def by_key(rows: list[Row]) -> dict[str, list[Row]]:
     for r in rows:
         out.setdefault(r.key, []).append(r)
     return out
+
+
+def keys_of(rule: Rule, tables) -> list[str]:
+    """The keys of several by-key tables in first-seen order, less the rule's ``ignore`` globs."""
+    keys: dict[str, None] = {}
+    for table in tables:
+        keys.update(dict.fromkeys(table))
+    skip = rule.options.get("ignore", [])
+    return [k for k in keys if not ignored(k, skip)]
 
 
 # --------------------------------------------------------------------------- findings

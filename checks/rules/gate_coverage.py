@@ -27,6 +27,7 @@ from checks.rules.base import (
     Rows,
     RuleKind,
     check_options,
+    facts_named,
     finding,
     loc,
     need_facts,
@@ -44,10 +45,7 @@ def validate(rule: Rule) -> Problem | None:
     rng = rule.options["range"]
     if len(rng) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) for v in rng) or rng[0] > rng[1]:
         return "range", "'range' must be [lo, hi] with integers lo <= hi", "write range = [1, 4096]"
-    for f in rule.options.get("reject", []):
-        if f not in rule.facts:
-            return "reject", f"'{f}' is not one of this rule's facts", f"use one of: {', '.join(rule.facts)}"
-    return None
+    return facts_named(rule, "reject", rule.options.get("reject", []))
 
 
 class GateError(ValueError):

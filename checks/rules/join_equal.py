@@ -23,7 +23,7 @@ from checks.rules.base import (
     by_key,
     check_options,
     finding,
-    ignored,
+    keys_of,
     loc,
     operand,
     same,
@@ -51,13 +51,8 @@ def validate(rule: Rule) -> Problem | None:
 def compare(rule: Rule, rows: Rows, refs: list[str], noun: str = "") -> list[Finding]:
     """Shared by join-equal and arity: one finding per key whose operands disagree."""
     indexed = {f: by_key(rows.get(f, [])) for f in {split(r)[0] for r in refs}}
-    keys: dict[str, None] = {}
-    for f in indexed:
-        keys.update(dict.fromkeys(indexed[f]))
     out: list[Finding] = []
-    for key in keys:
-        if ignored(key, rule.options.get("ignore", [])):
-            continue
+    for key in keys_of(rule, indexed.values()):
         got = []
         for ref in refs:
             f, fld = split(ref)

@@ -20,8 +20,9 @@ from checks.rules.base import (
     RuleKind,
     by_key,
     check_options,
+    facts_named,
     finding,
-    ignored,
+    keys_of,
     loc,
     need_facts,
 )
@@ -34,12 +35,13 @@ def validate(rule: Rule) -> Problem | None:
     if problem:
         return problem
     for key in ("extra_ok", "per_file"):
-        for f in rule.options.get(key, []):
-            if f not in rule.facts:
-                return key, f"'{f}' is not one of this rule's facts", f"use one of: {', '.join(rule.facts)}"
+        problem = facts_named(rule, key, rule.options.get(key, []))
+        if problem:
+            return problem
     for f, keys in rule.options.get("exceptions", {}).items():
-        if f not in rule.facts:
-            return "exceptions", f"'{f}' is not one of this rule's facts", f"use one of: {', '.join(rule.facts)}"
+        problem = facts_named(rule, "exceptions", [f])
+        if problem:
+            return problem
         if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
             return "exceptions", f"exceptions for '{f}' must be a list of keys", f'write {f} = ["KEY"]'
     return None
@@ -47,7 +49,6 @@ def validate(rule: Rule) -> Problem | None:
 
 def evaluate(rule: Rule, rows: Rows) -> list[Finding]:
     opts = rule.options
-    skip = opts.get("ignore", [])
     exceptions = {f: set(keys) for f, keys in opts.get("exceptions", {}).items()}
     extra_ok = set(opts.get("extra_ok", []))
     # Members: (label, fact id, rows by key). A per-file fact is one member per file.
@@ -59,13 +60,8 @@ def evaluate(rule: Rule, rows: Rows) -> list[Finding]:
                 members.append((f"{f} ({path})", f, by_key([r for r in rows[f] if r.path == path])))
         else:
             members.append((f, f, by_key(rows.get(f, []))))
-    keys: dict[str, None] = {}
-    for _, _, m in members:
-        keys.update(dict.fromkeys(m))
     out: list[Finding] = []
-    for key in keys:
-        if ignored(key, skip):
-            continue
+    for key in keys_of(rule, (m for _, _, m in members)):
         have = [(label, fid, m[key]) for label, fid, m in members if key in m]
         if all(fid in extra_ok for _, fid, _ in have):
             continue

@@ -22,7 +22,7 @@ from checks.rules.base import (
     by_key,
     check_options,
     finding,
-    ignored,
+    keys_of,
     loc,
     need_facts,
     same,
@@ -54,9 +54,7 @@ def evaluate(rule: Rule, rows: Rows) -> list[Finding]:
     a_id, b_id = rule.facts
     a, b = by_key(rows.get(a_id, [])), by_key(rows.get(b_id, []))
     out: list[Finding] = []
-    for key in dict.fromkeys([*a, *b]):
-        if ignored(key, rule.options.get("ignore", [])):
-            continue
+    for key in keys_of(rule, (a, b)):
         ra, rb = a.get(key, [None])[0], b.get(key, [None])[0]
         if ra is None or rb is None:
             have, lack = (ra or rb), (b_id if rb is None else a_id)
