@@ -192,14 +192,10 @@ class Service:
         try:
             repo = self._repo(job)
             pub = Publisher(repo, self.settings.check_name)
-            current = self.store.get(row.id)
-            if current and current.check_run_id:
-                pub.conclude(
-                    repo.get_check_run(current.check_run_id),
-                    "neutral",
-                    "The audit could not finish",
-                    f"Drift Audit gave up after {row.attempts} attempt(s): {text[:2000]}",
-                )
+            self._conclude_run_of(
+                repo, pub, row.id, "neutral", "The audit could not finish",
+                f"Drift Audit gave up after {row.attempts} attempt(s): {text[:2000]}",
+            )
             pub.react(job.comment_id, "confused")
         except Exception:
             log.exception("job %s: could not report its failure", row.id)
@@ -310,15 +306,17 @@ class Service:
         for old in self.store.awaiting(job.repo, pr=job.pr):
             if old.audit_id == current or old.head_sha == job.head_sha:
                 continue
-            origin = self.store.get(old.job_id)
-            if origin and origin.check_run_id:
-                pub.conclude(
-                    repo.get_check_run(origin.check_run_id),
-                    "cancelled",
-                    "Superseded by a newer push",
-                    f"`{job.head_sha[:12]}` is audited instead of `{old.head_sha[:12]}`.",
-                )
+            self._conclude_run_of(
+                repo, pub, old.job_id, "cancelled", "Superseded by a newer push",
+                f"`{job.head_sha[:12]}` is audited instead of `{old.head_sha[:12]}`.",
+            )
             self.store.save_audit(replace(old, status="superseded", pending=[]))
+
+    def _conclude_run_of(self, repo, pub: Publisher, job_id: int, conclusion: str, title: str, summary: str) -> None:
+        """Close the check run a stored job opened, if it opened one."""
+        stored = self.store.get(job_id)
+        if stored and stored.check_run_id:
+            pub.conclude(repo.get_check_run(stored.check_run_id), conclusion, title, summary)
 
     def _publish(self, pub: Publisher, run, job: Job, audit: Audit, details: str, *, complete: bool) -> None:
         report = audit.report
