@@ -88,23 +88,26 @@ def job_for(
     if not repo:
         return Ignored(f"{event}: no repository in payload")
 
+    def job(kind: str, key: str, **fields: Any) -> Job:
+        """A job on this delivery's repository, through its installation."""
+        return Job(kind, repo, key, installation_id=inst, clone_url=clone, **fields)
+
+    def pr_job(kind: str, number: int, **fields: Any) -> Job:
+        return job(kind, pr_key(repo, number), pr=number, **fields)
+
     if event == "pull_request":
         pr = payload.get("pull_request") or {}
         if action not in AUDIT_PR_ACTIONS:
             return Ignored(f"pull_request.{action}")
         if pr.get("draft") and not audit_drafts:
             return Ignored("draft pull request (audited when marked ready for review)")
-        return Job(
+        return pr_job(
             "audit",
-            repo,
-            pr_key(repo, pr["number"]),
-            installation_id=inst,
-            pr=pr["number"],
+            pr["number"],
             head_sha=pr["head"]["sha"],
             base_sha=pr["base"]["sha"],
             trigger="pull_request",
             options=AuditOptions(run=True),
-            clone_url=clone,
             untrusted=is_untrusted(pr),
             actor=(pr.get("user") or {}).get("login"),
         )
@@ -121,14 +124,10 @@ def job_for(
         line = find_command(comment.get("body") or "")
         if line is None:
             return Ignored("comment without an /audit command")
-        return Job(
+        return pr_job(
             "command",
-            repo,
-            pr_key(repo, issue["number"]),
-            installation_id=inst,
-            pr=issue["number"],
+            issue["number"],
             trigger="comment",
-            clone_url=clone,
             actor=(comment.get("user") or {}).get("login"),
             comment_id=comment.get("id"),
             command=line,
@@ -143,14 +142,10 @@ def job_for(
         prs = run.get("pull_requests") or []
         if prs:
             number = prs[0]["number"]
-            return Job(
+            return pr_job(
                 "command",
-                repo,
-                pr_key(repo, number),
-                installation_id=inst,
-                pr=number,
+                number,
                 trigger="check_run",
-                clone_url=clone,
                 actor=(payload.get("sender") or {}).get("login"),
                 command="/audit",
                 check_run_id=run.get("id"),
@@ -159,16 +154,13 @@ def job_for(
         ext = run.get("external_id") or ""
         if ext.startswith("mg:"):  # a merge-queue run: base sha and queue ref ride in external_id
             _, base_sha, ref = ext.split(":", 2)
-            return Job(
+            return job(
                 "audit",
-                repo,
                 f"{repo}@{ref}",
-                installation_id=inst,
                 head_sha=run["head_sha"],
                 base_sha=base_sha,
                 trigger="merge_group",
                 options=AuditOptions(run=True),
-                clone_url=clone,
                 check_run_id=run.get("id"),
             )
         return Ignored("check run with no pull request and no merge-queue entry")
@@ -177,16 +169,13 @@ def job_for(
         mg = payload.get("merge_group") or {}
         if action != "checks_requested":
             return Ignored(f"merge_group.{action}")
-        return Job(
+        return job(
             "audit",
-            repo,
             f"{repo}@{mg['head_ref']}",
-            installation_id=inst,
             head_sha=mg["head_sha"],
             base_sha=mg["base_sha"],
             trigger="merge_group",
             options=AuditOptions(run=True),
-            clone_url=clone,
             note=mg.get("head_ref", ""),
         )
 
@@ -200,15 +189,12 @@ def job_for(
         if ours is None:
             return Ignored("workflow run that is not a Drift Audit GPU run")
         run_id, audit_id, label = ours
-        return Job(
+        return job(
             "collect",
-            repo,
             f"{repo}!run:{run_id}",
-            installation_id=inst,
             head_sha=run.get("head_sha"),
             trigger="workflow_run",
             run_id=run_id,
-            clone_url=clone,
             audit_id=audit_id,
             label=label,
             note=run.get("path") or "",
