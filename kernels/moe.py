@@ -229,6 +229,24 @@ def moe_config(tokens: int, top_k: int, num_experts: int, capability: tuple[int,
 
 
 @triton.jit
+def _expert_tile(
+    sorted_ptr, pid_m, e, NPAIRS, N, stride_we, stride_wn, stride_wk,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """One expert's row tile of (token, expert) pairs and output columns, and its weight-tile offsets:
+    the same walk for the gate/up and the down GEMM."""
+    pair = tl.load(sorted_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+    p_ok = pair < NPAIRS
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < N
+    rn = tl.where(n_ok, offs_n, 0).to(tl.int64)
+    offs_k = tl.arange(0, BLOCK_K)
+    e64 = e.to(tl.int64)
+    w_off = e64 * stride_we + rn[None, :] * stride_wn + offs_k[:, None] * stride_wk
+    return pair, p_ok, n_ok, rn, offs_k, e64, w_off
+
+
+@triton.jit
 def _gate_up_kernel(
     x_ptr, w1_ptr, w3_ptr, s1_ptr, s3_ptr, h_ptr, sorted_ptr, bexp_ptr,
     NPAIRS, TOPK, D, I,
@@ -237,20 +255,14 @@ def _gate_up_kernel(
     FP8: tl.constexpr, F32_DOT: tl.constexpr, EXACT: tl.constexpr, PREC: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
     e = tl.load(bexp_ptr + pid_m)
     if e < 0:
         return
-    pair = tl.load(sorted_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
-    p_ok = pair < NPAIRS
+    pair, p_ok, n_ok, rn, offs_k, e64, w_off = _expert_tile(
+        sorted_ptr, pid_m, e, NPAIRS, I, stride_we, stride_wn, stride_wk, BLOCK_M, BLOCK_N, BLOCK_K
+    )
     tok = tl.where(p_ok, pair // TOPK, 0).to(tl.int64)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = offs_n < I
-    rn = tl.where(n_ok, offs_n, 0).to(tl.int64)
-    offs_k = tl.arange(0, BLOCK_K)
-    e64 = e.to(tl.int64)
     x_ptrs = x_ptr + tok[:, None] * stride_xt + offs_k[None, :]
-    w_off = e64 * stride_we + rn[None, :] * stride_wn + offs_k[:, None] * stride_wk
     acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, D, BLOCK_K):
@@ -285,20 +297,14 @@ def _down_kernel(
     FP8: tl.constexpr, F32_DOT: tl.constexpr, PREC: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
     e = tl.load(bexp_ptr + pid_m)
     if e < 0:
         return
-    pair = tl.load(sorted_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
-    p_ok = pair < NPAIRS
+    pair, p_ok, n_ok, rn, offs_k, e64, w_off = _expert_tile(
+        sorted_ptr, pid_m, e, NPAIRS, D, stride_we, stride_wn, stride_wk, BLOCK_M, BLOCK_N, BLOCK_K
+    )
     rp = tl.where(p_ok, pair, 0).to(tl.int64)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = offs_n < D
-    rn = tl.where(n_ok, offs_n, 0).to(tl.int64)
-    offs_k = tl.arange(0, BLOCK_K)
-    e64 = e.to(tl.int64)
     h_ptrs = h_ptr + rp[:, None] * stride_ht + offs_k[None, :]
-    w_off = e64 * stride_we + rn[None, :] * stride_wn + offs_k[:, None] * stride_wk
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, I, BLOCK_K):
         k_ok = k0 + offs_k < I
