@@ -20,6 +20,24 @@ def _topk_stable(x: torch.Tensor, k: int) -> torch.Tensor:
     return torch.sort(x, dim=-1, descending=True, stable=True).indices[..., :k]
 
 
+def _route_shape(logits: torch.Tensor, bias: torch.Tensor, top_k: int, n_group: int, topk_group: int):
+    """``(tokens, experts, experts per group)``, once the routing arguments are known to fit together:
+    the reference and the kernel refuse the same calls with the same words."""
+    if logits.dim() != 2:
+        raise ValueError(f"router logits must be [tokens, experts], got shape {tuple(logits.shape)}")
+    n_tok, n_exp = logits.shape
+    if bias.shape != (n_exp,):
+        raise ValueError(f"e_score_correction_bias must have shape ({n_exp},), got {tuple(bias.shape)}")
+    if n_group < 1 or n_exp % n_group:
+        raise ValueError(f"n_group={n_group} must divide n_routed_experts={n_exp}")
+    per_group = n_exp // n_group
+    if not 1 <= topk_group <= n_group:
+        raise ValueError(f"topk_group={topk_group} must be in 1..n_group={n_group}")
+    if not 1 <= top_k <= topk_group * per_group:
+        raise ValueError(f"top_k={top_k} exceeds the {topk_group * per_group} experts of the kept groups")
+    return n_tok, n_exp, per_group
+
+
 def noaux_tc_ref(
     logits: torch.Tensor,
     bias: torch.Tensor,
@@ -37,18 +55,7 @@ def noaux_tc_ref(
     ``-inf``; ``top_k`` experts by biased score; weights gathered from the *unbiased* scores, divided by
     their sum when ``norm_topk_prob``, then multiplied by ``routed_scaling_factor``.
     """
-    if logits.dim() != 2:
-        raise ValueError(f"router logits must be [tokens, experts], got shape {tuple(logits.shape)}")
-    n_tok, n_exp = logits.shape
-    if bias.shape != (n_exp,):
-        raise ValueError(f"e_score_correction_bias must have shape ({n_exp},), got {tuple(bias.shape)}")
-    if n_group < 1 or n_exp % n_group:
-        raise ValueError(f"n_group={n_group} must divide n_routed_experts={n_exp}")
-    per_group = n_exp // n_group
-    if not 1 <= topk_group <= n_group:
-        raise ValueError(f"topk_group={topk_group} must be in 1..n_group={n_group}")
-    if not 1 <= top_k <= topk_group * per_group:
-        raise ValueError(f"top_k={top_k} exceeds the {topk_group * per_group} experts of the kept groups")
+    n_tok, n_exp, per_group = _route_shape(logits, bias, top_k, n_group, topk_group)
 
     scores = logits.float().sigmoid()
     biased = scores + bias.float()
@@ -150,18 +157,7 @@ def noaux_tc(
     Each selection is an arg-max that takes the lowest index among equal values, which is exactly the
     reference's stable descending sort, so ties resolve the same way on every device.
     """
-    if logits.dim() != 2:
-        raise ValueError(f"router logits must be [tokens, experts], got shape {tuple(logits.shape)}")
-    n_tok, n_exp = logits.shape
-    if bias.shape != (n_exp,):
-        raise ValueError(f"e_score_correction_bias must have shape ({n_exp},), got {tuple(bias.shape)}")
-    if n_group < 1 or n_exp % n_group:
-        raise ValueError(f"n_group={n_group} must divide n_routed_experts={n_exp}")
-    per_group = n_exp // n_group
-    if not 1 <= topk_group <= n_group:
-        raise ValueError(f"topk_group={topk_group} must be in 1..n_group={n_group}")
-    if not 1 <= top_k <= topk_group * per_group:
-        raise ValueError(f"top_k={top_k} exceeds the {topk_group * per_group} experts of the kept groups")
+    n_tok, _, per_group = _route_shape(logits, bias, top_k, n_group, topk_group)
     if logits.stride(1) != 1:
         logits = logits.contiguous()
     if out is None:
