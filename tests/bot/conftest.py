@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import time
 import uuid
 from pathlib import Path
@@ -13,6 +12,7 @@ import pytest
 
 from bot.security import signature_of
 from tests.ghstub.fixtures import ghstub  # noqa: F401  (fixture)
+from tests.gitrepo import commit, git, init_repo
 
 # GitHub's own webhook payload examples, kept in the shared/ folder beside the checkout.
 FIXTURES = next(
@@ -28,34 +28,10 @@ def fixture_payload(name: str) -> dict:
     return json.loads((FIXTURES / f"{name}.json").read_text())
 
 
-def git(cwd: Path, *args: str) -> str:
-    env = {
-        "GIT_AUTHOR_NAME": "a",
-        "GIT_AUTHOR_EMAIL": "a@x",
-        "GIT_COMMITTER_NAME": "a",
-        "GIT_COMMITTER_EMAIL": "a@x",
-        "PATH": "/usr/bin:/bin",
-        "HOME": str(cwd),
-    }
-    return subprocess.run(["git", *args], cwd=cwd, env=env, check=True, capture_output=True, text=True).stdout.strip()
-
-
-def commit(repo: Path, files: dict[str, str], message: str) -> str:
-    for rel, text in files.items():
-        p = repo / rel
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(text)
-    git(repo, "add", "-A")
-    git(repo, "commit", "-q", "-m", message)
-    return git(repo, "rev-parse", "HEAD")
-
-
 @pytest.fixture
 def engine_repo(tmp_path):
     """A small engine-shaped repo: base on main, a PR head that touches the weight loader and the scheduler."""
-    repo = tmp_path / "engine-src"
-    repo.mkdir()
-    git(repo, "init", "-q", "-b", "main")
+    repo = init_repo(tmp_path / "engine-src")
     base = commit(
         repo,
         {
@@ -203,9 +179,7 @@ paths = ["engine/weights/**"]
 @pytest.fixture
 def gpu_repo(tmp_path):
     """A repo whose base config declares an sm90 suite that the PR head's loader change selects."""
-    repo = tmp_path / "gpu-src"
-    repo.mkdir()
-    git(repo, "init", "-q", "-b", "main")
+    repo = init_repo(tmp_path / "gpu-src")
     base = commit(
         repo,
         {".github/drift-audit.toml": GPU_CONFIG, "engine/weights/loader.py": "def load(path):\n    return {}\n"},

@@ -8,7 +8,8 @@ import re
 from bot.publish import COMMENT_MARKER, reply_marker
 from checks.model import DeviceFingerprint, Results, SuiteResult, to_json
 from runner.actions import artifact_name, run_title
-from tests.bot.conftest import REPO, commit, fixture_payload, git, pr_payload, wait_for, workflow_run_payload
+from tests.bot.conftest import REPO, fixture_payload, pr_payload, wait_for, workflow_run_payload
+from tests.gitrepo import commit, git
 
 
 def _comment_payload(number: int, body: str, user: str, comment_id: int) -> dict:

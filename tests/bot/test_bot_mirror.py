@@ -7,7 +7,7 @@ import base64
 import pytest
 
 from bot.mirror import MirrorError, Mirrors
-from tests.bot.conftest import commit, git
+from tests.gitrepo import commit, git
 
 
 def test_fetches_base_and_head_by_sha_and_keeps_them(tmp_path, engine_repo):

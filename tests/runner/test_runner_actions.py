@@ -79,7 +79,7 @@ def test_workflow_template_matches_the_backend():
 
 def test_dispatch_then_collect_end_to_end(gh, git_repo, tmp_path):
     repo, state = gh
-    head = git_repo.commit({"check.py": "import sys\nsys.exit(int(sys.argv[1]))\n"})
+    head = git_repo.commit_files({"check.py": "import sys\nsys.exit(int(sys.argv[1]))\n"})
     plan = plan_for(head)
     sent = Dispatcher(repo).dispatch(plan)
     assert [(d.label, d.ref) for d in sent] == [("sm120", "main"), ("sm90", "main")]

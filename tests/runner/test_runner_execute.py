@@ -27,7 +27,7 @@ def write_plan(path, head, suites):
 
 @pytest.fixture
 def head(git_repo):
-    sha = git_repo.commit({"check.py": "import sys\nsys.exit(int(sys.argv[1]))\n"}, "head")
+    sha = git_repo.commit_files({"check.py": "import sys\nsys.exit(int(sys.argv[1]))\n"}, "head")
     return git_repo, sha
 
 
@@ -122,8 +122,8 @@ def test_plain_converter_matches_cattrs():
 
 
 def test_head_worktree_holds_exactly_the_head_tree(git_repo):
-    first = git_repo.commit({"a.txt": "one\n"}, "one")
-    git_repo.commit({"a.txt": "two\n", "b.txt": "b\n"}, "two")
+    first = git_repo.commit_files({"a.txt": "one\n"}, "one")
+    git_repo.commit_files({"a.txt": "two\n", "b.txt": "b\n"}, "two")
     (git_repo.path / "a.txt").write_text("uncommitted\n")
     with head_worktree(str(git_repo.path), first) as tree:
         assert Path(tree, "a.txt").read_text() == "one\n"
@@ -131,19 +131,19 @@ def test_head_worktree_holds_exactly_the_head_tree(git_repo):
         kept = tree
     assert not Path(kept).exists()
     assert "uncommitted" in (git_repo.path / "a.txt").read_text()
-    assert git_repo.git("worktree", "list").count("\n") == 1
+    assert len(git_repo.git("worktree", "list").splitlines()) == 1
     with pytest.raises(WorktreeError, match="'f00d' is not a commit"):
         with head_worktree(str(git_repo.path), "f00d"):
             pass
 
 
 def test_plan_command(git_repo, tmp_path, capsys):
-    git_repo.commit({
+    git_repo.commit_files({
         ".github/drift-audit.toml": '[[suite]]\nid = "k"\nkind = "parity"\ncommand = "true"\n'
                                     'runners = ["sm90"]\npaths = ["kernels/**"]\n',
         "kernels/a.py": "X = 1\n",
     }, "base")
-    git_repo.commit({"kernels/a.py": "X = 2\n"}, "head")
+    git_repo.commit_files({"kernels/a.py": "X = 2\n"}, "head")
     out = tmp_path / "plan.json"
     assert cli(["runner", "plan", str(git_repo.path), "--out", str(out), "--audit-id", "p1"]) == 0
     plan = from_json(Plan, out.read_text())

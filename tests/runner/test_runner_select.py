@@ -96,7 +96,7 @@ def plan_of(repo, base, head, options=None, findings=None):
 
 @pytest.fixture
 def repo(git_repo):
-    git_repo.base = git_repo.commit(BASE, "base")
+    git_repo.base = git_repo.commit_files(BASE, "base")
     return git_repo
 
 
@@ -108,7 +108,7 @@ def by_id(plan):
 
 
 def test_path_glob_selects_suite_once_per_runner_label(repo):
-    head = repo.commit({"kernels/rmsnorm.py": "def rms(x):\n    return x * 1\n"})
+    head = repo.commit_files({"kernels/rmsnorm.py": "def rms(x):\n    return x * 1\n"})
     plan = plan_of(repo, repo.base, head)
     suites = by_id(plan)
     assert [s.runner for s in suites["parity-rmsnorm"]] == ["sm90", "sm120"]
@@ -129,7 +129,7 @@ def test_path_glob_selects_suite_once_per_runner_label(repo):
 
 def test_symbol_and_pillar_reasons(repo):
     text = BASE["engine/model.py"].replace("return rms(x)", "return rms(x) + 0")
-    plan = plan_of(repo, repo.base, repo.commit({"engine/model.py": text}))
+    plan = plan_of(repo, repo.base, repo.commit_files({"engine/model.py": text}))
     suites = by_id(plan)
     assert "symbol 'engine/**::Attention.*' matched engine/model.py::Attention.forward" in suites["engine-unit"][0].reasons
     assert suites["decode"][0].reasons[0] == "pillar 'topology' touched"
@@ -138,14 +138,14 @@ def test_symbol_and_pillar_reasons(repo):
 
 def test_symbol_outside_pattern_does_not_select(repo):
     text = BASE["engine/model.py"].replace("return 2", "return 3")
-    plan = plan_of(repo, repo.base, repo.commit({"engine/model.py": text}))
+    plan = plan_of(repo, repo.base, repo.commit_files({"engine/model.py": text}))
     reasons = by_id(plan)["engine-unit"][0].reasons
     assert not any(r.startswith("symbol") for r in reasons)
     assert any(r.startswith("imports: tests/engine/test_engine.py") for r in reasons)
 
 
 def test_relative_and_local_imports_reach_changed_module(repo):
-    plan = plan_of(repo, repo.base, repo.commit({"engine/consts.py": "K = 2\n"}))
+    plan = plan_of(repo, repo.base, repo.commit_files({"engine/consts.py": "K = 2\n"}))
     suites = by_id(plan)
     chain = suites["pytest:tests/unit/test_helper_user.py"][0].reasons
     assert chain == ["imports: tests/unit/test_helper_user.py → tests/unit/helpers.py → engine/util.py → engine/consts.py"]
@@ -159,42 +159,42 @@ def test_relative_and_local_imports_reach_changed_module(repo):
 
 
 def test_deleted_module_selects_its_importers(repo):
-    plan = plan_of(repo, repo.base, repo.commit({"engine/gone.py": None}))
+    plan = plan_of(repo, repo.base, repo.commit_files({"engine/gone.py": None}))
     assert by_id(plan)["pytest:tests/unit/test_gone.py"][0].reasons == ["imports: tests/unit/test_gone.py → engine/gone.py"]
 
 
 def test_changed_test_file_selects_itself_only(repo):
-    plan = plan_of(repo, repo.base, repo.commit({"tests/unit/test_model.py": BASE["tests/unit/test_model.py"] + "\n"}))
+    plan = plan_of(repo, repo.base, repo.commit_files({"tests/unit/test_model.py": BASE["tests/unit/test_model.py"] + "\n"}))
     assert [s.id for s in plan.suites] == ["pytest:tests/unit/test_model.py"]
     assert plan.suites[0].reasons == ["changed test file"]
     assert plan.not_affected == ["parity-rmsnorm", "parity-mxfp4", "decode", "engine-unit"]
 
 
 def test_unrelated_change_selects_nothing(repo):
-    plan = plan_of(repo, repo.base, repo.commit({"README.md": "bye\n"}))
+    plan = plan_of(repo, repo.base, repo.commit_files({"README.md": "bye\n"}))
     assert plan.suites == []
     assert len(plan.not_affected) == 4
 
 
 def test_run_all_glob_all_flag_and_config_change(repo):
-    head = repo.commit({"pyproject.toml": "[project]\nname='y'\n"})
+    head = repo.commit_files({"pyproject.toml": "[project]\nname='y'\n"})
     plan = plan_of(repo, repo.base, head)
     assert {s.id for s in plan.suites} >= {"parity-rmsnorm", "parity-mxfp4", "decode", "engine-unit"}
     assert plan.not_affected == []
     assert by_id(plan)["decode"][0].reasons == ["run-all pattern 'pyproject.toml' matched pyproject.toml"]
 
-    head = repo.commit({".github/drift-audit.toml": CONFIG + "\n# touched\n"})
+    head = repo.commit_files({".github/drift-audit.toml": CONFIG + "\n# touched\n"})
     plan = plan_of(repo, head + "~1", head)
     assert by_id(plan)["parity-mxfp4"][0].reasons == [".github/drift-audit.toml changed"]
 
-    head = repo.commit({"README.md": "x\n"})
+    head = repo.commit_files({"README.md": "x\n"})
     plan = plan_of(repo, head + "~1", head, AuditOptions(all_suites=True))
     assert len(plan.suites) == 5  # rmsnorm on two labels
     assert all(s.reasons == ["every suite requested (--all)"] for s in plan.suites)
 
 
 def test_explicit_ids_and_runner_filter(repo):
-    head = repo.commit({"kernels/rmsnorm.py": "def rms(x):\n    return -x\n"})
+    head = repo.commit_files({"kernels/rmsnorm.py": "def rms(x):\n    return -x\n"})
     plan = plan_of(repo, repo.base, head, AuditOptions(suites=["parity-mxfp4", "pytest:tests/unit/test_gone.py"]))
     assert [(s.id, s.runner, s.requires) for s in plan.suites] == [
         ("parity-mxfp4", "sm120", "cc >= 12.0"),
@@ -208,7 +208,7 @@ def test_explicit_ids_and_runner_filter(repo):
 
 
 def test_new_finding_in_suite_paths_selects_it(repo):
-    head = repo.commit({"README.md": "x\n"})
+    head = repo.commit_files({"README.md": "x\n"})
     finding = Finding(rule="chain", pillar="wiring", severity="error", message="m",
                       locations=[Location("kernels/mxfp4.py", 3)])
     plan = plan_of(repo, repo.base, head, findings=Findings([finding]))
@@ -219,6 +219,6 @@ def test_new_finding_in_suite_paths_selects_it(repo):
 
 def test_rename_matches_the_old_path(repo):
     repo.git("mv", "kernels/rmsnorm.py", "kernels/norm_old.py")
-    repo.write({"engine/model.py": BASE["engine/model.py"].replace("kernels.rmsnorm", "kernels.norm_old")})
-    plan = plan_of(repo, repo.base, repo.commit())
+    plan = plan_of(repo, repo.base, repo.commit_files(
+        {"engine/model.py": BASE["engine/model.py"].replace("kernels.rmsnorm", "kernels.norm_old")}))
     assert "path 'kernels/rmsnorm.py' matched kernels/rmsnorm.py" in by_id(plan)["parity-rmsnorm"][0].reasons

@@ -1,6 +1,6 @@
 import pytest
 
-from tests.spine.gitrepo import GitRepo
+from tests.gitrepo import GitRepo
 
 
 @pytest.fixture
