@@ -33,6 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.synth_repo import make_synthetic_repo  # noqa: E402
 from checks.packs import sample as shape  # noqa: E402
+from checks.packs.sample import git as _git  # noqa: E402
+from tests.gitrepo import commit  # noqa: E402
 
 EVERY_FILE = '''
 [[fact]]
@@ -132,41 +134,26 @@ def _audit(repo: Path, base: str, head: str, config):
     return time.perf_counter() - start, found
 
 
-def _git(repo: Path, *args: str) -> str:
-    return subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True, text=True).stdout.strip()
-
-
 def _overlay(repo: Path, base: str, head: str, n_tasks: int = 150) -> tuple[str, str]:
     """Commit the engine shape onto base, then head's tree plus 10 more tasks on top of that."""
     # (name, enum value: compute tasks below 200, communication tasks above, inputs, outputs, params)
     tasks = [(f"op{i:03d}", 101 + i if i < 90 else 210 + i, 1 + i % 3, 1 + i % 2, 1 + i % 4) for i in range(n_tasks)]
     more = tasks + [(f"new{i:02d}", 400 + i, 2, 1, 2) for i in range(10)]
     _git(repo, "checkout", "-q", "-f", "-B", "bench", base)
-    for rel, text in shape.files_for(tasks).items():
-        (repo / rel).parent.mkdir(parents=True, exist_ok=True)
-        (repo / rel).write_text(text)
-    _git(repo, "add", "-A")
-    _git(repo, "-c", "user.name=b", "-c", "user.email=b@x", "commit", "-q", "-m", "engine")
-    base2 = _git(repo, "rev-parse", "HEAD")
+    base2 = commit(repo, shape.files_for(tasks), "engine")
     _git(repo, "read-tree", "-u", "--reset", head)
-    for rel, text in shape.files_for(more).items():
-        (repo / rel).parent.mkdir(parents=True, exist_ok=True)
-        (repo / rel).write_text(text)
-    _git(repo, "add", "-A")
-    _git(repo, "-c", "user.name=b", "-c", "user.email=b@x", "commit", "-q", "-m", "bring-up")
-    return base2, _git(repo, "rev-parse", "HEAD")
+    return base2, commit(repo, shape.files_for(more), "bring-up")
 
 
 def _few_files_head(repo: Path, head: str) -> str:
     """A commit on top of ``head`` that edits 3 files (one the engine's graph.cc), as after one more push."""
     _git(repo, "checkout", "-q", "-f", head)
     paths = [p for p in _git(repo, "ls-files", "src/kernel", "python/engine/models").splitlines()][:2] + ["src/graph.cc"]
-    for p in paths:
-        f = repo / p
-        f.write_text(f.read_text() + ("\n# touched\n" if p.endswith(".py") else "\n// touched\n"))
-    _git(repo, "add", *paths)
-    _git(repo, "-c", "user.name=b", "-c", "user.email=b@x", "commit", "-q", "-m", "touch")
-    return _git(repo, "rev-parse", "HEAD")
+
+    def touched(p: str) -> str:
+        return (repo / p).read_text() + ("\n# touched\n" if p.endswith(".py") else "\n// touched\n")
+
+    return commit(repo, {p: touched(p) for p in paths}, "touch")
 
 
 def _measure(name, root, base, head, head2, config, repeat):
