@@ -43,6 +43,7 @@ from checks.model import AuditOptions, AuditRequest, Findings  # noqa: E402
 from checks.pillars import map_pillars  # noqa: E402
 from checks.workspace import Tree, checkout  # noqa: E402
 from runner.select import _command_paths, _covers, select_tests  # noqa: E402
+from tests.gitrepo import GitRepo  # noqa: E402
 
 # --------------------------------------------------------------------------- this repository
 
@@ -201,28 +202,6 @@ def pinned_tests(modules: dict[str, str]) -> dict[str, str]:
     return out
 
 
-class Repo:
-    def __init__(self, path: Path):
-        self.path = path
-        path.mkdir(parents=True)
-        self.git("init", "-q", "-b", "main")
-        self.git("config", "user.email", "bench@example.com")
-        self.git("config", "user.name", "bench")
-        self.git("config", "commit.gpgsign", "false")
-
-    def git(self, *args: str) -> str:
-        return subprocess.run(["git", "-C", str(self.path), *args], check=True, capture_output=True, text=True).stdout
-
-    def commit(self, files: dict[str, str], message: str) -> str:
-        for rel, text in files.items():
-            p = self.path / rel
-            p.parent.mkdir(parents=True, exist_ok=True)
-            p.write_text(text)
-            self.git("add", rel)
-        self.git("commit", "-q", "--allow-empty", "-m", message)
-        return self.git("rev-parse", "HEAD").strip()
-
-
 @dataclass
 class Commit:
     sha: str
@@ -230,14 +209,14 @@ class Commit:
     broken: str | None = None  # which constant a break changes
 
 
-def generate(path: Path, n: int, seed: int) -> tuple[Repo, list[Commit]]:
+def generate(path: Path, n: int, seed: int) -> tuple[GitRepo, list[Commit]]:
     rng = random.Random(seed)
-    repo = Repo(path)
+    repo = GitRepo(path)
     consts = dict(CONSTANTS)
     modules = render_modules(consts)
     base_files = {**modules, **pinned_tests(modules), ".github/drift-audit.toml": SYN_TOML.format(suites=syn_suites()),
                   "README.md": "# engine\n", "docs/design.md": "design\n", "pyproject.toml": "[project]\nname = 'engine'\n"}
-    history = [Commit(repo.commit(base_files, "base"), "base")]
+    history = [Commit(repo.commit_files(base_files, "base"), "base")]
     edits = {path: 0 for path in modules if path.endswith(".py") and not path.endswith("__init__.py")}
     areas = [("docs", 0.2), ("kernels", 0.28), ("engine", 0.16), ("runtime", 0.08), ("common", 0.08), ("tests", 0.1),
              ("pyproject", 0.02), ("break", 0.08)]
@@ -246,7 +225,7 @@ def generate(path: Path, n: int, seed: int) -> tuple[Repo, list[Commit]]:
         if pending_fix:  # the fix lands in the next commit
             consts[pending_fix] = CONSTANTS[pending_fix]
             module = BREAKS[pending_fix][0]
-            history.append(Commit(repo.commit({module: _with_edits(module, consts, edits)}, f"fix {pending_fix}"), "fix"))
+            history.append(Commit(repo.commit_files({module: _with_edits(module, consts, edits)}, f"fix {pending_fix}"), "fix"))
             pending_fix = None
             continue
         area = rng.choices([a for a, _ in areas], [w for _, w in areas])[0]
@@ -254,7 +233,7 @@ def generate(path: Path, n: int, seed: int) -> tuple[Repo, list[Commit]]:
             name = rng.choice(sorted(BREAKS))
             module, value = BREAKS[name]
             consts[name] = value
-            history.append(Commit(repo.commit({module: _with_edits(module, consts, edits)}, f"tune {name}"), "break", name))
+            history.append(Commit(repo.commit_files({module: _with_edits(module, consts, edits)}, f"tune {name}"), "break", name))
             pending_fix = name
             continue
         if area == "docs":
@@ -270,7 +249,7 @@ def generate(path: Path, n: int, seed: int) -> tuple[Repo, list[Commit]]:
             module = rng.choice(choices)
             edits[module] += 1
             files = {module: _with_edits(module, consts, edits)}
-        history.append(Commit(repo.commit(files, f"{area} change {len(history)}"), "benign"))
+        history.append(Commit(repo.commit_files(files, f"{area} change {len(history)}"), "benign"))
     return repo, history
 
 
@@ -282,7 +261,7 @@ def _with_edits(module: str, consts: dict[str, str], edits: dict[str, int]) -> s
     return text
 
 
-def failing_tests(repo: Repo, sha: str, scratch: Path) -> set[str]:
+def failing_tests(repo: GitRepo, sha: str, scratch: Path) -> set[str]:
     """Run the whole test tree at ``sha`` once; the test files with a failure."""
     repo.git("checkout", "-q", sha)
     junit = scratch / f"{sha[:12]}.xml"
