@@ -42,6 +42,7 @@ from bot.publish import COMMENT_MARKER  # noqa: E402
 from bot.queue import SqliteJobStore  # noqa: E402
 from bot.security import signature_of  # noqa: E402
 from tests.ghstub import Fault, start_stub  # noqa: E402
+from tests.gitrepo import commit, git, init_repo  # noqa: E402
 
 SECRET = "bench-secret"
 REPO = "octo-org/engine"
@@ -51,30 +52,16 @@ FIXTURE = Path("/work/shared/fixtures/github-webhooks/pull_request.opened.json")
 # --------------------------------------------------------------------------- fixtures
 
 
-def git(cwd: Path, *args: str) -> str:
-    env = dict(
-        os.environ, GIT_AUTHOR_NAME="b", GIT_AUTHOR_EMAIL="b@x", GIT_COMMITTER_NAME="b", GIT_COMMITTER_EMAIL="b@x"
-    )
-    return subprocess.run(["git", *args], cwd=cwd, env=env, check=True, capture_output=True, text=True).stdout.strip()
-
-
 def make_repo(root: Path, prs: int) -> tuple[Path, str, list[str]]:
     """A base commit with an engine layout and one head commit per PR, each touching different pillars."""
-    repo = root / "engine-src"
-    repo.mkdir()
-    git(repo, "init", "-q", "-b", "main")
+    repo = init_repo(root / "engine-src")
     files = {
         "engine/weights/loader.py": "def load(path):\n    return {}\n",
         "engine/runtime/scheduler.py": "class Scheduler:\n    def step(self):\n        return 1\n",
         "engine/model/attention.py": "def mla(q, kv):\n    return q\n",
         "kernels/rmsnorm.py": "def rmsnorm(x):\n    return x\n",
     }
-    for rel, text in files.items():
-        (repo / rel).parent.mkdir(parents=True, exist_ok=True)
-        (repo / rel).write_text(text)
-    git(repo, "add", "-A")
-    git(repo, "commit", "-q", "-m", "base")
-    base = git(repo, "rev-parse", "HEAD")
+    base = commit(repo, files, "base")
     heads = []
     names = sorted(files)
     for i in range(prs):
