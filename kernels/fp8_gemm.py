@@ -9,6 +9,10 @@ Two shapes matter and want different tiles:
   to pull the whole of B through HBM at full rate; fp32 partials are summed by a second tiny kernel.
 - prefill is compute-bound: large M×N tiles, grouped ordering for L2 reuse, deep software pipelining.
 
+Two kernels share the math. The static-shape one (``GemmConfig.plain``, every default) compiles N, K and
+the K trip count in and indexes row-major operands with 32-bit offsets; it is the fast one. The general
+one takes any strides and 64-bit offsets, for views and operands past 2³¹ elements.
+
 Tiles are keyed on compute capability (:func:`gemm_config`). Nothing here uses TMA descriptors or
 Hopper-only intrinsics by hand; on sm90 Triton lowers ``tl.dot`` to wgmma, elsewhere to mma, so the
 sm120 path differs only in tile sizes and pipeline depth (it has ~100 KB of shared memory, not 228 KB).
@@ -80,11 +84,12 @@ class GemmConfig:
     block_m: int
     block_n: int
     split_k: int
-    group_m: int
+    group_m: int  # row-tiles per group in program order; 0: M fastest (static-shape kernel; the general one reads 1)
     num_warps: int
     num_stages: int
     k_pair: bool = False  # issue two K steps' dots before promoting either (two MMAs in flight)
     fused_reduce: bool = False  # split-K: the last program of a tile sums the partials (one launch, not two)
+    plain: bool = False  # the static-shape kernel (N, K and the K trip count compiled in; contiguous operands)
 
 
 def _pow2_at_least(x: int, lo: int) -> int:
@@ -94,29 +99,34 @@ def _pow2_at_least(x: int, lo: int) -> int:
 def gemm_config(m: int, n: int, k: int, capability: tuple[int, int] | None, num_sms: int = 132) -> GemmConfig:
     """Tiles for an ``M×N×K`` problem on a device of ``capability`` (``None``: the CPU interpreter).
 
-    Measured on H200 (benchmarks/kernels_heavy.py): prefill runs best on 64×128 tiles with 8 warps, three
-    stages deep (672 TFLOPS at 4096×7168×7168 against 403 for 128×128: the per-128-K scale promotion keeps
-    a second fp32 tile live, and 128×128 spills); decode at M ≤ 16 on 16×128 tiles with split-K sized to
-    about two waves (18.6 µs at M=1, N=K=7168). Larger decode batches take 16-row tiles grouped along M so
-    the row-tiles sharing a weight tile run back to back and read it from L2. Pipeline depth is fitted to
-    the part's shared memory (sm90 228 KB, sm120 ~99 KB).
+    Measured on H200 (benchmarks/tune_heavy.py, every candidate parity-checked in the same run), all on the
+    static-shape kernel, which alone ran 64×128 tiles at 758 TFLOPS where the general one ran 337:
+    - prefill: 128×128 tiles, 8 warps, 4 stages, grouped by 8 rows: 852 TFLOPS at 4096×7168×7168 (DeepSeek's
+      design 682). Fewer tiles than SMs (short prompts, narrow N) take 64×128 with 4 warps (775 TFLOPS);
+    - M ≤ 16: 16×128 tiles, split-K to about two waves, partials summed by a second kernel: 18.0 µs at M=1,
+      19.0 µs at M=16 (N=K=7168; DeepSeek's design 24.2 / 25.1 µs);
+    - 16 < M ≤ 64: 64×64 tiles so every row shares one read of the weight, split-K to two waves: 22.8 µs at
+      M=64 (DeepSeek's design 25.4 µs).
+    Pipeline depth is fitted to the part's shared memory (sm90 228 KB, sm120 ~99 KB).
     """
     if capability is None:  # interpreter: smallest legal tiles keep CPU runs quick
-        return GemmConfig(16, 32, 2 if m <= 64 and k >= 2 * BLOCK else 1, 1, 4, 1)
+        return GemmConfig(16, 32, 2 if m <= 64 and k >= 2 * BLOCK else 1, 1, 4, 1, plain=True)
     kblocks = triton.cdiv(k, BLOCK)
     if m <= 16:
-        bm, bn, group, warps, stages = 16, 128, 1, 4, 4
+        bm, bn, group, warps, stages = 16, 128, 0, 4, 4
     elif m <= 64:
-        bm, bn, group, warps, stages = 16, 64, triton.cdiv(m, 16), 4, 4
+        bm, bn, group, warps, stages = 64, 64, 0, 4, 4
+    elif triton.cdiv(m, 128) * triton.cdiv(n, 128) >= num_sms:
+        bm, bn, group, warps, stages = 128, 128, 8, 8, 4
     else:
-        bm, bn, group, warps, stages = 64, 128, 8, 8, 3
+        bm, bn, group, warps, stages = 64, 128, 0, 4, 3
     split = 1
-    if m <= 16:
+    if m <= 64:
         tiles = triton.cdiv(n, bn) * triton.cdiv(m, bm)
         while tiles * split * 2 <= 2 * num_sms and split * 2 <= kblocks // 4:
             split *= 2
     stages = fit_stages(stages, (bm + bn) * BLOCK, capability)
-    return GemmConfig(bm, bn, split, group, warps, stages)
+    return GemmConfig(bm, bn, split, group, warps, stages, plain=True)
 
 
 @triton.jit
@@ -222,6 +232,90 @@ def _fp8_gemm_kernel(
 
 
 @triton.jit
+def _fp8_gemm_plain_kernel(
+    a_ptr, a_s_ptr, b_ptr, b_s_ptr, c_ptr, ws_ptr, cnt_ptr, M,
+    N: tl.constexpr, K: tl.constexpr, KB_PER_SPLIT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr, UPCAST: tl.constexpr, EXACT: tl.constexpr,
+    FUSED_REDUCE: tl.constexpr,
+):
+    """Contiguous operands with N and K compiled in: 32-bit offsets, a static K trip count and unmasked
+    loads, and rows/columns past the edge wrapped (``% M``) rather than masked, so every load is plain.
+    With ``BLOCK_N`` ≤ 128 a tile lies inside one weight-scale block, so the weight scale is one scalar
+    per K step and the promotion is one FMA per element (``acc += part · (a_s · b_s)``)."""
+    pid = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = (N + BLOCK_N - 1) // BLOCK_N
+    if GROUP_M == 0:  # M fastest: consecutive programs share one column tile of B
+        pid_m = pid % num_m
+        pid_n = pid // num_m
+    else:  # grouped: GROUP_M row-tiles walk the column tiles together
+        in_group = GROUP_M * num_n
+        first_m = (pid // in_group) * GROUP_M
+        size_m = tl.minimum(num_m - first_m, GROUP_M)
+        pid_m = first_m + (pid % in_group) % size_m
+        pid_n = (pid % in_group) // size_m
+    k_blocks = (K + BLOCK_K - 1) // BLOCK_K
+    offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M
+    offs_n = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
+    offs_k = tl.arange(0, BLOCK_K)
+    kb0 = pid_k * KB_PER_SPLIT
+    a_ptrs = a_ptr + offs_m[:, None] * K + (kb0 * BLOCK_K + offs_k)[None, :]
+    b_ptrs = b_ptr + offs_n[None, :] * K + (kb0 * BLOCK_K + offs_k)[:, None]
+    as_ptrs = a_s_ptr + offs_m * k_blocks + kb0
+    if BLOCK_N <= BLOCK_K:
+        bs_ptr = b_s_ptr + ((pid_n * BLOCK_N) // BLOCK_K) * k_blocks + kb0
+    else:
+        bs_ptrs = b_s_ptr + (offs_n // BLOCK_K) * k_blocks + kb0
+    if k_blocks % KB_PER_SPLIT == 0:
+        steps = KB_PER_SPLIT
+    else:
+        steps = tl.minimum(KB_PER_SPLIT, k_blocks - kb0)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for i in range(steps):
+        if K % BLOCK_K == 0:
+            a = tl.load(a_ptrs)
+            b = tl.load(b_ptrs)
+        else:
+            k_ok = (kb0 + i) * BLOCK_K + offs_k < K
+            a = tl.load(a_ptrs, mask=k_ok[None, :], other=0.0)
+            b = tl.load(b_ptrs, mask=k_ok[:, None], other=0.0)
+        if UPCAST:
+            part = tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16))
+        else:
+            part = tl.dot(a, b)
+        if BLOCK_N <= BLOCK_K:
+            acc += part * (tl.load(as_ptrs) * tl.load(bs_ptr))[:, None]
+            bs_ptr += 1
+        else:
+            acc += part * tl.load(as_ptrs)[:, None] * tl.load(bs_ptrs)[None, :]
+            bs_ptrs += 1
+        a_ptrs += BLOCK_K
+        b_ptrs += BLOCK_K
+        as_ptrs += 1
+
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (rows < M)[:, None] & (cols < N)[None, :]
+    if SPLIT_K == 1:
+        tl.store(c_ptr + rows[:, None] * N + cols[None, :], cast_rne(acc, c_ptr.dtype.element_ty, EXACT), mask=mask)
+    else:
+        tl.store(ws_ptr + (pid_k * M + rows[:, None]) * N + cols[None, :], acc, mask=mask)
+        if FUSED_REDUCE:  # as in the general kernel: the last arrival sums the partials and resets the counter
+            tl.debug_barrier()
+            done = tl.atomic_add(cnt_ptr + pid, 1, sem="acq_rel", scope="gpu")
+            if done == SPLIT_K - 1:
+                total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                for s in range(SPLIT_K):
+                    total += tl.load(ws_ptr + (s * M + rows[:, None]) * N + cols[None, :], mask=mask, other=0.0,
+                                     cache_modifier=".cg")
+                tl.store(c_ptr + rows[:, None] * N + cols[None, :], cast_rne(total, c_ptr.dtype.element_ty, EXACT),
+                         mask=mask)
+                tl.atomic_xchg(cnt_ptr + pid, 0, sem="relaxed", scope="gpu")
+
+
+@triton.jit
 def _split_k_reduce_kernel(
     ws_ptr, c_ptr, MN, N, stride_cm, stride_cn, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr, EXACT: tl.constexpr
 ):
@@ -283,23 +377,48 @@ def fp8_gemm(
     fused = config.fused_reduce and split > 1
     counters = _tile_counters(a.device, tiles) if fused else ws
     grid = (tiles, split)
-    _fp8_gemm_kernel[grid](
-        a, a_s, b, b_s, c, ws, counters,
-        m, n, k, kb_per_split,
-        a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
-        a_s.stride(0), a_s.stride(1), b_s.stride(0), b_s.stride(1),
-        BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=BLOCK,
-        SPLIT_K=split, GROUP_M=config.group_m, EVEN_K=k % BLOCK == 0,
-        UPCAST=cap is not None and cap < (8, 9), EXACT=interpreting(), PAIR=config.k_pair and k % BLOCK == 0,
-        FUSED_REDUCE=fused,
-        num_warps=config.num_warps, num_stages=config.num_stages,
-    )
+    if config.plain and _plain_ok(a, a_s, b, b_s, c, split):
+        _fp8_gemm_plain_kernel[grid](
+            a, a_s, b, b_s, c, ws, counters, m,
+            N=n, K=k, KB_PER_SPLIT=kb_per_split,
+            BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=BLOCK,
+            SPLIT_K=split, GROUP_M=config.group_m, UPCAST=cap is not None and cap < (8, 9), EXACT=interpreting(),
+            FUSED_REDUCE=fused,
+            num_warps=config.num_warps, num_stages=config.num_stages,
+        )
+    else:
+        _launch_general(a, a_s, b, b_s, c, ws, counters, kb_per_split, grid, split, fused, cap, config)
     if split > 1 and not fused:
         rb = 1024
         _split_k_reduce_kernel[(triton.cdiv(m * n, rb),)](
             ws, c, m * n, n, c.stride(0), c.stride(1), SPLIT_K=split, BLOCK=rb, EXACT=interpreting()
         )
     return c
+
+
+def _plain_ok(a, a_s, b, b_s, c, split) -> bool:
+    """The static-shape kernel indexes row-major operands with 32-bit offsets; anything else (strided views,
+    operands or split-K partials past 2³¹ elements) takes the general kernel."""
+    m, k = a.shape
+    n = b.shape[0]
+    return (a.stride() == (k, 1) and b.stride() == (k, 1) and c.stride() == (n, 1) and a_s.is_contiguous()
+            and b_s.is_contiguous() and max(m * k, n * k, split * m * n) < 2**31)
+
+
+def _launch_general(a, a_s, b, b_s, c, ws, counters, kb_per_split, grid, split, fused, cap, config) -> None:
+    m, k = a.shape
+    n = b.shape[0]
+    _fp8_gemm_kernel[grid](
+        a, a_s, b, b_s, c, ws, counters,
+        m, n, k, kb_per_split,
+        a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
+        a_s.stride(0), a_s.stride(1), b_s.stride(0), b_s.stride(1),
+        BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=BLOCK,
+        SPLIT_K=split, GROUP_M=max(1, config.group_m), EVEN_K=k % BLOCK == 0,
+        UPCAST=cap is not None and cap < (8, 9), EXACT=interpreting(), PAIR=config.k_pair and k % BLOCK == 0,
+        FUSED_REDUCE=fused,
+        num_warps=config.num_warps, num_stages=config.num_stages,
+    )
 
 
 # --- parity ------------------------------------------------------------------------------------------

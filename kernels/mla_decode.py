@@ -123,20 +123,25 @@ def decode_config(
     """Tiles and split count. ``max_context`` is the cache's capacity (a shape, never a device read, so
     the choice is fixed under CUDA-graph capture).
 
-    32-token tiles double-buffered (36 KB a stage at 576 bf16 columns) let several programs share an SM;
-    on H200 they beat 64-token tiles (1.84 vs 1.59 TB/s at batch 32, 4k context, 16 heads). Depth is fitted
-    to the part's shared memory, so sm120 (~99 KB) runs the same tiles. Splits aim at two waves, at most 2048 tokens each.
+    Up to 16 heads, measured on H200 (benchmarks/tune_heavy.py, parity-checked in the same run): one page
+    (64 tokens, 74 KB) a stage, two stages, 8 warps, and as many splits as make about two waves of programs,
+    down to one 64-token tile per split: b=128 ctx 4k 2 splits 170 µs (84 % of copy; 32-token tiles with 3
+    splits 242 µs), b=32 4k 8 splits 53 µs (67 %), b=32 32k 8 splits 326 µs (87 %), b=1 4k 64 splits
+    10.3 µs. Parts whose shared memory cannot hold two 64-token stages (sm120, ~99 KB) and head blocks of
+    32 keep 32-token tiles (two of them fit everywhere) and the earlier split rule.
     """
     block_h = 16 if heads <= 16 else 32
     if capability is None:
         return DecodeConfig(16, 32, max(1, min(4, triton.cdiv(max_context, 32))), 4, 1)
-    block_n = 32
+    q_bytes = block_h * (LATENT + ROPE) * 2
     programs = batch * triton.cdiv(heads, block_h)
-    # two waves of programs, and no split longer than 2048 tokens (at batch 32 and 32k context, 18 splits
-    # ran 740 µs against 913 µs for 9 on H200)
+    if block_h == 16 and fit_stages(2, 64 * (LATENT + ROPE) * 2, capability, fixed=q_bytes) == 2:
+        splits = max(1, min(2 * num_sms // programs, triton.cdiv(max_context, 64), 64))
+        return DecodeConfig(16, 64, splits, 8, 2)
+    block_n = 32
+    # two waves of programs, and no split longer than 2048 tokens
     want = max(triton.cdiv(2 * num_sms, programs), triton.cdiv(max_context, 2048))
     splits = max(1, min(want, triton.cdiv(max_context, 4 * block_n), 64))
-    q_bytes = block_h * (LATENT + ROPE) * 2
     stages = fit_stages(2, block_n * (LATENT + ROPE) * 2, capability, fixed=q_bytes)
     return DecodeConfig(block_h, block_n, splits, 4 if block_h == 16 else 8, stages)
 

@@ -70,7 +70,10 @@ def test_tile_choice_is_keyed_on_capability():
             c = gemm_config(m, 7168, 7168, cap)
             assert c.num_stages * (c.block_m + c.block_n) * 128 <= smem_limit(cap)  # fp8 A and B tiles fit
     pre = gemm_config(4096, 7168, 7168, (9, 0))
-    assert (pre.block_m, pre.block_n, pre.num_warps, pre.split_k) == (64, 128, 8, 1)
+    assert (pre.block_m, pre.block_n, pre.num_warps, pre.split_k, pre.plain) == (128, 128, 8, 1, True)
+    assert gemm_config(4096, 7168, 7168, (12, 0)).num_stages < pre.num_stages  # sm120's ~99 KB holds fewer
+    short = gemm_config(128, 7168, 7168, (9, 0), num_sms=132)  # 56 tiles of 128x128 would leave SMs idle
+    assert short.block_m == 64
     wide = GemmConfig(128, 256, 1, 8, 8, 4)  # would need 192 KB: fine on sm90, not on sm120's ~99 KB
     from kernels.tiles import fit_stages
 
@@ -78,9 +81,52 @@ def test_tile_choice_is_keyed_on_capability():
     assert fit_stages(wide.num_stages, (128 + 256) * 128, (12, 0)) == 1
     dec = gemm_config(1, 7168, 7168, (9, 0), num_sms=132)
     assert dec.block_m == 16 and dec.split_k > 1
-    assert (7168 // dec.block_n) * dec.split_k >= 132  # at least a wave of programs streams the weight
-    mid = gemm_config(64, 7168, 7168, (9, 0))
-    assert mid.block_m == 16 and mid.group_m == 4  # four row-tiles share each weight tile through L2
+    assert 132 <= (7168 // dec.block_n) * dec.split_k <= 2 * 132  # one to two waves stream the weight
+    mid = gemm_config(64, 7168, 7168, (9, 0), num_sms=132)
+    assert mid.block_m == 64 and mid.split_k == 2  # all rows share one read of each weight tile
+
+
+def test_general_kernel_config_is_still_honoured():
+    assert not GemmConfig(16, 32, 1, 1, 4, 1).plain
+
+
+@pytest.mark.parametrize(
+    "mnk, cfg",
+    [
+        ((5, 96, 200), GemmConfig(16, 32, 1, 0, 4, 1, plain=True)),  # ragged N and K: wrapped rows, masked K
+        ((33, 130, 384), GemmConfig(16, 64, 1, 2, 4, 1, plain=True)),  # grouped order, ragged M and N
+        ((3, 256, 640), GemmConfig(16, 256, 1, 0, 4, 1, plain=True)),  # N tile wider than a scale block
+        ((2, 64, 128 * 7), GemmConfig(16, 32, 3, 0, 4, 1, plain=True)),  # 7 K blocks over 3 splits (3, 3, 1)
+        ((4, 72, 128 * 6), GemmConfig(16, 32, 3, 0, 4, 1, plain=True, fused_reduce=True)),
+        ((1, 48, 128 * 5), GemmConfig(16, 32, 5, 0, 4, 1, plain=True)),  # one K block per split
+    ],
+)
+def test_static_shape_kernel_matches_general_kernel_and_reference(mnk, cfg):
+    from kernels.fp8_gemm import _plain_ok
+
+    m, n, k = mnk
+    a, a_s, b, b_s = _operands(m, n, k, seed=sum(mnk))
+    out = torch.full((m, n), float("nan"), dtype=torch.bfloat16)
+    assert _plain_ok(a, a_s, b, b_s, out, cfg.split_k)  # the static-shape kernel really runs
+    fp8_gemm(a, a_s, b, b_s, out=out, config=cfg)
+    general = fp8_gemm(a, a_s, b, b_s, config=GemmConfig(16, 32, 1, 1, 4, 1))
+    ref = fp8_gemm_ref(a, a_s, b, b_s)
+    assert not torch.isnan(out).any()  # every element written, edges included
+    torch.testing.assert_close(out.float(), general.float(), rtol=2**-7, atol=1e-2)
+    torch.testing.assert_close(out.float(), ref.float(), rtol=2**-7, atol=1e-2)
+
+
+def test_strided_operands_take_the_general_kernel():
+    from kernels.fp8_gemm import _plain_ok
+
+    a, a_s, b, b_s = _operands(4, 64, 512, seed=5)
+    wide = torch.zeros(4, 1024, dtype=torch.float8_e4m3fn)
+    wide[:, :512] = a
+    view = wide[:, :512]  # row stride 1024, not K
+    out = torch.empty(4, 64, dtype=torch.bfloat16)
+    assert not _plain_ok(view, a_s, b, b_s, out, 1)
+    got = fp8_gemm(view, a_s, b, b_s, config=GemmConfig(16, 32, 1, 0, 4, 1, plain=True))
+    assert torch.equal(got, fp8_gemm(a, a_s, b, b_s, config=GemmConfig(16, 32, 1, 0, 4, 1, plain=True)))
 
 
 @pytest.mark.parametrize(

@@ -74,7 +74,13 @@ def test_tiles_are_keyed_on_capability():
             assert staged <= smem_limit(cap)
     assert decode_config(32, 128, 4096, (12, 0)).num_stages < decode_config(32, 128, 4096, (9, 0)).num_stages
     assert decode_config(1, 16, 32768, (9, 0), 132).num_splits > decode_config(128, 16, 4096, (9, 0), 132).num_splits
-    assert decode_config(32, 16, 32768, (9, 0)).num_splits >= 32768 // 2048  # no split longer than 2048 tokens
+    for b in (1, 32, 128):  # sm90, 16 heads: one page a tile, about two waves of programs
+        c = decode_config(b, 16, 4096, (9, 0), 132)
+        assert c.block_n == 64 and c.num_stages == 2
+        assert b * c.num_splits <= 2 * 132 and (c.num_splits == 64 or b * (c.num_splits + 1) > 2 * 132)
+    assert decode_config(1, 16, 100, (9, 0), 132).num_splits == 2  # never a split without a tile
+    assert decode_config(32, 16, 4096, (12, 0)).block_n == 32  # two 64-token stages do not fit in ~99 KB
+    assert decode_config(32, 16, 32768, (12, 0)).num_splits >= 32768 // 2048  # no split longer than 2048 tokens
     assert decode_config(128, 128, 4096, (9, 0)).block_h == 32
 
 
