@@ -238,14 +238,7 @@ class Service:
         )
         if run.id != row.check_run_id:
             self.store.set_check_run(row.id, run.id)
-        newer = self.store.superseded_by(row.id)
-        if newer:
-            pub.conclude(
-                run,
-                "cancelled",
-                "Superseded by a newer push",
-                f"`{newer[:12]}` is audited instead of `{job.head_sha[:12]}`.",
-            )
+        if self._cancel_if_superseded(pub, run, row, job, "`{newer}` is audited instead of `{head}`."):
             return SUPERSEDED
         beat.check()
 
@@ -281,15 +274,8 @@ class Service:
             return DONE
         beat.check()
 
-        newer = self.store.superseded_by(row.id)
-        if newer:
-            pub.conclude(
-                run,
-                "cancelled",
-                "Superseded by a newer push",
-                f"The head moved to `{newer[:12]}` while this audit of `{job.head_sha[:12]}` ran; "
-                "that commit is audited instead.",
-            )
+        ran = "The head moved to `{newer}` while this audit of `{head}` ran; that commit is audited instead."
+        if self._cancel_if_superseded(pub, run, row, job, ran):
             self._save(row, job, audit, "superseded", [])
             return SUPERSEDED
 
@@ -299,6 +285,15 @@ class Service:
         if job.pr is not None:
             self._retire_older(repo, pub, job, audit)
         return DONE
+
+    def _cancel_if_superseded(self, pub: Publisher, run, row: JobRow, job: Job, summary: str) -> bool:
+        """A newer push of this PR is queued: close ``run`` as cancelled, ``summary`` naming ``{newer}`` and
+        ``{head}``."""
+        newer = self.store.superseded_by(row.id)
+        if newer:
+            pub.conclude(run, "cancelled", "Superseded by a newer push",
+                         summary.format(newer=newer[:12], head=job.head_sha[:12]))
+        return bool(newer)
 
     def _retire_older(self, repo, pub: Publisher, job: Job, audit: Audit) -> None:
         """Audits of older heads of this PR still waiting for GPU results will never be shown: close them."""
