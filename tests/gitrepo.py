@@ -9,23 +9,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from checks.packs.sample import commit_over as commit
 from checks.packs.sample import git, init_repo
 
 __all__ = ["GitRepo", "commit", "git", "init_repo"]
-
-
-def commit(repo: Path, files: dict[str, str | None], message: str = "change") -> str:
-    """Write ``files`` over the work tree (``None`` deletes one), stage everything, commit; the new sha."""
-    for rel, text in files.items():
-        if text is None:
-            git(repo, "rm", "-q", rel)
-            continue
-        target = repo / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(text)
-    git(repo, "add", "-A")
-    git(repo, "commit", "-q", "--allow-empty", "-m", message)
-    return git(repo, "rev-parse", "HEAD")
 
 
 class GitRepo:

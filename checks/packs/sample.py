@@ -364,15 +364,21 @@ def init_repo(path: Path) -> Path:
     return path
 
 
-def commit(repo: Path, files: dict[str, str], message: str) -> str:
-    """Make the work tree exactly ``files`` and commit; returns the new sha."""
-    for old in git(repo, "ls-files").splitlines():
-        if old not in files:
-            (repo / old).unlink()
+def commit_over(repo: Path, files: dict[str, str | None], message: str = "change") -> str:
+    """Write ``files`` over the work tree (``None`` deletes one), stage everything and commit; the new sha."""
     for rel, text in files.items():
         p = repo / rel
+        if text is None:
+            p.unlink()
+            continue
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_text(text)
     git(repo, "add", "-A")
     git(repo, "commit", "-q", "--allow-empty", "-m", message)
     return git(repo, "rev-parse", "HEAD")
+
+
+def commit(repo: Path, files: dict[str, str], message: str) -> str:
+    """Make the work tree exactly ``files`` and commit; returns the new sha."""
+    gone = {old: None for old in git(repo, "ls-files").splitlines() if old not in files}
+    return commit_over(repo, {**gone, **files}, message)
