@@ -31,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.synth_repo import make_synthetic_repo  # noqa: E402
+from benchmarks.synth_repo import git_diff_floor, make_synthetic_repo, shortstat  # noqa: E402
 from checks.packs import sample as shape  # noqa: E402
 from checks.packs.sample import git as _git  # noqa: E402
 from tests.gitrepo import commit  # noqa: E402
@@ -208,16 +208,10 @@ def main() -> None:
     base, head = make_synthetic_repo(root, n_files=args.files)
     base, head = _overlay(root, base, head)
     head2 = _few_files_head(root, head)
-    stat = _git(root, "diff", "--shortstat", base, head)
     tree = Tree(str(root), head)
-    print(f"repo: {len(tree.paths())} files; change: {stat}")
+    print(f"repo: {len(tree.paths())} files; change: {shortstat(root, base, head)}")
 
-    anchor = []
-    for _ in range(max(3, args.repeat)):
-        start = time.perf_counter()
-        _git(root, "diff", "--stat", base, head)
-        anchor.append(time.perf_counter() - start)
-    a = statistics.median(anchor)
+    a = git_diff_floor(root, base, head, max(3, args.repeat))
     print(f"anchor: git diff --stat of the range, fresh process: {a:.3f} s (median)")
     print(f"{'config':<11} {'measure':<38} {'seconds':>8} {'× anchor':>9}")
     for name, text in CONFIGS.items():

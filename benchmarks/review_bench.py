@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.synth_repo import make_synthetic_repo  # noqa: E402
+from benchmarks.synth_repo import git_diff_floor, make_synthetic_repo, shortstat  # noqa: E402
 
 STAGES = ("checkout", "diff", "pillars", "checks", "select", "report")
 
@@ -45,10 +45,9 @@ def main() -> None:
 
     root = Path(tempfile.mkdtemp(prefix="drift-audit-bench-")) / "synth"
     base, head = make_synthetic_repo(root, n_files=args.files)
-    stat = subprocess.run(["git", "diff", "--shortstat", base, head], cwd=root, capture_output=True, text=True)
-    print(f"repo: {args.files} files; change: {stat.stdout.strip()}")
+    print(f"repo: {args.files} files; change: {shortstat(root, base, head)}")
 
-    floor = [_timed(["git", "diff", "--stat", base, head], root)[0] for _ in range(args.repeat)]
+    anchor = git_diff_floor(root, base, head, args.repeat)
     review = [sys.executable, "-m", "bot.cli", "review", str(root), "--base", base, "--head", head,
               "--format", "json"]
     cold_wall, cold_stages = [], []
@@ -75,7 +74,6 @@ def main() -> None:
     def stage(rows: list[dict], name: str) -> float:
         return med([r.get(name, 0.0) for r in rows])
 
-    anchor = med(floor)
     core_cold = med([sum(r.get(s, 0.0) for s in ("checkout", "diff", "pillars", "report")) for r in cold_stages])
     core_warm = med([sum(r.get(s, 0.0) for s in ("checkout", "diff", "pillars", "report")) for r in warm_stages])
     print()

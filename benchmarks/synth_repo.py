@@ -11,8 +11,10 @@ renamed, deleted, binary and mode-changed files, with a few non-UTF-8 lines.
 from __future__ import annotations
 
 import random
+import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 _DIRS = {
@@ -168,3 +170,20 @@ if __name__ == "__main__":
     target = sys.argv[1] if len(sys.argv) > 1 else "/tmp/drift-audit-synth"
     b, h = make_synthetic_repo(target)
     print(b, h)
+
+
+def shortstat(repo: Path, base: str, head: str) -> str:
+    """``git diff --shortstat`` of the range: what the benchmarks print as the size of the change."""
+    return subprocess.run(["git", "diff", "--shortstat", base, head], cwd=repo, check=True, capture_output=True,
+                          text=True).stdout.strip()
+
+
+def git_diff_floor(repo: Path, base: str, head: str, runs: int) -> float:
+    """Median wall seconds of ``git diff --stat`` of the range in a fresh process: the anchor the review
+    benchmarks divide by."""
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        subprocess.run(["git", "diff", "--stat", base, head], cwd=repo, check=True, capture_output=True, text=True)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
