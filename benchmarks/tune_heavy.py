@@ -32,14 +32,25 @@ if ARGS.smoke:
     os.environ["TRITON_INTERPRET"] = "1"
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import torch  # noqa: E402
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
+import torch
+import triton
+import triton.language as tl
 
-from kernels.fp8_gemm import GemmConfig, fp8_gemm, fp8_gemm_ref, gemm_config, quant_weight_blocks  # noqa: E402
-from kernels.fp8_quant import act_quant_ref  # noqa: E402
-from kernels.mla_decode import (DecodeConfig, bytes_moved, decode_config, paged_mla_decode,  # noqa: E402
-                                paged_mla_decode_ref)
+from kernels.fp8_gemm import (
+    GemmConfig,
+    fp8_gemm,
+    fp8_gemm_ref,
+    gemm_config,
+    quant_weight_blocks,
+)
+from kernels.fp8_quant import act_quant_ref
+from kernels.mla_decode import (
+    DecodeConfig,
+    bytes_moved,
+    decode_config,
+    paged_mla_decode,
+    paged_mla_decode_ref,
+)
 
 T0 = time.perf_counter()
 SMOKE = ARGS.smoke
@@ -146,7 +157,7 @@ def ds_fp8_gemm(a, a_s, b, b_s):
     m, k = a.shape
     n = b.shape[0]
     c = torch.empty(m, n, dtype=torch.bfloat16, device=a.device)
-    grid = lambda meta: (triton.cdiv(m, meta["BLOCK_M"]), triton.cdiv(n, meta["BLOCK_N"]))  # noqa: E731
+    grid = lambda meta: (triton.cdiv(m, meta["BLOCK_M"]), triton.cdiv(n, meta["BLOCK_N"]))
     if SMOKE:  # the autotuner needs a GPU driver; the interpreter runs one config of the same program
         _ds_fp8_gemm_kernel.fn[grid](a, b, c, a_s, b_s, m, n, k, BLOCK_M=16, BLOCK_N=64, BLOCK_K=128)
     else:
@@ -168,7 +179,7 @@ def _name(c: GemmConfig) -> str:
 
 
 def _gemm_candidates(m: int) -> list[GemmConfig]:
-    P = lambda bm, bn, w, st, g=0, sk=1, fu=False: GemmConfig(bm, bn, sk, g, w, st, fused_reduce=fu, plain=True)  # noqa: E731
+    P = lambda bm, bn, w, st, g=0, sk=1, fu=False: GemmConfig(bm, bn, sk, g, w, st, fused_reduce=fu, plain=True)
     if SMOKE:
         return [P(16, 32, 4, 1), P(16, 64, 4, 1, 0, 2, True), P(16, 32, 4, 1, 2, 2)]
     if m > 64:
@@ -215,7 +226,7 @@ def gemm_section(m: int, n: int, k: int, until: float) -> None:
             say(f"  M={m:4d} {label:36s} {t * 1e6:9.1f} us {rate:7.2f} {unit}  diff {d:.1e} {'PASS' if ok else 'FAIL'}")
             if ok and (best is None or t < best["s"]):
                 best = rows[-1]
-        except Exception as exc:  # one broken candidate must not cost the others
+        except Exception as exc:  # noqa: BLE001 (one broken candidate must not cost the others)
             say(f"  M={m:4d} {label}: {type(exc).__name__}: {str(exc)[:300]}")
             RES["errors"].append(f"gemm M={m} {label}: {type(exc).__name__}: {exc}")
     anchor = None
@@ -226,7 +237,7 @@ def gemm_section(m: int, n: int, k: int, until: float) -> None:
         anchor = {"s": t, "rate": rate, "diff": d, "config": str(getattr(_ds_fp8_gemm_kernel, "best_config", "?"))}
         say(f"  M={m:4d} {'DeepSeek-design anchor':36s} {t * 1e6:9.1f} us {rate:7.2f} {unit}  diff {d:.1e} "
             f"({anchor['config']})")
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001
         say(f"  M={m} anchor: {type(exc).__name__}: {str(exc)[:300]}")
     RES["gemm"].append({"mnk": [m, n, k], "rows": rows, "anchor": anchor})
     if best:
@@ -300,7 +311,7 @@ def mla_section(batch: int, ctx: int, until: float, heads: int = 16) -> None:
                 f"cos {cos:.1e} lse {lerr:.1e} {'PASS' if ok else 'FAIL'}")
             if ok and (best is None or t < best["s"]):
                 best = rows[-1]
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001
             say(f"  b={batch} ctx={ctx} {label}: {type(exc).__name__}: {str(exc)[:300]}")
             RES["errors"].append(f"mla b={batch} ctx={ctx} {label}: {type(exc).__name__}: {exc}")
     RES["mla"].append({"batch": batch, "ctx": ctx, "heads": heads, "rows": rows})
@@ -324,7 +335,7 @@ def main() -> None:
     t = bench(lambda: dst.copy_(src))
     RES["copy_tbs"] = 2 * n / t / 1e12
     say(f"copy ceiling: {n >> 20} MiB in {t * 1e3:.3f} ms -> {RES['copy_tbs']:.2f} TB/s (read + write)")
-    del src, dst
+    src = dst = None  # free the 2 GiB before the sweeps
     big = 7168 if not SMOKE else 256
     plan = [("gemm", (4096 if not SMOKE else 64, big, big), 0.30), ("gemm", (1, big, big), 0.42),
             ("gemm", (16, big, big), 0.53), ("gemm", (64, big, big), 0.65),
@@ -337,7 +348,7 @@ def main() -> None:
                 gemm_section(*shape, until=ARGS.budget * share)
             else:
                 mla_section(*shape, until=ARGS.budget * share)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001
             say(f"{kind} {shape} FAILED: {type(exc).__name__}: {exc}\n{traceback.format_exc()[-1200:]}")
             RES["errors"].append(f"{kind} {shape}: {type(exc).__name__}: {exc}")
         if DEV == "cuda":

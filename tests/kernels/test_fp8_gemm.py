@@ -3,7 +3,14 @@
 import pytest
 import torch
 
-from kernels.fp8_gemm import SPEC, GemmConfig, fp8_gemm, fp8_gemm_ref, gemm_config, quant_weight_blocks
+from kernels.fp8_gemm import (
+    SPEC,
+    GemmConfig,
+    fp8_gemm,
+    fp8_gemm_ref,
+    gemm_config,
+    quant_weight_blocks,
+)
 from kernels.fp8_quant import act_quant_ref
 from kernels.harness import format_table, run_spec
 
