@@ -4,7 +4,8 @@
 #      .github/drift-audit.toml through `runner execute`), then the memory-bound kernels benchmark;
 #   b: the heavy kernels benchmark (FP8 GEMM, MoE, MLA decode, engine Triton decode), then the
 #      engine decode benchmark against HF transformers with the bf16 parity check;
-#   c: the engine against HF layer by layer (bf16 and fp32), then the heavy kernels benchmark again.
+#   c: the engine against HF layer by layer (bf16 and fp32), then the heavy kernels benchmark again;
+#   final: the runner's sm90 suites, the heavy kernels and the engine decode benchmark, in one call.
 # Outputs land in $OUT (default ./.out). Review-side wheels in .whl/ are installed when present.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -35,6 +36,11 @@ case "${1:-a}" in
   b)
     step kernels_heavy 280 python3 benchmarks/kernels_heavy.py
     step engine_decode 260 python3 benchmarks/engine_decode.py
+    ;;
+  final)
+    step runner_sm90 200 runner/gpu_smoke.sh sm90 "$OUT"
+    step kernels_heavy 250 python3 benchmarks/kernels_heavy.py
+    step engine_decode 200 python3 benchmarks/engine_decode.py
     ;;
   c)
     step engine_hf_layers 200 python3 benchmarks/engine_hf_layers.py --device cuda
