@@ -51,10 +51,25 @@ def code(value: object) -> str:
     return f"{fence}{pad}{text}{pad}{fence}"
 
 
+def _bytecode_cache() -> jinja2.BytecodeCache | None:
+    """Compiled templates kept across processes (like .pyc files): compiling them is most of a cold
+    render. Skipped where no cache directory can be written."""
+    import os
+    from pathlib import Path
+
+    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "drift-audit" / "jinja"
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return None
+    return jinja2.FileSystemBytecodeCache(str(root)) if os.access(root, os.W_OK) else None
+
+
 @lru_cache(maxsize=1)
 def environment() -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.PackageLoader("bot", "templates"),
+        bytecode_cache=_bytecode_cache(),
         autoescape=False,  # markdown; values pass through md/code filters instead
         trim_blocks=True,
         lstrip_blocks=True,

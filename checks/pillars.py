@@ -222,6 +222,9 @@ def _run_uncached(jobs: list[_HunkJob]) -> list[list[list[tuple[str, int]]]]:
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
+    for lang in {j[0] for j in jobs}:  # compile once, before the fork, so the child inherits them
+        _query(lang)
+
     order = sorted(range(len(jobs)), key=lambda i: -len(jobs[i][1]))
     mine, theirs, load = [], [], [0, 0]
     for i in order:  # greedy split by bytes
