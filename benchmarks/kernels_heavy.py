@@ -43,7 +43,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
 
 T0 = time.perf_counter()
 SMOKE = ARGS.smoke
@@ -189,55 +188,12 @@ def _parity():
 # --- FP8 GEMM ---------------------------------------------------------------------------------------------
 
 from kernels.fp8_gemm import GemmConfig, fp8_gemm, gemm_config, quant_weight_blocks  # noqa: E402
+import benchmarks.fp8_gemm_anchor as _anchor  # noqa: E402
 from kernels.fp8_quant import act_quant_ref  # noqa: E402
 
 
-@triton.autotune(
-    configs=[triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_stages=st, num_warps=8)
-             for bm in (16, 64) for bn in (64, 128) for st in (3, 4)],
-    key=["M", "N", "K"],
-)
-@triton.jit
-def _ds_fp8_gemm_kernel(a_ptr, b_ptr, c_ptr, a_s_ptr, b_s_ptr, M, N: tl.constexpr, K: tl.constexpr,
-                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """DeepSeek's reference design: one tile per program, per-K-step scales, no split-K, no grouping."""
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    k_blocks = tl.cdiv(K, BLOCK_K)
-    offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M
-    offs_n = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
-    offs_k = tl.arange(0, BLOCK_K)
-    a_ptrs = a_ptr + offs_m[:, None] * K + offs_k[None, :]
-    b_ptrs = b_ptr + offs_n[None, :] * K + offs_k[:, None]
-    a_s_ptrs = a_s_ptr + offs_m * k_blocks
-    b_s_ptrs = b_s_ptr + (offs_n // BLOCK_K) * k_blocks
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for i in range(k_blocks):
-        a = tl.load(a_ptrs, mask=offs_k[None, :] < K - i * BLOCK_K, other=0.0)
-        b = tl.load(b_ptrs, mask=offs_k[:, None] < K - i * BLOCK_K, other=0.0)
-        a_s = tl.load(a_s_ptrs)
-        b_s = tl.load(b_s_ptrs)
-        acc += tl.dot(a, b) * a_s[:, None] * b_s[None, :]
-        a_ptrs += BLOCK_K
-        b_ptrs += BLOCK_K
-        a_s_ptrs += 1
-        b_s_ptrs += 1
-    c = acc.to(c_ptr.dtype.element_ty)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    tl.store(c_ptr + offs_m[:, None] * N + offs_n[None, :], c, mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
-
-
 def ds_fp8_gemm(a, a_s, b, b_s):
-    m, k = a.shape
-    n = b.shape[0]
-    c = torch.empty(m, n, dtype=torch.bfloat16, device=a.device)
-    grid = lambda meta: (triton.cdiv(m, meta["BLOCK_M"]), triton.cdiv(n, meta["BLOCK_N"]))  # noqa: E731
-    if SMOKE:  # the autotuner needs a GPU driver; the interpreter runs one config of the same program
-        _ds_fp8_gemm_kernel.fn[grid](a, b, c, a_s, b_s, m, n, k, BLOCK_M=16, BLOCK_N=64, BLOCK_K=128)
-    else:
-        _ds_fp8_gemm_kernel[grid](a, b, c, a_s, b_s, m, n, k, BLOCK_K=128)
-    return c
+    return _anchor.ds_fp8_gemm(a, a_s, b, b_s, interpret=SMOKE)
 
 
 def _gemm_operands(m, n, k, n_b=1):
@@ -289,7 +245,7 @@ def _gemm_prefill():
         t = bench(lambda: ds_fp8_gemm(a, a_s, b, b_s))
         anchors["deepseek_design"] = flops / t / 1e12
         say(f"  {'DeepSeek-design triton':24s} {t * 1e3:8.3f} ms {anchors['deepseek_design']:7.1f} TFLOPS "
-            f"(diff vs ours {_gemm_diff(out, ref):.1e}, best config {getattr(_ds_fp8_gemm_kernel, 'best_config', '?')})")
+            f"(diff vs ours {_gemm_diff(out, ref):.1e}, best config {_anchor.best_config()})")
     except Exception as exc:
         say(f"  DeepSeek design: {type(exc).__name__}: {str(exc)[:200]}")
     if DEV == "cuda":
@@ -361,7 +317,7 @@ def _gemm_decode():
             t = bench_graph([lambda b=b, s=s: ds_fp8_gemm(a, a_s, b, s) for b, s in bs])
             anchor = (wbytes + m * k + m * n * 2) / t / 1e12
             say(f"  M={m:3d} {'DeepSeek-design triton':28s} {t * 1e6:8.1f} us {anchor:6.2f} TB/s "
-                f"({getattr(_ds_fp8_gemm_kernel, 'best_config', '?')})")
+                f"({_anchor.best_config()})")
         except Exception as exc:
             say(f"  M={m} DeepSeek design: {type(exc).__name__}: {str(exc)[:200]}")
         RESULTS["gemm"].append({"shape": [m, n, k], "rows": rows, "anchor_deepseek_tbs": anchor, "weight_copies": nb})

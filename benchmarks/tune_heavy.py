@@ -34,7 +34,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch
 import triton
-import triton.language as tl
 
 from kernels.fp8_gemm import (
     GemmConfig,
@@ -43,6 +42,7 @@ from kernels.fp8_gemm import (
     gemm_config,
     quant_weight_blocks,
 )
+import benchmarks.fp8_gemm_anchor as _anchor  # noqa: E402
 from kernels.fp8_quant import act_quant_ref
 from kernels.mla_decode import (
     DecodeConfig,
@@ -119,50 +119,8 @@ def gemm_diff(x, y) -> float:
 
 # --- DeepSeek's reference design (the anchor) ------------------------------------------------------------
 
-@triton.autotune(
-    configs=[triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_stages=st, num_warps=8)
-             for bm in (16, 64) for bn in (64, 128) for st in (3, 4)],
-    key=["M", "N", "K"],
-)
-@triton.jit
-def _ds_fp8_gemm_kernel(a_ptr, b_ptr, c_ptr, a_s_ptr, b_s_ptr, M, N: tl.constexpr, K: tl.constexpr,
-                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """One tile per program, K in 128-wide steps, both scales applied per step; no split-K, no grouping."""
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    k_blocks = tl.cdiv(K, BLOCK_K)
-    offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M
-    offs_n = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
-    offs_k = tl.arange(0, BLOCK_K)
-    a_ptrs = a_ptr + offs_m[:, None] * K + offs_k[None, :]
-    b_ptrs = b_ptr + offs_n[None, :] * K + offs_k[:, None]
-    a_s_ptrs = a_s_ptr + offs_m * k_blocks
-    b_s_ptrs = b_s_ptr + (offs_n // BLOCK_K) * k_blocks
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for i in range(k_blocks):
-        a = tl.load(a_ptrs, mask=offs_k[None, :] < K - i * BLOCK_K, other=0.0)
-        b = tl.load(b_ptrs, mask=offs_k[:, None] < K - i * BLOCK_K, other=0.0)
-        acc += tl.dot(a, b) * tl.load(a_s_ptrs)[:, None] * tl.load(b_s_ptrs)[None, :]
-        a_ptrs += BLOCK_K
-        b_ptrs += BLOCK_K
-        a_s_ptrs += 1
-        b_s_ptrs += 1
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    tl.store(c_ptr + offs_m[:, None] * N + offs_n[None, :], acc.to(c_ptr.dtype.element_ty),
-             mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
-
-
 def ds_fp8_gemm(a, a_s, b, b_s):
-    m, k = a.shape
-    n = b.shape[0]
-    c = torch.empty(m, n, dtype=torch.bfloat16, device=a.device)
-    grid = lambda meta: (triton.cdiv(m, meta["BLOCK_M"]), triton.cdiv(n, meta["BLOCK_N"]))
-    if SMOKE:  # the autotuner needs a GPU driver; the interpreter runs one config of the same program
-        _ds_fp8_gemm_kernel.fn[grid](a, b, c, a_s, b_s, m, n, k, BLOCK_M=16, BLOCK_N=64, BLOCK_K=128)
-    else:
-        _ds_fp8_gemm_kernel[grid](a, b, c, a_s, b_s, m, n, k, BLOCK_K=128)
-    return c
+    return _anchor.ds_fp8_gemm(a, a_s, b, b_s, interpret=SMOKE)
 
 
 def _operands(m, n, k, copies=1):
@@ -234,7 +192,7 @@ def gemm_section(m: int, n: int, k: int, until: float) -> None:
         out = ds_fp8_gemm(a, a_s, *bs[0])
         d = gemm_diff(out, ref)
         t, rate = measure(lambda b, s: ds_fp8_gemm(a, a_s, b, s))
-        anchor = {"s": t, "rate": rate, "diff": d, "config": str(getattr(_ds_fp8_gemm_kernel, "best_config", "?"))}
+        anchor = {"s": t, "rate": rate, "diff": d, "config": _anchor.best_config()}
         say(f"  M={m:4d} {'DeepSeek-design anchor':36s} {t * 1e6:9.1f} us {rate:7.2f} {unit}  diff {d:.1e} "
             f"({anchor['config']})")
     except Exception as exc:  # noqa: BLE001
