@@ -12,14 +12,9 @@ import pytest
 
 from bot.security import signature_of
 from tests.ghstub.fixtures import ghstub  # noqa: F401  (fixture)
+from tests.webhooks import FIXTURES
 from tests.gitrepo import commit, git, init_repo
 
-# GitHub's own webhook payload examples, kept in the shared/ folder beside the checkout.
-FIXTURES = next(
-    (p for p in (Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "github-webhooks",
-                 Path("/work/shared/fixtures/github-webhooks")) if p.is_dir()),
-    Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "github-webhooks",
-)
 SECRET = "It's a Secret to Everybody"
 REPO = "octo-org/octo-repo"
 

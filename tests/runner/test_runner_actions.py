@@ -11,8 +11,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-pytest.importorskip("tests.ghstub.server", reason="the GitHub REST stand-in (tests/ghstub) is not in this tree")
-
 from github import Auth, Github  # noqa: E402
 
 from checks.model import PlannedSuite, Results, TestPlan as Plan, from_json, to_json  # noqa: E402
@@ -20,10 +18,10 @@ from runner.actions import (  # noqa: E402
     ActionsError, Collector, Dispatcher, artifact_name, parse_run_title, run_of_event, run_title,
 )
 from runner.execute import execute  # noqa: E402
+from tests.webhooks import FIXTURES  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKFLOW = yaml.safe_load((ROOT / ".github/workflows/drift-audit-gpu.yml").read_text())
-FIXTURES = Path("/work/shared/fixtures/github-webhooks")
 REPO = "octo-org/engine"
 
 
