@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One GPU session of measurements, in parts that each fit one device call:
+# One GPU session of measurements, in parts that each finish within ten minutes:
 #   a: the runner's GPU side on this machine's label (every parity and decode suite of
 #      .github/drift-audit.toml through `runner execute`), then the memory-bound kernels benchmark;
 #   b: the heavy kernels benchmark (FP8 GEMM, MoE, MLA decode, engine Triton decode), then the
