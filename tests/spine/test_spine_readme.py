@@ -21,4 +21,6 @@ def test_ci_runs_the_readme_test_command():
 
 
 def test_readme_main_command_runs_the_demo():
-    assert any(c.endswith("drift-audit demo") for c in _readme_commands())
+    commands = _readme_commands()
+    assert len(commands) == 2, "a newcomer needs exactly two commands"
+    assert commands[0].endswith("drift-audit demo")
