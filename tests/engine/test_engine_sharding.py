@@ -83,7 +83,6 @@ def test_two_rank_tensor_parallel_matches_one_rank(tmp_path, tiny_dir, tiny_mode
 
 def test_a_tree_sitter_fact_query_reads_the_table():
     """What a drift rule does: pull (pattern, placement) rows out of the source with a tree-sitter query."""
-    pytest.importorskip("tree_sitter")
     import inspect
 
     import tree_sitter as ts

@@ -199,7 +199,6 @@ with open(os.environ["DRIFT_AUDIT_GOLDEN_OUT"], "w") as fh:
     ("[5,6]", "[9,9,9]", "failed", "1 of 2 prompt(s) break from 'golden.jsonl'; prompt 0 stops at step 2", 2),
 ])
 def test_decode_suite_compared_with_its_golden(tree, t0, t1, outcome, reason, first):
-    pytest.importorskip("engine.golden", reason="the engine's golden comparator is not in this tree")
     (tree / "golden.jsonl").write_text(GOLDEN)
     (tree / "candidate.py").write_text(WRITE_CANDIDATE)
     got, _ = run(tree, [suite("dec", f"python candidate.py '{t0}' '{t1}'", kind="decode", golden="golden.jsonl")])
@@ -210,7 +209,6 @@ def test_decode_suite_compared_with_its_golden(tree, t0, t1, outcome, reason, fi
 
 
 def test_decode_suite_golden_problems(tree):
-    pytest.importorskip("engine.golden", reason="the engine's golden comparator is not in this tree")
     (tree / "golden.jsonl").write_text(GOLDEN)
     got, _ = run(tree, [
         suite("silent", "true", kind="decode", golden="golden.jsonl"),
