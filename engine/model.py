@@ -400,8 +400,15 @@ class DeepseekV3(nn.Module):
 
     def head(self, h: torch.Tensor) -> torch.Tensor:
         """fp32 logits of pre-norm hidden states."""
-        logits = self.lm_head(self.model.norm(h)).float()
-        return self.tp.all_gather(logits)
+        return self._logits(self.model.norm(h))
+
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        """The vocabulary projection in fp32. A bf16 logit near 16 moves in 0.0625 steps, so a bf16 head turns
+        close scores into exact ties and greedy decoding into a coin toss between equivalent kernels."""
+        w = getattr(self, "_lm_head_fp32", None)
+        if w is None or w.device != x.device:  # made once (before any CUDA-graph capture: decoders warm up first)
+            w = self._lm_head_fp32 = self.lm_head.dense_weight(torch.float32)
+        return self.tp.all_gather(F.linear(x.float(), w))
 
     def forward(self, tokens: torch.Tensor, pos: torch.Tensor, last: torch.Tensor | None = None) -> torch.Tensor:
         """Logits ``[B, V]`` at index ``last[b]`` of each row (default: the last column)."""
@@ -419,7 +426,7 @@ class DeepseekV3(nn.Module):
         e = self.model.embed_tokens(next_tokens)
         x = mtp.eh_proj(torch.cat([mtp.enorm(e), mtp.hnorm(h)], dim=-1))
         x = DecoderLayer.forward(mtp, x, pos, self.rope_cos[pos], self.rope_sin[pos])
-        return self.tp.all_gather(self.lm_head(mtp.shared_head.norm(x)).float())
+        return self._logits(mtp.shared_head.norm(x))
 
 
 def dtype_of(name: str) -> torch.dtype:
