@@ -12,10 +12,10 @@ import time
 from collections.abc import Callable
 from contextlib import contextmanager
 
-from checks.config import load_config
-from checks.diff import build_changeset
 from bot.report import render as render_report
 from checks.audit import run_checks
+from checks.config import load_config
+from checks.diff import build_changeset
 from checks.model import Audit, AuditRequest, PillarHit
 from checks.pillars import map_pillars
 from checks.workspace import Tree, checkout, open_repo
