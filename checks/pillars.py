@@ -41,7 +41,6 @@ class Symbol:
     start: int  # 1-based first line
     end: int  # 1-based last line
     name: str  # qualified: Class.method (python), ns::Class::method (C/C++/CUDA)
-    depth: int
 
 
 @lru_cache(maxsize=None)
@@ -99,28 +98,17 @@ def symbols_in(lang: str, data: bytes, key: str | None = None,
         own = _own_name(node, lang)
         if own is None:
             continue
-        parts, depth, parent = [own], 0, node.parent
+        parts, parent = [own], node.parent
         while parent is not None:
             if parent.type in defs:
                 pname = _own_name(parent, lang)
                 if pname:
                     parts.append(pname)
-                    depth += 1
             parent = parent.parent
         start = node.parent if node.parent is not None and node.parent.type == "decorated_definition" else node
-        out.append(Symbol(start.start_point[0] + 1, node.end_point[0] + 1, sep.join(reversed(parts)), depth))
+        out.append(Symbol(start.start_point[0] + 1, node.end_point[0] + 1, sep.join(reversed(parts))))
     out.sort(key=lambda s: (s.start, -s.end))
     return out
-
-
-def innermost(symbols: list[Symbol] | tuple[Symbol, ...], line: int) -> str | None:
-    """The deepest definition whose span holds ``line``."""
-    starts = [s.start for s in symbols]
-    best = None
-    for s in symbols[: bisect.bisect_right(starts, line)]:
-        if s.start <= line <= s.end and (best is None or s.depth >= best.depth):
-            best = s
-    return best.name if best else None
 
 
 class PillarMatcher:
@@ -218,7 +206,7 @@ def _run_uncached(jobs: list[_HunkJob]) -> list[list[list[tuple[str, int]]]]:
     total = sum(len(j[1]) for j in jobs)
     if total < PARALLEL_MIN_BYTES or (os.cpu_count() or 1) < 2 or threading.active_count() > 1 \
             or not hasattr(os, "fork"):
-        return [_symbols_job(j) for j in jobs]
+        return _run_serial(jobs)
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 

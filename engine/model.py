@@ -13,7 +13,6 @@ layers.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -436,7 +435,3 @@ def dtype_of(name: str) -> torch.dtype:
         return table[name]
     except KeyError:
         raise ValueError(f"unknown dtype {name!r}; choose one of {', '.join(table)}") from None
-
-
-def param_count(model: nn.Module) -> int:
-    return sum(math.prod(p.shape) for p in model.parameters())

@@ -92,10 +92,6 @@ class GemmConfig:
     plain: bool = False  # the static-shape kernel (N, K and the K trip count compiled in; contiguous operands)
 
 
-def _pow2_at_least(x: int, lo: int) -> int:
-    return max(lo, triton.next_power_of_2(x))
-
-
 def gemm_config(m: int, n: int, k: int, capability: tuple[int, int] | None, num_sms: int = 132) -> GemmConfig:
     """Tiles for an ``M×N×K`` problem on a device of ``capability`` (``None``: the CPU interpreter).
 

@@ -29,11 +29,6 @@ from kernels.tiles import dot_precision, fit_stages
 BLOCK = 128  # fp8 weight-scale block
 
 
-def _dequant(w: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
-    """All experts' weights as fp32 (fp8 ones times their 128×128 block scales)."""
-    return torch.stack([_dequant_one(w, scale, e, torch.float32) for e in range(w.shape[0])])
-
-
 def _dequant_one(w: torch.Tensor, scale: torch.Tensor | None, e: int, dtype: torch.dtype) -> torch.Tensor:
     if scale is None:
         return w[e].to(dtype)
