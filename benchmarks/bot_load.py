@@ -42,8 +42,8 @@ from bot.publish import COMMENT_MARKER  # noqa: E402
 from bot.queue import SqliteJobStore  # noqa: E402
 from bot.security import signature_of  # noqa: E402
 from tests.ghstub import Fault, start_stub  # noqa: E402
-from tests.webhooks import FIXTURES  # noqa: E402
 from tests.gitrepo import commit, git, init_repo  # noqa: E402
+from tests.webhooks import FIXTURES  # noqa: E402
 
 SECRET = "bench-secret"
 REPO = "octo-org/engine"

@@ -187,8 +187,8 @@ def _parity():
 
 # --- FP8 GEMM ---------------------------------------------------------------------------------------------
 
-from kernels.fp8_gemm import GemmConfig, fp8_gemm, gemm_config, quant_weight_blocks  # noqa: E402
 import benchmarks.fp8_gemm_anchor as _anchor  # noqa: E402
+from kernels.fp8_gemm import GemmConfig, fp8_gemm, gemm_config, quant_weight_blocks  # noqa: E402
 from kernels.fp8_quant import act_quant_ref  # noqa: E402
 
 
@@ -406,7 +406,8 @@ def _mla():
 
 # --- MoE --------------------------------------------------------------------------------------------------
 
-from kernels.moe import MoeConfig, bytes_moved as moe_bytes, expert_loop, moe_config, moe_experts, moe_inputs  # noqa: E402
+from kernels.moe import MoeConfig, expert_loop, moe_config, moe_experts, moe_inputs  # noqa: E402
+from kernels.moe import bytes_moved as moe_bytes
 from kernels.routing import noaux_tc, noaux_tc_ref  # noqa: E402
 
 

@@ -35,6 +35,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch
 import triton
 
+import benchmarks.fp8_gemm_anchor as _anchor  # noqa: E402
 from kernels.fp8_gemm import (
     GemmConfig,
     fp8_gemm,
@@ -42,7 +43,6 @@ from kernels.fp8_gemm import (
     gemm_config,
     quant_weight_blocks,
 )
-import benchmarks.fp8_gemm_anchor as _anchor  # noqa: E402
 from kernels.fp8_quant import act_quant_ref
 from kernels.mla_decode import (
     DecodeConfig,

@@ -8,7 +8,8 @@ the comment is found again by its hidden marker, the check run by its
 from __future__ import annotations
 
 import time
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 from github import GithubException
 

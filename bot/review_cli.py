@@ -55,12 +55,11 @@ def _emit(text: str, output: str | None) -> None:
 
 
 def run_review(path: str, base: str | None, head: str, fmt: str, output: str | None, options) -> int:
+    from bot.pipeline import run_audit
     from checks.config import ConfigError
     from checks.diff import DiffError
     from checks.model import AuditRequest, to_json
     from checks.workspace import WorkspaceError
-
-    from bot.pipeline import run_audit
 
     request = AuditRequest(repo=str(Path(path).resolve()), base=base or "", head=head, options=options)
     status, progress = _progress()

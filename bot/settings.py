@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import os
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 ENV_PREFIX = "DRIFT_AUDIT_"
 SECRET_FIELDS = ("private_key", "webhook_secret")

@@ -56,6 +56,8 @@ class Rule:
     message: str | None = None
     options: dict[str, Any] = field(default_factory=dict)  # kind-specific, validated by the kind
     line: int = 0
+    source: str = "declared"  # "declared" | "pack" | "inferred": copied onto each Finding
+    evidence: list[str] = field(default_factory=list)  # inferred rules: support and example rows
 
 
 @dataclass

@@ -161,7 +161,15 @@ class PillarMap:
 # --------------------------------------------------------------------------- findings
 
 Severity = Literal["error", "warning", "note"]
-FindingStatus = Literal["new", "pre-existing", "fixed"]
+# new: not on the base; pre-existing: on the base, same state; fixed: on the base, gone at head;
+# changed: same identity as on the base, the PR touched the lines that produce it, still wrong;
+# improved: same identity, fewer missing places; no-baseline: the rule could not run on the base.
+FindingStatus = Literal["new", "pre-existing", "fixed", "changed", "improved", "no-baseline"]
+# Where the rule came from: the repo's config, a built-in pack, inference over the base tree, co-change history.
+FindingSource = Literal["declared", "pack", "inferred", "cochange"]
+# [settings] fail_on: which findings fail the verdict.
+FailOn = Literal["new-error", "new-warning", "any-error", "never"]
+FAILING_STATUSES = ("new", "changed")
 
 
 @dataclass
@@ -180,7 +188,10 @@ class Finding:
     message: str
     locations: list[Location] = field(default_factory=list)
     status: FindingStatus = "new"
-    fingerprint: str = ""  # stable across base/head: rule + the facts' keys, never line numbers
+    fingerprint: str = ""  # identity, stable across base/head: rule + key (+ place pair), never line numbers
+    state: str = ""  # digest of what is wrong (values, missing places); same identity + other state = changed
+    source: FindingSource = "declared"
+    evidence: list[str] = field(default_factory=list)  # inferred/co-change rules: support, example rows, commits
 
 
 @dataclass
@@ -195,13 +206,22 @@ class Unchecked:
 class Findings:
     findings: list[Finding] = field(default_factory=list)
     unchecked: list[Unchecked] = field(default_factory=list)
+    rules_run: list[str] = field(default_factory=list)  # ids of the rules that ran on head (any source)
+    inferred: list[str] = field(default_factory=list)  # one line per inferred invariant that was checked
+    fail_on: FailOn = "new-error"
 
     def with_status(self, status: FindingStatus) -> list[Finding]:
         return [f for f in self.findings if f.status == status]
 
     @property
     def failing(self) -> list[Finding]:
-        return [f for f in self.findings if f.status == "new" and f.severity == "error"]
+        """The findings that fail the verdict under ``fail_on``."""
+        if self.fail_on == "never":
+            return []
+        if self.fail_on == "any-error":
+            return [f for f in self.findings if f.status != "fixed" and f.severity == "error"]
+        levels = ("error",) if self.fail_on == "new-error" else ("error", "warning")
+        return [f for f in self.findings if f.status in FAILING_STATUSES and f.severity in levels]
 
 
 # --------------------------------------------------------------------------- tests
@@ -236,8 +256,9 @@ class TestPlan:
         return sorted({s.runner for s in self.suites})
 
 
+# not-runnable: the suite cannot be collected on this machine (an unbuilt extension, no CUDA); never a failure.
 Outcome = Literal[
-    "passed", "failed", "error", "skipped", "timeout", "segfault", "abort", "cuda-error", "not-run"
+    "passed", "failed", "error", "skipped", "timeout", "segfault", "abort", "cuda-error", "not-run", "not-runnable"
 ]
 
 

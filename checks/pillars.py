@@ -14,12 +14,11 @@ import os
 import re
 import threading
 from dataclasses import dataclass
-from functools import lru_cache
-
-from checks.globs import compile_globs
+from functools import cache
 
 from checks import syntax
 from checks.config import Config, Pillar
+from checks.globs import compile_globs
 from checks.model import ChangeSet, Checkout, FileChange, HunkPillars, PillarHit, PillarMap, Touch
 from checks.workspace import read_blob
 
@@ -43,7 +42,7 @@ class Symbol:
     name: str  # qualified: Class.method (python), ns::Class::method (C/C++/CUDA)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _query(lang: str):
     import tree_sitter as ts
 

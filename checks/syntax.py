@@ -7,7 +7,7 @@ both sides of an audit and across audits in one process.
 from __future__ import annotations
 
 import threading
-from functools import lru_cache
+from functools import cache
 from pathlib import PurePosixPath
 
 import tree_sitter as ts
@@ -35,7 +35,7 @@ def lang_for_path(path: str) -> str | None:
     return _EXT_LANG.get(PurePosixPath(path).suffix.lower())
 
 
-@lru_cache(maxsize=None)
+@cache
 def language(name: str) -> ts.Language:
     if name == "python":
         import tree_sitter_python as mod

@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 

@@ -9,8 +9,8 @@ name without ``_ref``, same signature. Lookups are lazy, so an op is imported on
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 # op -> (kernels module, reference name). The Triton entry point is the reference name without "_ref".
 OPS: dict[str, tuple[str, str]] = {

@@ -81,8 +81,8 @@ _HIGH_PRECISION = re.compile(r"(norm\.weight|gate\.weight|e_score_correction_bia
 
 def expected_shapes(cfg_dict: dict) -> dict[str, tuple[int, ...]]:
     """Every tensor of an HF DeepSeek-V3 checkpoint for this config, by name (experts unstacked)."""
-    from engine.model import DeepseekV3
     from engine.loader import _targets
+    from engine.model import DeepseekV3
 
     cfg = parse_config(cfg_dict, "config")
     with torch.device("meta"):

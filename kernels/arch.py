@@ -23,7 +23,7 @@ def capability(device: torch.device | str | None = None) -> tuple[int, int] | No
     return _cuda_capability(dev.index if dev.index is not None else -1)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _cuda_capability(index: int) -> tuple[int, int] | None:
     if not torch.cuda.is_available():
         return None

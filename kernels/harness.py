@@ -14,8 +14,9 @@ import os
 import platform
 import time
 import traceback
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import torch
 

@@ -3,8 +3,8 @@ says where and by how much, not just that it failed. Only torch is imported (run
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 

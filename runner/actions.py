@@ -17,8 +17,9 @@ import io
 import json
 import re
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from github import GithubException
 

@@ -13,7 +13,7 @@ import dataclasses
 import sys
 import types
 import typing
-from functools import lru_cache
+from functools import cache
 from typing import Any, Literal, Union
 
 
@@ -27,7 +27,7 @@ def unstructure(obj: Any) -> Any:
     return obj
 
 
-@lru_cache(maxsize=None)
+@cache
 def _hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import ast
 from collections import deque
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
-from typing import Callable, Iterable
 
 SOURCE_ROOTS = ("", "src/", "python/", "lib/")
 

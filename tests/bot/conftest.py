@@ -12,8 +12,8 @@ import pytest
 
 from bot.security import signature_of
 from tests.ghstub.fixtures import ghstub  # noqa: F401  (fixture)
-from tests.webhooks import FIXTURES
 from tests.gitrepo import commit, git, init_repo
+from tests.webhooks import FIXTURES
 
 SECRET = "It's a Secret to Everybody"
 REPO = "octo-org/octo-repo"

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from checks.packs import sample as shape
 import pytest
+
+from checks.packs import sample as shape
 
 
 @pytest.fixture(scope="session")

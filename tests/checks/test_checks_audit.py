@@ -3,13 +3,13 @@ and findings sorted into new / pre-existing / fixed by fingerprint."""
 
 from __future__ import annotations
 
-from checks.packs import sample as shape
 import pytest
 
 from checks.audit import run_checks
 from checks.config import parse_config
 from checks.diff import build_changeset
 from checks.model import AuditRequest
+from checks.packs import sample as shape
 from checks.workspace import checkout
 
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from checks.packs import sample as shape
 import pytest
 
 from checks.config import Fact
 from checks.facts import FactError, extract, extract_text
+from checks.packs import sample as shape
 from checks.workspace import Tree
 
 CPP = b"""

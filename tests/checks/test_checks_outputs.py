@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from checks.packs import sample as shape
 import jsonschema
 import pytest
 
@@ -29,6 +28,7 @@ from checks.model import (
     from_json,
     to_json,
 )
+from checks.packs import sample as shape
 from checks.sarif import to_sarif
 from checks.workspace import checkout
 

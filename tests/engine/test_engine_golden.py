@@ -9,8 +9,7 @@ import pytest
 import torch
 
 from engine.generate import generate
-from engine.golden import (GoldenError, GoldenRecord, compare_files, compare_records, read_golden,
-                           write_golden)
+from engine.golden import GoldenError, GoldenRecord, compare_files, compare_records, read_golden, write_golden
 
 
 def _records(gens):

@@ -10,12 +10,18 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from github import Auth, Github  # noqa: E402
 
-from checks.model import PlannedSuite, Results, TestPlan as Plan, from_json, to_json  # noqa: E402
+from checks.model import PlannedSuite, Results, from_json, to_json  # noqa: E402
+from checks.model import TestPlan as Plan
 from runner.actions import (  # noqa: E402
-    ActionsError, Collector, Dispatcher, artifact_name, parse_run_title, run_of_event, run_title,
+    ActionsError,
+    Collector,
+    Dispatcher,
+    artifact_name,
+    parse_run_title,
+    run_of_event,
+    run_title,
 )
 from runner.execute import execute  # noqa: E402
 from tests.webhooks import FIXTURES  # noqa: E402

@@ -12,7 +12,17 @@ import pytest
 
 from bot.cli import main as cli
 from checks.model import (
-    CaseResult, DeviceFingerprint, PlannedSuite, Results, SuiteResult, TestPlan as Plan, from_json, to_dict, to_json,
+    CaseResult,
+    DeviceFingerprint,
+    PlannedSuite,
+    Results,
+    SuiteResult,
+    from_json,
+    to_dict,
+    to_json,
+)
+from checks.model import (
+    TestPlan as Plan,
 )
 from runner import compat
 from runner.worktree import WorktreeError, head_worktree

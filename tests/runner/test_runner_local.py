@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from checks.model import PlannedSuite, Results, TestPlan as Plan, from_json, to_json
+from checks.model import PlannedSuite, Results, from_json, to_json
+from checks.model import TestPlan as Plan
 from runner.local import classify, run_plan
 
 PASSING = '''

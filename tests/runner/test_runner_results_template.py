@@ -8,8 +8,19 @@ import pytest
 
 from bot.report import environment, render
 from checks.model import (
-    Audit, AuditRequest, CaseResult, ChangeSet, Checkout, DeviceFingerprint, PillarMap, PlannedSuite, Results,
-    SuiteResult, TestPlan as Plan,
+    Audit,
+    AuditRequest,
+    CaseResult,
+    ChangeSet,
+    Checkout,
+    DeviceFingerprint,
+    PillarMap,
+    PlannedSuite,
+    Results,
+    SuiteResult,
+)
+from checks.model import (
+    TestPlan as Plan,
 )
 
 LIMITS = {"files": 1000, "symbols": 1000, "findings": 1000, "cases": 2}
