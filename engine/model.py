@@ -22,6 +22,7 @@ from torch import nn
 
 from engine.absorb import absorb_o, absorb_q, split_kv_b
 from engine.config import ModelConfig
+from engine.kv_cache import LayerCache, ModelCache, dense_cache
 from engine.ops import OpSet
 from engine.sharding import local_size
 
@@ -137,24 +138,8 @@ class MLA(nn.Module):
         self.kv_b_proj = Linear(cfg.kv_lora_rank, nh * (cfg.qk_nope_head_dim + cfg.v_head_dim), ops, dtype)
         self.o_proj = Linear(nh * cfg.v_head_dim, h, ops, dtype)
         self.softmax_scale = softmax_scale(cfg)
-        self.mode = "naive"
         self._absorbed: tuple[torch.Tensor, torch.Tensor] | None = None
-        self.k_cache = self.v_cache = self.kv_cache = self.pe_cache = None
-
-    def setup_cache(self, batch: int, max_len: int, mode: str, dtype: torch.dtype, device) -> None:
-        if mode not in MLA_MODES:
-            raise ValueError(f"mla mode must be one of {MLA_MODES}, got {mode!r}")
-        self.mode = mode
-        c = self.cfg
-        if mode == "naive":
-            self.k_cache = torch.zeros(batch, max_len, self.n_heads, c.qk_head_dim, dtype=dtype, device=device)
-            self.v_cache = torch.zeros(batch, max_len, self.n_heads, c.v_head_dim, dtype=dtype, device=device)
-            self.kv_cache = self.pe_cache = None
-        else:
-            self.kv_cache = torch.zeros(batch, max_len, c.kv_lora_rank, dtype=dtype, device=device)
-            self.pe_cache = torch.zeros(batch, max_len, c.qk_rope_head_dim, dtype=dtype, device=device)
-            self.k_cache = self.v_cache = None
-            self._absorbed = None
+        self.cache: LayerCache | None = None  # installed by DeepseekV3.use_cache
 
     def absorbed_weights(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         if self._absorbed is None or self._absorbed[0].dtype != dtype:
@@ -166,8 +151,11 @@ class MLA(nn.Module):
     def forward(self, x: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 end: int | None = None) -> torch.Tensor:
         """``x[B, S, H]`` at positions ``pos[B, S]``; ``cos``/``sin`` already gathered at ``pos``; ``end`` is
-        ``pos.max() + 1`` (computed here when not given: a device sync the caller can do once per step)."""
-        c, nh = self.cfg, self.n_heads
+        ``pos.max() + 1`` or ``None`` (see :mod:`engine.kv_cache`). The layer's cache stores this step's rows
+        and attends; which rows it keeps (per-head K/V or the latent) decides naive or absorbed MLA."""
+        c, nh, cache = self.cfg, self.n_heads, self.cache
+        if cache is None:
+            raise RuntimeError("attention has no KV cache: call setup_cache() (or use_cache()) first")
         b, s, _ = x.shape
         q = self.q_proj(x) if c.q_lora_rank is None else self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
         q = q.view(b, s, nh, c.qk_head_dim)
@@ -179,36 +167,16 @@ class MLA(nn.Module):
         kv, k_pe = self.kv_a_proj_with_mqa(x).split([c.kv_lora_rank, r], dim=-1)
         kv = self.kv_a_layernorm(kv)
         k_pe = self.ops.rope(k_pe.reshape(b * s, 1, r), cs, sn).view(b, s, r)
-        rows = torch.arange(b, device=x.device).unsqueeze(1).expand(b, s)
-        end = int(pos.max()) + 1 if end is None else end
-        visible = torch.arange(end, device=x.device).view(1, 1, end) <= pos.unsqueeze(-1)  # [B, S, T]
-        visible = visible.unsqueeze(2)  # [B, S, 1, T]
 
-        if self.mode == "naive":
+        if not cache.latent:
             kv_full = self.kv_b_proj(kv).view(b, s, nh, c.qk_nope_head_dim + c.v_head_dim)
             k_nope, v = kv_full.split([c.qk_nope_head_dim, c.v_head_dim], dim=-1)
-            k = torch.cat([k_nope, k_pe.unsqueeze(2).expand(b, s, nh, c.qk_rope_head_dim)], dim=-1)
-            self.k_cache[rows, pos] = k.to(self.k_cache.dtype)
-            self.v_cache[rows, pos] = v.to(self.v_cache.dtype)
-            qf = torch.cat([q_nope, q_pe], dim=-1)
-            scores = torch.einsum("bshd,bthd->bsht", qf, self.k_cache[:, :end]).float() * self.softmax_scale
-            p = scores.masked_fill(~visible, float("-inf")).softmax(dim=-1).to(x.dtype)
-            o = torch.einsum("bsht,bthd->bshd", p, self.v_cache[:, :end])
+            cache.write(pos, torch.cat([k_nope, k_pe.unsqueeze(2).expand(b, s, nh, r)], dim=-1), v)
+            o = cache.attend(torch.cat([q_nope, q_pe], dim=-1), None, pos, end, self.softmax_scale)
         else:
-            self.kv_cache[rows, pos] = kv.to(self.kv_cache.dtype)
-            self.pe_cache[rows, pos] = k_pe.to(self.pe_cache.dtype)
+            cache.write(pos, kv, k_pe)
             w_uk, w_uv = self.absorbed_weights(x.dtype)
-            q_lat = absorb_q(q_nope, w_uk)  # [B, S, heads, C]
-            if s == 1:
-                o_lat, _ = self.ops.mla_decode(q_lat[:, 0], q_pe[:, 0], self.kv_cache[:, :end],
-                                               self.pe_cache[:, :end], pos[:, 0] + 1, self.softmax_scale)
-                o_lat = o_lat.unsqueeze(1)
-            else:
-                kvc, pec = self.kv_cache[:, :end], self.pe_cache[:, :end]
-                scores = (torch.einsum("bshc,btc->bsht", q_lat, kvc)
-                          + torch.einsum("bshr,btr->bsht", q_pe, pec)).float() * self.softmax_scale
-                p = scores.masked_fill(~visible, float("-inf")).softmax(dim=-1).to(x.dtype)
-                o_lat = torch.einsum("bsht,btc->bshc", p, kvc)
+            o_lat = cache.attend(absorb_q(q_nope, w_uk), q_pe, pos, end, self.softmax_scale)  # [B, S, heads, C]
             o = absorb_o(o_lat, w_uv)
         return self.tp.all_reduce(self.o_proj(o.reshape(b, s, nh * c.v_head_dim)))
 
@@ -360,6 +328,7 @@ class DeepseekV3(nn.Module):
         self.register_buffer("rope_sin", torch.empty(0), persistent=False)
         self.init_rope()
         self.mla_mode = "naive"
+        self.kv_cache: ModelCache | None = None
 
     def init_rope(self, device=None) -> None:
         """(Re)compute the fp32 rope tables, e.g. after materialising a model built on the meta device."""
@@ -379,19 +348,37 @@ class DeepseekV3(nn.Module):
         return list(self.model.layers[self.cfg.num_hidden_layers:])
 
     def setup_cache(self, batch: int, max_len: int, mla: str = "naive") -> None:
-        """Allocate (and zero) every layer's KV cache for ``batch`` sequences of up to ``max_len`` tokens."""
+        """Allocate (and zero) a dense KV cache for every layer, MTP included: ``batch`` sequences of up to
+        ``max_len`` tokens, per-head K/V (``mla="naive"``) or the absorbed latent (``"absorbed"``)."""
+        if mla not in MLA_MODES:
+            raise ValueError(f"mla mode must be one of {MLA_MODES}, got {mla!r}")
+        self.check_max_len(max_len)
+        dtype = self.model.embed_tokens.weight.dtype
+        heads = self.decoder_layers[0].self_attn.n_heads if self.cfg.num_hidden_layers else 0
+        self.use_cache(dense_cache(self.cfg, heads, batch, max_len, mla, len(self.model.layers), self.ops, dtype,
+                                   self.rope_cos.device))
+        self.mla_mode = mla
+
+    def use_cache(self, cache: ModelCache) -> None:
+        """Install ``cache``: its layer ``i`` serves ``model.layers[i]``; layers past its end (the MTP layer,
+        for a cache sized to the decoder) are left without one."""
+        self.kv_cache = cache
+        for i, layer in enumerate(self.model.layers):
+            layer.self_attn.cache = cache.layers[i] if i < len(cache.layers) else None
+        self.mla_mode = "absorbed" if cache.layers and cache.layers[0].latent else "naive"
+
+    def check_max_len(self, max_len: int) -> None:
         if max_len > self.rope_cos.shape[0]:
             raise ValueError(f"max_len {max_len} exceeds the {self.rope_cos.shape[0]} rope positions of this model")
-        dtype = self.model.embed_tokens.weight.dtype
-        for layer in self.model.layers:
-            layer.self_attn.setup_cache(batch, max_len, mla, dtype, self.rope_cos.device)
-        self.mla_mode = mla
 
     def hidden(self, tokens: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """Pre-final-norm hidden states ``[B, S, H]`` of ``tokens[B, S]`` at positions ``pos[B, S]``,
-        reading and extending the KV cache."""
+        reading and extending the KV cache. With the paged cache a one-token step syncs nothing with the
+        host, so it can be captured as a CUDA graph."""
+        if self.kv_cache is None:
+            raise RuntimeError("no KV cache: call setup_cache() (or use_cache()) first")
         cos, sin = self.rope_cos[pos], self.rope_sin[pos]
-        end = int(pos.max()) + 1
+        end = self.kv_cache.begin(pos)
         x = self.model.embed_tokens(tokens)
         for layer in self.decoder_layers:
             x = layer(x, pos, cos, sin, end)

@@ -22,6 +22,7 @@ OPS: dict[str, tuple[str, str]] = {
     "moe_route": ("kernels.routing", "noaux_tc_ref"),
     "moe_experts": ("kernels.moe", "moe_experts_ref"),
     "mla_decode": ("kernels.mla_decode", "mla_decode_ref"),
+    "paged_mla_decode": ("kernels.mla_decode", "paged_mla_decode_ref"),
 }
 
 BACKENDS = ("torch", "triton")

@@ -79,6 +79,13 @@ class PagedLatentCache:
         self._free += reversed(self._owned.pop(seq, []))
         self.seq_lens[seq] = 0
 
+    def gather(self, layer: int, batch: int, n_tokens: int) -> torch.Tensor:
+        """Rows ``0..n_tokens-1`` of sequences ``0..batch-1`` of ``layer``, ``[batch, n_tokens, width]`` (a copy;
+        slots never written hold the poison value)."""
+        t = torch.arange(n_tokens, device=self.block_table.device)
+        page = self.block_table[:batch, t // self.page_size].long()
+        return self.pages[layer][page, t % self.page_size]
+
     def write(self, layer: int, pos: torch.Tensor, latent: torch.Tensor, rope: torch.Tensor) -> None:
         """Store rows for sequences ``0..B-1`` at positions ``pos[B, S]``: ``latent[B, S, C]``, ``rope[B, S, R]``.
         Device-side indexing only (graph-capturable)."""
