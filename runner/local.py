@@ -25,11 +25,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from runner import device, metrics
+from runner import device, metrics, runnable
 from runner.compat import model
 
 TAIL_LINES = 60
 TAIL_CHARS = 4000
+# A suite that cannot run here says why in one line; its traceback is not the reviewer's business.
+NOT_RUNNABLE_TAIL_LINES = 6
+NOT_RUNNABLE_TAIL_CHARS = 600
 KILL_GRACE_S = 5.0
 
 _PYTEST = re.compile(r"(?:^|[\s;&|(])(?:\S*/)?(?:pytest|py\.test)(?:\s|$)|python[\d.]*\s+-m\s+pytest\b")
@@ -106,6 +109,8 @@ def _resolve_gpu(capability: Any) -> device.Gpu | None:
     if isinstance(capability, device.Gpu):
         return capability
     cap = device.parse_capability(capability)
+    if cap is None:
+        return None
     return device.Gpu(name=f"cc {cap[0]}.{cap[1]} (stated)", capability=cap)
 
 
@@ -156,6 +161,14 @@ def run_suite(suite, repo_dir: str):
             notes.append(f"{bad} malformed line(s) in $DRIFT_AUDIT_METRICS ignored")
 
         outcome, reason = classify(rc, timed_out, suite.timeout, tail, cases, is_pytest(suite.command))
+        if outcome in ("failed", "error", "cuda-error") and _signal_of(rc) is None:
+            unrunnable = runnable.not_runnable(
+                junit, tail, repo_dir, rc, [c.message for c in cases if c.outcome in ("failed", "error")]
+            )
+            if unrunnable is not None:
+                outcome, reason = "not-runnable", unrunnable[0]
+                tail = _short_tail(tail)
+                cases = _mark_not_runnable(cases, unrunnable[1])
         if suite.golden and outcome == "passed":
             outcome, reason, golden_metrics = _check_golden(suite.golden, repo_dir, golden_out)
             suite_metrics = {**golden_metrics, **suite_metrics}
@@ -173,6 +186,22 @@ def run_suite(suite, repo_dir: str):
             ],
             metrics=metrics.headline(cases, suite_metrics),
         )
+
+
+def _short_tail(tail: str) -> str:
+    return "\n".join(tail.splitlines()[-NOT_RUNNABLE_TAIL_LINES:])[-NOT_RUNNABLE_TAIL_CHARS:]
+
+
+def _mark_not_runnable(cases: list[metrics.Case], modules: dict[str, str]) -> list[metrics.Case]:
+    """Collection-failure cases become not-runnable ones carrying the one-line reason, not the traceback."""
+    if not modules:
+        return cases
+    by_dotted = {path.removesuffix(".py").replace("/", "."): why for path, why in modules.items()}
+    out = []
+    for c in cases:
+        why = by_dotted.get(c.name.rsplit("::", 1)[-1]) or by_dotted.get(c.name)
+        out.append(metrics.Case(c.name, "not-runnable", c.duration, why, c.metrics) if why else c)
+    return out
 
 
 def _suite_env(suite, repo_dir: str, junit: str, metrics_path: str, golden_out: str) -> dict[str, str]:
@@ -244,9 +273,10 @@ def classify(
             return "cuda-error", line.strip()[:300]
         sig = _signal_of(rc)
         if sig is not None:
-            name = signal.Signals(sig).name
-            if sig in _SIGNAL_OUTCOME:
-                return _SIGNAL_OUTCOME[sig], f"killed by {name}"
+            signum = signal.Signals(sig)
+            name = signum.name
+            if signum in _SIGNAL_OUTCOME:
+                return _SIGNAL_OUTCOME[signum], f"killed by {name}"
             return "error", f"killed by {name}" + (" (out of memory?)" if sig == signal.SIGKILL else "")
         if pytest and rc == 5:
             return "error", "pytest collected no tests (exit 5)"

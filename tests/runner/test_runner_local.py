@@ -250,3 +250,90 @@ def test_kernels_harness_through_the_executor():
     assert r.outcome == "passed", r.output_tail
     assert [c.name for c in r.cases] == ["rmsnorm[3x1000 bfloat16]::out"]
     assert r.cases[0].metrics["allclose"] <= 1.0 and r.metrics["allclose"] == r.cases[0].metrics["allclose"]
+
+
+# --------------------------------------------------------------------------- not runnable here
+
+EXT_PKG = {  # a package whose compiled parts were never built on this machine
+    "setup.py": "from setuptools import setup\nfrom torch.utils.cpp_extension import CUDAExtension\n"
+                "setup(name='fastk', ext_modules=[CUDAExtension('fastk.fused_ops', ['csrc/a.cu'])])\n",
+    "fastk/__init__.py": "from fastk import _C\n",
+    "fastk/util.py": "def helper():\n    return 1\n",
+    "fastk2/__init__.py": "",
+    "fastk2/layer.py": "from fastk2.fused_ops import run\n",
+    "tests/test_ext.py": "import fastk\n\n\ndef test_a():\n    pass\n",
+    "tests/test_declared.py": "import fastk2.layer\n\n\ndef test_b():\n    pass\n",
+    "tests/test_missing_dep.py": "import cutlass_dsl_not_installed\n\n\ndef test_c():\n    pass\n",
+    "tests/test_broken_name.py": "from fastk2.layer_gone import x\n\n\ndef test_d():\n    pass\n",
+    "tests/test_broken_attr.py": "import sys\nsys.path.insert(0, '.')\nfrom fastk2 import nothing_like_this\n\n\n"
+                                 "def test_e():\n    pass\n",
+}
+
+
+@pytest.fixture
+def ext_tree(tmp_path):
+    d = tmp_path / "ext"
+    for rel, text in EXT_PKG.items():
+        (d / rel).parent.mkdir(parents=True, exist_ok=True)
+        (d / rel).write_text(text)
+    return d
+
+
+def test_unbuilt_extensions_and_missing_modules_are_not_runnable(ext_tree):
+    got, _ = run(ext_tree, [
+        suite("ext", "python -m pytest -q tests/test_ext.py"),
+        suite("declared", "python -m pytest -q tests/test_declared.py"),
+        suite("dep", "python -m pytest -q tests/test_missing_dep.py"),
+        suite("all-three", "python -m pytest -q tests/test_ext.py tests/test_declared.py tests/test_missing_dep.py"),
+        suite("script", "python -c 'import fastk'"),
+    ])
+    assert got["ext"].outcome == "not-runnable"
+    assert got["ext"].reason == "1 test module(s) cannot be imported here: extension 'fastk._C' is not built here"
+    assert got["declared"].reason.endswith("extension 'fastk2.fused_ops' is not built here")  # named by setup.py
+    assert got["dep"].reason.endswith("module 'cutlass_dsl_not_installed' is not installed here")
+    both = got["all-three"]
+    assert both.outcome == "not-runnable" and "(and 2 other reason(s))" in both.reason
+    assert [(c.name, c.outcome) for c in both.cases] == [
+        ("tests.test_ext", "not-runnable"), ("tests.test_declared", "not-runnable"),
+        ("tests.test_missing_dep", "not-runnable")]
+    assert both.cases[0].message == "extension 'fastk._C' is not built here"
+    assert (got["script"].outcome, got["script"].reason) == ("not-runnable", "extension 'fastk._C' is not built here")
+    for r in got.values():  # one line of reason, a few lines of tail: no tracebacks in the comment
+        assert "\n" not in r.reason and "Traceback" not in r.reason
+        assert len(r.output_tail) <= 600 and r.output_tail.count("\n") < 6
+
+
+def test_import_errors_the_change_caused_still_fail(ext_tree):
+    got, _ = run(ext_tree, [
+        suite("gone-module", "python -m pytest -q tests/test_broken_name.py"),
+        suite("gone-name", "python -m pytest -q tests/test_broken_attr.py"),
+        suite("mixed", "python -m pytest -q tests/test_ext.py tests/test_broken_name.py"),
+    ])
+    assert {sid: r.outcome for sid, r in got.items()} == {"gone-module": "failed", "gone-name": "failed", "mixed": "failed"}
+    assert "Traceback" in got["mixed"].output_tail or "ERROR" in got["mixed"].output_tail
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has CUDA")
+def test_no_cuda_is_not_runnable(tmp_path):
+    (tmp_path / "test_cuda_module.py").write_text(
+        "import torch\n\nX = torch.zeros(1, device='cuda')\n\n\ndef test_x():\n    assert X.sum() == 0\n")
+    (tmp_path / "test_cuda_call.py").write_text(
+        "import torch\n\n\ndef test_y():\n    assert torch.ones(2, device='cuda').sum() == 2\n")
+    (tmp_path / "test_real_failure.py").write_text("def test_z():\n    assert 1 == 2\n")
+    got, _ = run(tmp_path, [suite("mod", "python -m pytest -q test_cuda_module.py"),
+                            suite("call", "python -m pytest -q test_cuda_call.py"),
+                            suite("both", "python -m pytest -q test_cuda_call.py test_real_failure.py")])
+    assert got["mod"].outcome == "not-runnable" and "Torch not compiled with CUDA enabled" in got["mod"].reason
+    assert got["call"].outcome == "not-runnable" and got["call"].reason.startswith("no usable GPU here")
+    assert got["both"].outcome == "failed"  # a real failure beside a missing GPU is still a failure
+
+
+def test_not_runnable_does_not_fail_the_runner_exit_code(ext_tree, tmp_path):
+    from runner.execute import execute
+
+    plan = tmp_path / "plan.json"
+    plan.write_text(to_json(Plan(audit_id="a", head_sha="", suites=[
+        suite("ext", "python -m pytest -q tests/test_ext.py")])))
+    out = tmp_path / "results.json"
+    assert execute(str(plan), str(out), repo_dir=str(ext_tree), capability="cpu", log=lambda s: None) == 0
+    assert json.loads(out.read_text())["suites"][0]["outcome"] == "not-runnable"
