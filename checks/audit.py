@@ -14,12 +14,17 @@ naming the config entry, and every other rule still runs.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+import re
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 from checks.config import Config, Fact, Rule, parse_config
-from checks.facts import FactError, FactResult, Row, compile_fact, extract, prefetch
+from checks.factcache import fact_cache
+from checks.facts import FactError, FactResult, Limits, Row, compile_fact, extract, prefetch
+from checks.globs import compile_globs
+from checks.infer.hook import with_inference
 from checks.model import ChangeSet, Checkout, Finding, Findings, Unchecked
+from checks.rules.base import missing_of
 from checks.workspace import Tree
 
 
@@ -59,6 +64,9 @@ def _source_of(config: Config, entry: Fact | Rule) -> str:
     return config.source
 
 
+_PROBLEM = re.compile(r"^(?P<path>.*?):(?P<line>\d+): (?P<what>.*)$", re.S)
+
+
 def evaluate_tree(config: Config, tree: Tree) -> SideResult:
     """Extract every fact a rule uses and evaluate every rule over one tree."""
     from checks.rules import REGISTRY
@@ -66,24 +74,41 @@ def evaluate_tree(config: Config, tree: Tree) -> SideResult:
     side = SideResult()
     inputs: dict[str, tuple[str, int]] = {}  # fact id → (signature, hash of the blobs it read)
     broken: dict[str, str] = {}  # fact id → why its rules cannot run
+    quiet: set[str] = set()  # optional facts that selected nothing: their rules are skipped silently
     facts: dict[str, Fact] = {f.id: f for f in config.facts}
-    data = prefetch(config.facts, tree)
-    for fact in config.facts:
+    nodes = frozenset(f for r in config.rules if (k := REGISTRY.get(r.kind)) is not None and k.nodes for f in r.facts)
+    limits = Limits(max_bytes=config.settings.max_file_bytes, cache=fact_cache(config.settings.cache_dir), nodes=nodes)
+    used = {f for r in config.rules for f in r.facts}
+    wanted = [f for f in config.facts if f.id in used or not config.rules]
+    data = prefetch(wanted, tree, limits)
+    parse_notes: dict[str, list[tuple[int, str, Fact]]] = {}  # path → (line, what, fact), once per file
+    quiet_spec = compile_globs(config.settings.quiet) if config.settings.quiet else None
+    for fact in wanted:
+        entry = _entry("fact", fact.id, fact.line, _source_of(config, fact))
         try:
-            result: FactResult = extract(fact, tree, data)
+            result: FactResult = extract(fact, tree, data, limits)
         except FactError as exc:
             broken[fact.id] = str(exc)
-            side.unchecked.append(Unchecked(_entry("fact", fact.id, fact.line, _source_of(config, fact)), str(exc)))
+            side.unchecked.append(Unchecked(entry, str(exc)))
             continue
         except Exception as exc:  # a grammar or I/O failure must not sink the audit
             broken[fact.id] = f"{type(exc).__name__}: {exc}"
-            side.unchecked.append(Unchecked(_entry("fact", fact.id, fact.line, _source_of(config, fact)), broken[fact.id]))
+            side.unchecked.append(Unchecked(entry, broken[fact.id]))
             continue
         side.rows[fact.id] = result.rows
         inputs[fact.id] = (compile_fact(fact).signature, result.inputs)
         for problem in result.problems:
-            side.unchecked.append(Unchecked(_entry("fact", fact.id, fact.line, _source_of(config, fact)), problem))
+            m = _PROBLEM.match(problem)
+            if m and "syntax error" in m["what"]:
+                if quiet_spec is None or not quiet_spec.match_file(m["path"]):
+                    parse_notes.setdefault(m["path"], []).append((int(m["line"]), m["what"], fact))
+            elif not (m and quiet_spec is not None and quiet_spec.match_file(m["path"])):
+                side.unchecked.append(Unchecked(entry, problem))
         if not result.rows:
+            if not result.files and fact.options.get("optional"):
+                broken[fact.id] = "optional fact selects no file"
+                quiet.add(fact.id)
+                continue
             why = (
                 f"matched nothing in {len(result.files)} file(s) selected by files = {fact.files}"
                 if result.files
@@ -92,15 +117,25 @@ def evaluate_tree(config: Config, tree: Tree) -> SideResult:
             broken[fact.id] = why
             what = "regex" if fact.regex and not fact.query else "query"
             hint = f"{why}; check the globs and the {what} with `drift-audit facts --fact {fact.id}`"
-            side.unchecked.append(Unchecked(_entry("fact", fact.id, fact.line, _source_of(config, fact)), hint))
+            side.unchecked.append(Unchecked(entry, hint))
+    for path, notes in sorted(parse_notes.items()):
+        line, what, first = min(notes, key=lambda n: n[0])
+        names = ", ".join(dict.fromkeys(f"'{f.id}'" for _, _, f in notes))
+        lang = what.split(" syntax error")[0]
+        side.unchecked.append(Unchecked(
+            _entry("fact", first.id, first.line, _source_of(config, first)),
+            f"{path}:{line}: {lang} syntax error; rows of fact {names} near it may be missing",
+        ))
     for rule in config.rules:
         kind = REGISTRY.get(rule.kind)
         blocked = [f for f in rule.facts if f in broken or f not in facts]
         if kind is None or blocked:
+            side.skipped_rules.add(rule.id)
+            if kind is not None and all(f in quiet for f in blocked):
+                continue
             why = f"unknown kind '{rule.kind}'" if kind is None else "; ".join(
                 f"fact '{f}' " + (broken.get(f, "is not defined")) for f in blocked
             )
-            side.skipped_rules.add(rule.id)
             entry = _entry("rule", rule.id, rule.line, _source_of(config, rule))
             side.unchecked.append(Unchecked(entry, f"not evaluated: {why}"))
             continue
@@ -129,26 +164,81 @@ _rule_cache: dict[tuple, list[Finding]] = {}
 
 
 def _rule_signature(rule: Rule) -> str:
-    return json.dumps([rule.id, rule.kind, rule.facts, rule.pillar, rule.severity, rule.message, rule.options],
+    return json.dumps([rule.id, rule.kind, rule.facts, rule.pillar, rule.severity, rule.message, rule.options,
+                       rule.source, rule.evidence],
                       sort_keys=True, default=str)
 
 
-def classify(base: SideResult, head: SideResult) -> list[Finding]:
-    """Head findings are new unless base had the same fingerprint; base-only ones are fixed."""
-    base_prints = {f.fingerprint for f in base.findings}
-    head_prints = {f.fingerprint for f in head.findings}
-    out: list[Finding] = []
-    for f in head.findings:
-        f.status = "pre-existing" if f.fingerprint in base_prints else "new"
-        out.append(f)
+_ORDER = {"new": 0, "changed": 1, "no-baseline": 2, "improved": 3, "pre-existing": 4, "fixed": 5}
+
+
+def touched_lines(changes: ChangeSet | None) -> dict[str, set[int]]:
+    """Head lines the PR added or changed, per path."""
+    out: dict[str, set[int]] = {}
+    for fc in changes.files if changes is not None else []:
+        if fc.status != "deleted":
+            out.setdefault(fc.path, set()).update(line for h in fc.hunks for line in h.added)
+    return out
+
+
+def _touches(f: Finding, lines: dict[str, set[int]]) -> bool:
+    return any(loc.line in lines.get(loc.path, ()) for loc in f.locations)
+
+
+def _improved(base_state: str, head_state: str) -> bool:
+    was, now = missing_of(base_state), missing_of(head_state)
+    return was is not None and now is not None and now < was
+
+
+def classify(base: SideResult, head: SideResult, changes: ChangeSet | None = None) -> list[Finding]:
+    """Match head findings to base findings by identity, then compare their states.
+
+    Same identity and state: pre-existing. Same identity, fewer missing places: improved.
+    Same identity, another state: changed (the rows that produce it differ, and only the
+    PR changes rows between merge-base and head). A head finding with no base identity is
+    new, unless a base finding of the same rule has its exact state (its rows were renumbered,
+    not changed). A rule that did not run on base gives no-baseline findings, except where
+    the PR touched their lines. Base-only findings are fixed when the rule ran on head.
+    """
+    lines = touched_lines(changes)
+    pool: dict[str, list[Finding]] = {}
     for f in base.findings:
-        # A rule that could not run on head proves nothing fixed.
-        if f.fingerprint not in head_prints and f.rule not in head.skipped_rules:
-            f.status = "fixed"
+        pool.setdefault(f.fingerprint, []).append(f)
+    out: list[Finding] = []
+    pending: list[Finding] = []
+    for f in head.findings:
+        if f.rule in base.skipped_rules:
+            f.status = "new" if _touches(f, lines) else "no-baseline"
             out.append(f)
-    order = {"new": 0, "pre-existing": 1, "fixed": 2}
+            continue
+        match = pool.get(f.fingerprint)
+        if not match:
+            pending.append(f)
+            continue
+        b = next((x for x in match if x.state == f.state), match[0])
+        match.remove(b)
+        if b.state == f.state:
+            f.status = "pre-existing"
+        elif _improved(b.state, f.state):
+            f.status = "improved"
+        else:
+            f.status = "changed"
+        out.append(f)
+    left = {(x.rule, x.state): x for xs in pool.values() for x in xs}
+    for f in pending:
+        was = left.pop((f.rule, f.state), None)
+        if was is not None:
+            pool[was.fingerprint].remove(was)
+        f.status = "pre-existing" if was is not None else "new"
+        out.append(f)
+    for xs in pool.values():
+        for f in xs:
+            # A rule that could not run on head proves nothing fixed.
+            if f.rule not in head.skipped_rules:
+                f.status = "fixed"
+                out.append(f)
     severity = {"error": 0, "warning": 1, "note": 2}
-    out.sort(key=lambda f: (order[f.status], severity.get(f.severity, 3), f.rule, f.message))
+    out.sort(key=lambda f: (_ORDER[f.status], severity.get(f.severity, 3), f.rule, f.message))
     return _unique(out)
 
 
@@ -162,21 +252,25 @@ def _unique(findings: list[Finding]) -> list[Finding]:
     return list(kept.values())
 
 
+@with_inference  # checks/infer: inferred rules join the config; co-change notes join the findings
 def run_checks(checkout: Checkout, config: Config, changes: ChangeSet) -> Findings:
     """The pipeline's checks stage: rules on merge-base and head, findings classified."""
+    fail_on = config.settings.fail_on
     if not config.rules and not config.facts:
-        return Findings()
+        return Findings(fail_on=fail_on)  # type: ignore[arg-type]
     head = evaluate_tree(config, Tree(checkout.repo, checkout.head_sha))
     base_sha = checkout.merge_base_sha or (changes.merge_base_sha if changes else "") or checkout.base_sha
     if not config.rules or (changes is not None and not changes.files):
         base = SideResult(findings=[_copy(f) for f in head.findings])  # nothing changed: all pre-existing
     else:
         base = evaluate_tree(config, Tree(checkout.repo, base_sha))
-    return Findings(findings=classify(base, head), unchecked=head.unchecked)
+    ran = [r.id for r in config.rules if r.id not in head.skipped_rules]
+    return Findings(findings=classify(base, head, changes), unchecked=head.unchecked, rules_run=ran,
+                    fail_on=fail_on)  # type: ignore[arg-type]
 
 
 def _copy(f: Finding) -> Finding:
-    return Finding(f.rule, f.pillar, f.severity, f.message, list(f.locations), f.status, f.fingerprint)
+    return replace(f, locations=list(f.locations), evidence=list(f.evidence))
 
 
 __all__ = ["run_checks", "evaluate_tree", "classify", "SideResult"]

@@ -75,12 +75,29 @@ class Suite:
     line: int = 0
 
 
+FAIL_ON = ("new-error", "new-warning", "any-error", "never")
+
+
 @dataclass
 class Settings:
     run_all: list[str] = field(default_factory=list)  # path globs that select every suite
     import_graph: bool = True  # select pytest files whose imports reach a changed module
     test_paths: list[str] = field(default_factory=lambda: ["tests/**/test_*.py"])
     packs: list[str] = field(default_factory=list)  # built-in rule packs to include
+    fail_on: str = "new-error"  # which findings fail the verdict (FAIL_ON)
+    disable: list[str] = field(default_factory=list)  # rule ids (a pack's included) that do not run
+    max_file_bytes: int = 2_000_000  # facts skip larger files (generated code), and say so
+    quiet: list[str] = field(default_factory=list)  # path globs whose parse notes are not reported
+    cache_dir: str = ""  # fact-row cache; default $DRIFT_AUDIT_CACHE or $XDG_CACHE_HOME/drift-audit
+    # Inference (checks/infer) and co-change history (checks/cochange.py); docs/inference.md.
+    infer: bool | None = None  # inferred rules; None: on when the config declares no rule
+    infer_min_support: int = 4  # names a relation must hold at base to become a rule
+    infer_severity: str = "warning"
+    cochange: bool | None = None  # "likely missed" notes; None: follows infer
+    cochange_commits: int = 1000  # history window
+    cochange_min_support: int = 4  # past commits that changed both files
+    cochange_min_confidence: float = 0.8  # share of A's commits that also changed B
+    cochange_severity: str = "warning"  # "error" lets a missed co-change fail the check
 
 
 @dataclass
@@ -166,6 +183,12 @@ class _Reader:
             self.fail(table, index, key, f"'{key}' must be a non-empty string", f'write {key} = "..."')
         return value
 
+    def need(self, table: str, index: int, entry: dict, key: str) -> str:
+        """A required non-empty string."""
+        value = self.string(table, index, entry, key)
+        assert value is not None  # string() raised otherwise
+        return value
+
     def entries(self, data: dict, name: str) -> list[dict]:
         value = data.get(name, [])
         if isinstance(value, dict) and name != "settings":
@@ -188,7 +211,7 @@ def parse_config(text: str, source: str = CONFIG_PATH, *, include_default_pillar
 
     pillars: list[Pillar] = []
     for i, e in enumerate(r.entries(data, "pillar")):
-        pid = r.string("pillar", i, e, "id")
+        pid = r.need("pillar", i, e, "id")
         pillars.append(
             Pillar(
                 id=pid,
@@ -219,15 +242,19 @@ def parse_config(text: str, source: str = CONFIG_PATH, *, include_default_pillar
         if not hasattr(settings, key):
             line = r.where.key("settings", 0, key)
             raise ConfigError(f"{source}:{line}: [settings] unknown key '{key}'; {_closest(key, list(vars(settings)))}")
-        if type(value) is not type(getattr(settings, key)):
-            line = r.where.key("settings", 0, key)
-            raise ConfigError(
-                f"{source}:{line}: [settings] '{key}' must be {type(getattr(settings, key)).__name__}; fix its value"
-            )
+        want = bool if key in ("infer", "cochange") else type(getattr(settings, key))  # optional booleans
+        line = r.where.key("settings", 0, key)
+        if type(value) is not want or (isinstance(value, list) and not all(isinstance(v, str) for v in value)):
+            shape = "a list of strings" if want is list else want.__name__
+            raise ConfigError(f"{source}:{line}: [settings] '{key}' must be {shape}; fix its value")
+        if key == "fail_on" and value not in FAIL_ON:
+            raise ConfigError(f"{source}:{line}: [settings] fail_on '{value}' is unknown; {_closest(str(value), FAIL_ON)}")
+        if key == "max_file_bytes" and value <= 0:
+            raise ConfigError(f"{source}:{line}: [settings] max_file_bytes must be positive; write max_file_bytes = 2000000")
         setattr(settings, key, value)
     facts: list[Fact] = []
     for i, e in enumerate(r.entries(data, "fact")):
-        fid = r.string("fact", i, e, "id")
+        fid = r.need("fact", i, e, "id")
         lang = r.string("fact", i, e, "lang", required=False) or ("regex" if "regex" in e else "")
         if lang not in FACT_LANGS:
             r.fail("fact", i, "lang", f"unknown lang '{lang}'", _closest(lang, FACT_LANGS))
@@ -265,8 +292,8 @@ def parse_config(text: str, source: str = CONFIG_PATH, *, include_default_pillar
 
     rules: list[Rule] = []
     for i, e in enumerate(r.entries(data, "rule")):
-        rid = r.string("rule", i, e, "id")
-        kind = r.string("rule", i, e, "kind")
+        rid = r.need("rule", i, e, "id")
+        kind = r.need("rule", i, e, "kind")
         kinds = _rule_kinds()
         if kinds and kind not in kinds:
             r.fail("rule", i, "kind", f"unknown rule kind '{kind}'", _closest(kind, sorted(kinds)))
@@ -291,17 +318,18 @@ def parse_config(text: str, source: str = CONFIG_PATH, *, include_default_pillar
             options={k: v for k, v in e.items() if k not in known},
             line=r.where.table("rule", i),
         )
-        problem = _validate_rule(rule)
-        if problem:
-            key, text, fix = problem
-            r.fail("rule", i, key, text, fix)
+        rule_problem = _validate_rule(rule)
+        if rule_problem:
+            bad_key, text, fix = rule_problem
+            r.fail("rule", i, bad_key, text, fix)
         rules.append(rule)
     _unique(r, "rule", [x.id for x in rules])
+    _check_fields(r, rules, facts)
 
     suites: list[Suite] = []
     for i, e in enumerate(r.entries(data, "suite")):
-        sid = r.string("suite", i, e, "id")
-        kind = r.string("suite", i, e, "kind")
+        sid = r.need("suite", i, e, "id")
+        kind = r.need("suite", i, e, "kind")
         if kind not in SUITE_KINDS:
             r.fail("suite", i, "kind", f"unknown suite kind '{kind}'", _closest(kind, SUITE_KINDS))
         runners = r.str_list("suite", i, e, "runners") or ["cpu"]
@@ -326,7 +354,7 @@ def parse_config(text: str, source: str = CONFIG_PATH, *, include_default_pillar
             Suite(
                 id=sid,
                 kind=kind,
-                command=r.string("suite", i, e, "command"),
+                command=r.need("suite", i, e, "command"),
                 runners=runners,
                 paths=r.str_list("suite", i, e, "paths"),
                 pillars=pls,
@@ -342,8 +370,41 @@ def parse_config(text: str, source: str = CONFIG_PATH, *, include_default_pillar
     known = {x.id for x in rules}
     for x in pack_rules:  # a pack rule whose pillar this repo does not declare reports under "other"
         if x.id not in known:
-            rules.append(x if x.pillar in pillar_ids else replace(x, pillar="other"))
+            rules.append(replace(x, source="pack", pillar=x.pillar if x.pillar in pillar_ids else "other"))
+    all_ids = [x.id for x in rules]
+    for rid in settings.disable:
+        if rid not in all_ids:
+            line = r.where.key("settings", 0, "disable")
+            raise ConfigError(f"{source}:{line}: [settings] disable: no rule '{rid}'; {_closest(rid, all_ids)}")
+    rules = [x for x in rules if x.id not in settings.disable]
     return Config(pillars=pillars, facts=facts, rules=rules, suites=suites, settings=settings, source=source)
+
+
+def _check_fields(r: _Reader, rules: list[Rule], facts: list[Fact]) -> None:
+    """Every FACT.FIELD a rule reads must be a field of that fact: a misspelled one would
+    otherwise read as absent and the rule would silently find nothing."""
+    try:
+        from checks.facts import fields_of
+        from checks.rules import REGISTRY
+    except ImportError:
+        return
+    by_id = {f.id: f for f in facts}
+    for i, rule in enumerate(rules):
+        kind = REGISTRY.get(rule.kind)
+        if kind is None or kind.refs is None:
+            continue
+        try:
+            used = kind.refs(rule)
+        except Exception:  # the kind's validate already reported unreadable options
+            continue
+        for option, fid, fld in used:
+            fields = fields_of(by_id[fid]) if fid in by_id else None
+            if fields is not None and fld not in fields:
+                default = "" if option in rule.options else f" (the default of '{option}')"
+                r.fail("rule", i, option if option in rule.options else None,
+                       f"'{option}' reads '{fid}.{fld}'{default}, but fact '{fid}' has no field '{fld}' "
+                       f"(its fields: {', '.join(sorted(fields))})",
+                       _closest(fld, sorted(fields)) if option in rule.options else f"set {option} = \"...\" to one of them")
 
 
 def _unique(r: _Reader, table: str, ids: list[str]) -> None:

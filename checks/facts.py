@@ -22,6 +22,8 @@ Options a ``[[fact]]`` accepts besides ``id``/``lang``/``files``/``query``/``reg
 ``case``     ``{field = "upper" | "lower"}``, or a bare string for the key.
 ``ignore``   key globs to drop, e.g. ``["*_BEGIN", "*_END"]``.
 ``unquote``  strip string-literal quotes from values; default true.
+``optional`` true: selecting no file is not a problem (a layout some eras lack); the
+             fact's rules are skipped quietly.
 
 Captures whose name starts with ``_`` only serve predicates and are not fields.
 The file is parsed with the fact's ``lang`` whatever its extension (CUDA's
@@ -44,7 +46,7 @@ from checks import syntax
 from checks.config import Fact
 from checks.globs import compile_globs
 
-OPTIONS = ("key", "scope", "count", "len", "sub", "case", "ignore", "unquote")
+OPTIONS = ("key", "scope", "count", "len", "sub", "case", "ignore", "unquote", "optional")
 SCOPE_KINDS = ("function", "enum", "class", "if-chain")
 
 
@@ -73,7 +75,7 @@ class Row:
     values: dict[str, Any]
     path: str
     line: int  # 1-based
-    nodes: dict[str, ts.Node] = field(default_factory=dict, compare=False, repr=False)
+    nodes: dict[str, ts.Node | None] = field(default_factory=dict, compare=False, repr=False)
 
     def get(self, name: str) -> Any:
         return self.key if name == "key" else self.values.get(name)
@@ -195,6 +197,73 @@ def validate_options(fact: Fact) -> None:
             raise FactError(f"{describe(fact)}: '{name}' must be a list of strings")
     if "count" in opts and not isinstance(opts["count"], str):
         raise FactError(f"{describe(fact)}: 'count' must name a capture")
+    for name in ("optional", "unquote"):
+        if name in opts and not isinstance(opts[name], bool):
+            raise FactError(f"{describe(fact)}: '{name}' must be true or false")
+    if "key" in opts and not isinstance(opts["key"], str):
+        raise FactError(f"{describe(fact)}: 'key' must name a capture")
+    if fact.query:
+        problem = lint_query(fact.query)
+        if problem:
+            raise FactError(f"{describe(fact)}: {problem}")
+
+
+_ESCAPES = set('\\"ntr0')
+
+
+def lint_query(text: str) -> str | None:
+    """Query mistakes tree-sitter accepts silently: a predicate outside its pattern's parentheses
+    (ignored), and a regex escape like ``\\w`` that the query language unescapes to ``w``."""
+    depth, i, n = 0, 0, len(text)
+    line = 1
+    while i < n:
+        ch = text[i]
+        if ch == "\n":
+            line += 1
+        elif ch == ";":
+            while i < n and text[i] != "\n":
+                i += 1
+            continue
+        elif ch == '"':
+            j = i + 1
+            while j < n and text[j] != '"':
+                if text[j] == "\\" and j + 1 < n:
+                    if text[j + 1] not in _ESCAPES:
+                        bad = text[j:j + 2]
+                        return (f"query line {line}: '{bad}' in a string: the query language reads it as "
+                                f"'{bad[1]}', so the regex silently changes; double the backslash in the query text "
+                                f"(write \\\\{bad[1]} in a TOML '...' string, \\\\\\\\{bad[1]} in a \"...\" string)")
+                    j += 1
+                j += 1
+            i = j + 1
+            continue
+        elif ch in "([":
+            if depth == 0 and ch == "(" and text[i + 1:].lstrip().startswith("#"):
+                pred = text[i:].split(")", 1)[0] + ")"
+                return (f"query line {line}: predicate {pred} is outside its pattern's parentheses, so it is "
+                        f"ignored; move it inside the pattern, before the last ')'")
+            depth += 1
+        elif ch in ")]":
+            depth = max(0, depth - 1)
+        i += 1
+    return None
+
+
+def fields_of(fact: Fact) -> set[str] | None:
+    """The field names a rule may read from the fact's rows; None when the fact does not compile."""
+    try:
+        c = compile_fact(fact)
+    except FactError:
+        return None
+    key_name = fact.options.get("key", "key")
+    if c.query is not None:
+        names = {c.query.capture_name(i) for i in range(c.query.capture_count)}
+    else:
+        names = set(c.regex.groupindex) if c.regex is not None else set()
+    names = {x for x in names if not x.startswith("_") and x != key_name and x != fact.options.get("count")}
+    if fact.options.get("count"):
+        names.add("count")
+    return names | {"key"}
 
 
 def compile_fact(fact: Fact) -> _Compiled:
@@ -241,7 +310,7 @@ def _compile(sig: str, fact: Fact) -> _Compiled:
         cases=tuple(cases.items()),
         ignore=tuple(fact.options.get("ignore", [])),
     )
-    needs = _needs(query, fact.query) if query is not None else None
+    needs = _needs(query, fact.query) if query is not None and fact.query else None
     out = _Compiled(fact, query, regex, spec, sig, finish, needs)
     with _compile_lock:
         _compiled[key] = out
@@ -291,7 +360,38 @@ def files_for(compiled: _Compiled, tree: Any) -> list[str]:
 _results: dict[tuple[str, str, str, str], FactResult] = {}
 
 
-def prefetch(facts: list[Fact], tree: Any) -> dict[str, bytes]:
+@dataclass(frozen=True)
+class Limits:
+    """What extraction may spend: the largest file it parses, and the on-disk row cache."""
+
+    max_bytes: int = 2_000_000
+    cache: Any = None  # checks.factcache.FactCache, or None
+    nodes: frozenset[str] = frozenset()  # facts whose rules read syntax nodes: never served from disk
+
+
+_DEFAULT_LIMITS = Limits()
+
+
+def _from_disk(compiled: _Compiled, pairs: list[tuple[str, str]], limits: Limits) -> None:
+    """Fill the in-memory row cache from the disk cache for (path, blob) pairs it lacks."""
+    if limits.cache is None or compiled.fact.id in limits.nodes:
+        return
+    missing = [(p, b) for p, b in pairs if (compiled.signature, p, b) not in _rows_cache]
+    if not missing:
+        return
+    got = limits.cache.load(compiled.signature, [b for _, b in missing])
+    with _rows_lock:
+        for path, blob in missing:
+            hit = got.get(blob)
+            if hit is None:
+                continue
+            rows, problem = hit
+            for r in rows:
+                r.path = path
+            _rows_cache[(compiled.signature, path, blob)] = (rows, problem.replace("\0", path, 1) if problem else None)
+
+
+def prefetch(facts: list[Fact], tree: Any, limits: Limits = _DEFAULT_LIMITS) -> dict[str, bytes]:
     """Read every blob that ``facts`` still need from ``tree`` in one git process."""
     repo_path = str(getattr(tree, "repo_path", ""))
     want: list[str] = []
@@ -302,14 +402,14 @@ def prefetch(facts: list[Fact], tree: Any) -> dict[str, bytes]:
             continue
         if (compiled.signature, json.dumps(fact.files), repo_path, tree.sha) in _results:
             continue
-        for path in files_for(compiled, tree):
-            blob = tree.blob_sha(path)
-            if blob is not None and (compiled.signature, path, blob) not in _rows_cache:
-                want.append(blob)
+        pairs = [(p, b) for p in files_for(compiled, tree) if (b := tree.blob_sha(p)) is not None]
+        _from_disk(compiled, pairs, limits)
+        want += [b for p, b in pairs if (compiled.signature, p, b) not in _rows_cache]
     return read_blobs(repo_path, want) if want and repo_path else {}
 
 
-def extract(fact: Fact, tree: Any, prefetched: dict[str, bytes] | None = None) -> FactResult:
+def extract(fact: Fact, tree: Any, prefetched: dict[str, bytes] | None = None,
+            limits: Limits = _DEFAULT_LIMITS) -> FactResult:
     """Rows of ``fact`` over a ``checks.workspace.Tree``; raises FactError if the fact cannot run."""
     compiled = compile_fact(fact)
     repo_path = str(getattr(tree, "repo_path", ""))
@@ -319,11 +419,13 @@ def extract(fact: Fact, tree: Any, prefetched: dict[str, bytes] | None = None) -
         return hit
     result = FactResult(files=files_for(compiled, tree))
     blobs = [(path, tree.blob_sha(path)) for path in result.files]
+    _from_disk(compiled, [(p, b) for p, b in blobs if b is not None], limits)
     data = prefetched or {}
     missing = [b for p, b in blobs if b is not None and b not in data and (compiled.signature, p, b) not in _rows_cache]
     if missing and repo_path:
         data = {**data, **read_blobs(repo_path, missing)}
     inputs = []
+    stored = False
     for path, blob in blobs:
         if blob is None:
             continue
@@ -332,20 +434,39 @@ def extract(fact: Fact, tree: Any, prefetched: dict[str, bytes] | None = None) -
         got = _rows_cache.get(cache_key)
         if got is None:
             raw = data.get(blob)
-            got = extract_blob(compiled, path, raw if raw is not None else (tree.read(path) or b""), blob)
+            if raw is None:
+                raw = tree.read(path) or b""
+            got = _guarded(compiled, path, raw, blob, limits)
             with _rows_lock:
                 if len(_rows_cache) >= _ROWS_MAX:
                     _rows_cache.clear()
                 _rows_cache[cache_key] = got
+            if limits.cache is not None and fact.id not in limits.nodes:
+                problem = got[1].replace(path, "\0", 1) if got[1] else None
+                limits.cache.store(compiled.signature, blob, fact.id, got[0], problem)
+                stored = True
         rows, problem = got
         result.rows.extend(rows)
         if problem:
             result.problems.append(problem)
+    if stored:
+        limits.cache.flush()
     result.inputs = hash(tuple(inputs))
     if len(_results) > 256:
         _results.clear()
     _results[whole] = result
     return result
+
+
+def _guarded(compiled: _Compiled, path: str, data: bytes, blob: str | None,
+             limits: Limits) -> tuple[list[Row], str | None]:
+    """Binary content gives no rows; a file over the size cap is skipped, and the skip reported."""
+    if b"\0" in data[:8192]:
+        return [], None
+    if len(data) > limits.max_bytes:
+        return [], (f"{path}:1: skipped: {len(data):,} bytes is over the size cap "
+                    f"([settings] max_file_bytes = {limits.max_bytes:,}); its rows are missing")
+    return extract_blob(compiled, path, data, blob)
 
 
 def read_blobs(repo_path: str, shas: list[str]) -> dict[str, bytes]:
@@ -388,6 +509,7 @@ def _regex_rows(c: _Compiled, path: str, data: bytes) -> list[Row]:
     text = data.decode("utf-8", "replace")
     key_name = c.fact.options.get("key", "key")
     rows: list[Row] = []
+    assert c.regex is not None
     for i, m in enumerate(c.regex.finditer(text)):
         key = str(i) if key_name == "@index" else m.group(key_name)
         if key is None:
@@ -417,6 +539,7 @@ def _query_rows(c: _Compiled, path: str, data: bytes, blob: str | None) -> tuple
     scopes = _scopes(root, opts["scope"]) if opts.get("scope") else None
     rows: list[Row] = []
     counted: dict[int, list[ts.Node]] = {}  # function node id → counted nodes
+    assert c.query is not None
     cursor = ts.QueryCursor(c.query)
     for _, caps in cursor.matches(root):
         if count_name and count_name in caps:
@@ -442,7 +565,7 @@ def _query_rows(c: _Compiled, path: str, data: bytes, blob: str | None) -> tuple
         else:
             key = syntax.text(anchor)
         values: dict[str, Any] = {}
-        nodes: dict[str, ts.Node] = {"key": anchor}
+        nodes: dict[str, ts.Node | None] = {"key": anchor}
         lens = set(opts.get("len", []))
         for name, ns in caps.items():
             if name.startswith("_") or name == count_name or name == key_name or not ns:

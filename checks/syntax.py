@@ -37,17 +37,11 @@ def lang_for_path(path: str) -> str | None:
 
 @cache
 def language(name: str) -> ts.Language:
-    if name == "python":
-        import tree_sitter_python as mod
-    elif name == "c":
-        import tree_sitter_c as mod
-    elif name == "cpp":
-        import tree_sitter_cpp as mod
-    elif name == "cuda":
-        import tree_sitter_cuda as mod
-    else:
+    import importlib
+
+    if name not in LANGS:
         raise ValueError(f"no tree-sitter grammar for '{name}'; use one of {', '.join(LANGS)}")
-    return ts.Language(mod.language())
+    return ts.Language(importlib.import_module(f"tree_sitter_{name}").language())
 
 
 _local = threading.local()

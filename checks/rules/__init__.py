@@ -5,6 +5,7 @@ from __future__ import annotations
 from checks.rules import (
     always_true_operand,
     arity,
+    consistent,
     derived,
     gate_coverage,
     join_equal,
@@ -16,7 +17,7 @@ from checks.rules.base import RuleKind
 
 REGISTRY: dict[str, RuleKind] = {
     m.KIND.name: m.KIND
-    for m in (same_set, join_equal, arity, pinned, derived, table_equal, gate_coverage, always_true_operand)
+    for m in (same_set, join_equal, arity, pinned, derived, table_equal, gate_coverage, always_true_operand, consistent)
 }
 
 __all__ = ["REGISTRY", "RuleKind"]

@@ -82,6 +82,11 @@ def _is_comparison(node) -> bool:
     return node.type == "comparison_operator" or (node.type == "binary_expression" and _operator(node) in _COMPARISON)
 
 
+def refs(rule: Rule) -> list[tuple[str, str, str]]:
+    fld = rule.options.get("field", "key")
+    return [("field", f, fld) for f in rule.facts]
+
+
 def evaluate(rule: Rule, rows: Rows) -> list[Finding]:
     fld = rule.options.get("field", "key")
     any_name = rule.options.get("bare", "constants") == "any"
@@ -109,4 +114,4 @@ def evaluate(rule: Rule, rows: Rows) -> list[Finding]:
     return out
 
 
-KIND = RuleKind("always-true-operand", "a bare operand in an || chain of comparisons", validate, evaluate)
+KIND = RuleKind("always-true-operand", "a bare operand in an || chain of comparisons", validate, evaluate, refs, nodes=True)

@@ -7,7 +7,10 @@ calls can sit in branches; only a declared number outside that range is flagged.
 
 Options:
   count     ``"fact.field"`` holding the counted range (the field is ``count``).
-  declared  one or more ``"fact.field"`` holding the declared number.
+  declared  one or more ``"fact.field"`` holding the declared number, or arithmetic over
+            one fact's fields (``"dispatch.num_inputs + dispatch.num_outputs"``).
+
+Every row is compared, as in join-equal: each declared row against each counted row of its key.
   ignore    key globs never reported.
 """
 
@@ -15,8 +18,8 @@ from __future__ import annotations
 
 from checks.config import Rule
 from checks.model import Finding
-from checks.rules.base import Problem, Rows, RuleKind, check_options, operand
-from checks.rules.join_equal import compare
+from checks.rules.base import Problem, Rows, RuleKind, check_options
+from checks.rules.join_equal import compare, operand_problem
 
 OPTIONS = {"count": str, "declared": (list, str), "ignore": list}
 
@@ -31,12 +34,22 @@ def validate(rule: Rule) -> Problem | None:
     if problem:
         return problem
     for ref in [rule.options["count"], *_declared(rule)]:
-        problem = operand(rule, ref, "count" if ref == rule.options["count"] else "declared")
+        problem = operand_problem(rule, ref, "count" if ref == rule.options["count"] else "declared")
         if problem:
             return problem
     if not _declared(rule):
         return "declared", "'declared' is empty", 'write declared = ["table.num_inputs"]'
     return None
+
+
+def refs(rule: Rule) -> list[tuple[str, str, str]]:
+    from checks.expr import parse_operand
+
+    out = []
+    for option, ref in [("count", rule.options.get("count", "")), *(("declared", d) for d in _declared(rule))]:
+        op = parse_operand(ref)
+        out += [(option, op.fact, fld) for fld in op.fields]
+    return out
 
 
 def evaluate(rule: Rule, rows: Rows) -> list[Finding]:
@@ -46,4 +59,4 @@ def evaluate(rule: Rule, rows: Rows) -> list[Finding]:
     return out
 
 
-KIND = RuleKind("arity", "a declared number matches a counted number of calls", validate, evaluate)
+KIND = RuleKind("arity", "a declared number matches a counted number of calls", validate, evaluate, refs)

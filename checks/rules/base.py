@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,12 +26,15 @@ class RuleKind:
     summary: str
     validate: Callable[[Rule], Problem | None]
     evaluate: Callable[[Rule, Rows], list[Finding]]
+    # (option, fact, field) of every field the rule reads, so the config can reject a misspelled one.
+    refs: Callable[[Rule], list[tuple[str, str, str]]] | None = None
+    nodes: bool = False  # reads Row.nodes (syntax nodes), so its facts' rows never come from the disk cache
 
 
 # --------------------------------------------------------------------------- validation
 
 
-def check_options(rule: Rule, spec: dict[str, type | tuple[type, ...]], required: tuple[str, ...] = ()) -> Problem | None:
+def check_options(rule: Rule, spec: Mapping[str, Any], required: tuple[str, ...] = ()) -> Problem | None:
     """Unknown, missing or mistyped options → a problem naming the key and the fix."""
     for key, value in rule.options.items():
         if key not in spec:
@@ -150,9 +153,42 @@ def loc(row: Row, note: str = "") -> Location:
     return Location(path=row.path, line=row.line, note=note or row.fact)
 
 
-def finding(rule: Rule, detail: str, locations: list[Location], identity: list[str]) -> Finding:
-    """A finding whose fingerprint is the rule, its kind and ``identity`` (keys), never lines."""
-    digest = hashlib.sha1("\0".join([rule.id, rule.kind, *identity]).encode()).hexdigest()[:20]
+def places(rows: list[Row]) -> dict[int, str]:
+    """Each row's place: ``fact#n``, its position among the fact's rows with the same key.
+
+    A place names one of several rows of a key without a line number or a path, so a finding
+    that pairs two rows keeps its identity when lines move above it or its file is renamed.
+    """
+    seen: dict[tuple[str, str], int] = {}
+    out: dict[int, str] = {}
+    for r in sorted(rows, key=lambda r: (r.path, r.line)):
+        n = seen.get((r.fact, r.key), 0)
+        seen[(r.fact, r.key)] = n + 1
+        out[id(r)] = f"{r.fact}#{n}"
+    return out
+
+
+def digest(parts: list[str]) -> str:
+    return hashlib.sha1("\0".join(parts).encode()).hexdigest()[:20]
+
+
+MISSING = "missing:"  # a state listing missing places; fewer of them on head is "improved"
+
+
+def finding(
+    rule: Rule,
+    detail: str,
+    locations: list[Location],
+    identity: list[str],
+    state: list[str] | None = None,
+    missing: list[str] | None = None,
+) -> Finding:
+    """A finding: its fingerprint is the rule, its kind and ``identity`` (keys, place pairs), never
+    lines; its state is what is wrong (``state`` values, or the ``missing`` places)."""
+    if missing is not None:
+        what = MISSING + "|".join(sorted(missing))
+    else:
+        what = digest([rule.id, *identity[:1], *(state if state is not None else identity)])
     message = f"{rule.message}: {detail}" if rule.message else detail
     seen: set[tuple[str, int]] = set()
     unique = []
@@ -166,8 +202,19 @@ def finding(rule: Rule, detail: str, locations: list[Location], identity: list[s
         severity=rule.severity,  # type: ignore[arg-type]
         message=message,
         locations=unique,
-        fingerprint=digest,
+        fingerprint=digest([rule.id, rule.kind, *identity]),
+        state=what,
+        source=rule.source,  # type: ignore[arg-type]
+        evidence=list(rule.evidence),
     )
+
+
+def missing_of(state: str) -> set[str] | None:
+    """The missing places a ``missing:`` state lists; None for a value state."""
+    if not state.startswith(MISSING):
+        return None
+    rest = state[len(MISSING):]
+    return set(rest.split("|")) if rest else set()
 
 
 def ignored(key: str, patterns: list[str]) -> bool:

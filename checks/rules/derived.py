@@ -5,6 +5,10 @@ yield constants (row key = name, ``field`` = its defining expression); a constan
 may be computed from others, in other files and languages, and is resolved
 recursively. Integer ``/`` divides like C when both sides are integers.
 
+Aggregates read a whole fact: ``max(workers.value)``, ``min(...)``, ``sum(...)``
+over a field of every row, ``count(workers)`` its number of rows, e.g.
+``expr = "MAX_WORKERS >= max(worker_table.n)"``.
+
 Options:
   expr   the relation (Python syntax: + - * / // % ** << >> & | and comparisons).
   field  the row field holding each constant's expression; default ``value``.
@@ -60,8 +64,39 @@ def _parse(text: str) -> ast.expr:
         raise EvalError(f"cannot read expression '{text}'") from None
 
 
+AGGREGATES = ("max", "min", "sum", "count")
+
+
+def _aggregate_args(tree: ast.expr) -> set[int]:
+    """ids of the nodes that are aggregate arguments (fact names, fact.field), not constants."""
+    out: set[int] = set()
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in AGGREGATES:
+            for a in n.args:
+                if isinstance(a, ast.Attribute) or (n.func.id == "count" and isinstance(a, ast.Name)):
+                    out.update(id(x) for x in ast.walk(a))
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Name):
+            out.add(id(n.func))
+    return out
+
+
 def names_in(text: str) -> list[str]:
-    return [n.id for n in ast.walk(_parse(text)) if isinstance(n, ast.Name)]
+    tree = _parse(text)
+    skip = _aggregate_args(tree)
+    return [n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and id(n) not in skip]
+
+
+def aggregates_in(text: str) -> list[tuple[str, str, str | None]]:
+    """(function, fact, field or None) of each aggregate in ``text``."""
+    out: list[tuple[str, str, str | None]] = []
+    for n in ast.walk(_parse(text)):
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in AGGREGATES and len(n.args) == 1:
+            a = n.args[0]
+            if isinstance(a, ast.Attribute) and isinstance(a.value, ast.Name):
+                out.append((n.func.id, a.value.id, a.attr))
+            elif n.func.id == "count" and isinstance(a, ast.Name):
+                out.append(("count", a.id, None))
+    return out
 
 
 def validate(rule: Rule) -> Problem | None:
@@ -70,15 +105,29 @@ def validate(rule: Rule) -> Problem | None:
         return problem
     try:
         names_in(rule.options["expr"])
+        aggs = aggregates_in(rule.options["expr"])
     except EvalError as exc:
         return "expr", str(exc), "write a Python expression such as A == B + C * 2"
+    for fn, fact, _ in aggs:
+        if fact not in rule.facts:
+            return "expr", f"{fn}({fact}...) names fact '{fact}', which is not in this rule's facts", f'add "{fact}" to facts'
     return None
+
+
+def refs(rule: Rule) -> list[tuple[str, str, str]]:
+    fld = rule.options.get("field", "value")
+    aggs = aggregates_in(rule.options.get("expr", ""))
+    only = {f for _, f, _ in aggs}
+    out: list[tuple[str, str, str]] = [("expr", f, x) for _, f, x in aggs if x is not None]
+    # Facts read only through aggregates need not hold constants.
+    return out + [("field", f, fld) for f in rule.facts if f not in only]
 
 
 class _Env:
     """Constants by name, resolved on demand, with cycle detection."""
 
-    def __init__(self, rows: list[Row], fld: str):
+    def __init__(self, rows: list[Row], fld: str, by_fact: Rows | None = None):
+        self.by_fact = by_fact or {}
         self.rows: dict[str, Row] = {}
         for r in rows:
             self.rows.setdefault(r.key, r)
@@ -131,10 +180,36 @@ class _Env:
         if isinstance(node, ast.BoolOp):
             vals = [self.eval(v) for v in node.values]
             return all(vals) if isinstance(node.op, ast.And) else any(vals)
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in AGGREGATES
+                and len(node.args) == 1 and isinstance(node.args[0], (ast.Attribute, ast.Name))
+                and (isinstance(node.args[0], ast.Name) and node.args[0].id in self.by_fact
+                     or isinstance(node.args[0], ast.Attribute) and isinstance(node.args[0].value, ast.Name)
+                     and node.args[0].value.id in self.by_fact)):
+            return self.aggregate(node.func.id, node.args[0])
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("min", "max"):
             args = [self.eval(a) for a in node.args]
             return min(args) if node.func.id == "min" else max(args)
         raise EvalError(f"unsupported expression '{ast.unparse(node)}'")
+
+
+    def aggregate(self, fn: str, arg: ast.expr):
+        if isinstance(arg, ast.Name):
+            if fn != "count":
+                raise EvalError(f"{fn}({arg.id}) needs a field: {fn}({arg.id}.value)")
+            return len(self.by_fact[arg.id])
+        assert isinstance(arg, ast.Attribute) and isinstance(arg.value, ast.Name)
+        rows = self.by_fact[arg.value.id]
+        if fn == "count":
+            return sum(1 for r in rows if r.get(arg.attr) is not None)
+        vals = []
+        for r in rows:
+            v = r.get(arg.attr)
+            if v is None:
+                continue
+            vals.append(self.eval(_parse(str(v))))
+        if not vals:
+            raise EvalError(f"{fn}({arg.value.id}.{arg.attr}) has no rows")
+        return max(vals) if fn == "max" else min(vals) if fn == "min" else sum(vals)
 
 
 def _zero():
@@ -144,7 +219,7 @@ def _zero():
 def evaluate(rule: Rule, rows: Rows) -> list[Finding]:
     expr = rule.options["expr"]
     fld = rule.options.get("field", "value")
-    env = _Env([r for f in rule.facts for r in rows.get(f, [])], fld)
+    env = _Env([r for f in rule.facts for r in rows.get(f, [])], fld, rows)
     tree = _parse(expr)
     used = list(dict.fromkeys(names_in(expr)))
     try:
@@ -158,7 +233,7 @@ def evaluate(rule: Rule, rows: Rows) -> list[Finding]:
     locations = [loc(env.rows[n], _note(n, env.rows[n].get(fld), env.values.get(n))) for n in used if n in env.rows]
     parts = _sides(tree, env)
     detail = f"{expr} does not hold: {parts} (with {shown})"
-    return [finding(rule, detail, locations, [expr])]
+    return [finding(rule, detail, locations, [expr], state=[shown])]
 
 
 def _note(name: str, text: object, value: object) -> str:
@@ -176,4 +251,4 @@ def _sides(tree: ast.expr, env: _Env) -> str:
     return "false"
 
 
-KIND = RuleKind("derived", "an arithmetic relation over constants holds", validate, evaluate)
+KIND = RuleKind("derived", "an arithmetic relation over constants holds", validate, evaluate, refs)

@@ -155,6 +155,11 @@ def _fmt(a: int, b: int) -> str:
     return str(a) if a == b else f"{a}–{b}"
 
 
+def refs(rule: Rule) -> list[tuple[str, str, str]]:
+    fld = rule.options.get("field", "key")
+    return [("field", f, fld) for f in rule.facts]
+
+
 def evaluate(rule: Rule, rows: Rows) -> list[Finding]:
     lo, hi = rule.options["range"]
     fld = rule.options.get("field", "key")
@@ -200,4 +205,4 @@ def evaluate(rule: Rule, rows: Rows) -> list[Finding]:
     return out
 
 
-KIND = RuleKind("gate-coverage", "numeric gates partition a range with no gap and no overlap", validate, evaluate)
+KIND = RuleKind("gate-coverage", "numeric gates partition a range with no gap and no overlap", validate, evaluate, refs)

@@ -34,6 +34,11 @@ def validate(rule: Rule) -> Problem | None:
     return None
 
 
+def refs(rule: Rule) -> list[tuple[str, str, str]]:
+    fld = rule.options.get("field", "value")
+    return [("field", f, fld) for f in rule.facts]
+
+
 def evaluate(rule: Rule, rows: Rows) -> list[Finding]:
     fld = rule.options.get("field", "value")
     all_rows = [r for f in rule.facts for r in rows.get(f, [])]
@@ -41,20 +46,20 @@ def evaluate(rule: Rule, rows: Rows) -> list[Finding]:
     out: list[Finding] = []
     if pins is None:
         want = rule.options["value"]
-        for r in all_rows:
-            got = r.get(fld)
-            if got is not None and not same(got, want):
-                out.append(finding(rule, f"'{r.key}' is {got}, pinned to {want}", [loc(r)], [r.key, str(literal(got))]))
-        return out
-    for key, want in pins.items():
-        hits = [r for r in all_rows if r.key == key]
+        keys = dict.fromkeys(r.key for r in all_rows)
+        targets = [(k, want, [r for r in all_rows if r.key == k]) for k in keys]
+    else:
+        targets = [(k, v, [r for r in all_rows if r.key == k]) for k, v in pins.items()]
+    for key, want, hits in targets:
         if not hits:
             out.append(finding(rule, f"'{key}' is pinned to {want} but no longer found", [], [key, "missing"]))
-        for r in hits:
-            got = r.get(fld)
-            if got is not None and not same(got, want):
-                out.append(finding(rule, f"'{key}' is {got}, pinned to {want}", [loc(r)], [key, str(literal(got))]))
+        wrong = [(r, r.get(fld)) for r in hits if r.get(fld) is not None and not same(r.get(fld), want)]
+        if wrong:
+            got = sorted({str(literal(v)) for _, v in wrong})
+            # One finding per key: the same wrong value in two places is one drift, located at both.
+            out.append(finding(rule, f"'{key}' is {', '.join(got)}, pinned to {want}", [loc(r) for r, _ in wrong],
+                               [key], state=got))
     return out
 
 
-KIND = RuleKind("pinned", "a value stays as declared", validate, evaluate)
+KIND = RuleKind("pinned", "a value stays as declared", validate, evaluate, refs)

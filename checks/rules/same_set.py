@@ -8,6 +8,9 @@ Options:
   per_file   facts whose files are each compared on their own (one per-arch
              ``task_header.cuh`` missing an include is a finding even when
              another arch has it).
+
+A finding's identity is the key; the places it is missing from are its state, so
+adding the key to one of two missing places is "improved", not a new finding.
 """
 
 from __future__ import annotations
@@ -71,7 +74,7 @@ def evaluate(rule: Rule, rows: Rows) -> list[Finding]:
         present = ", ".join(label for label, _, _ in have)
         detail = f"'{key}' is in {present} but missing from {', '.join(missing)}"
         locations = [loc(rs[0], f"{label} has '{key}'") for label, _, rs in have]
-        out.append(finding(rule, detail, locations, [key, *missing]))
+        out.append(finding(rule, detail, locations, [key], missing=missing))
     return out
 
 

@@ -7,6 +7,20 @@ import pytest
 from checks.packs import sample as shape
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _fact_cache(tmp_path_factory):
+    """Fact rows cached on disk go to a directory of this test session, never the user's cache."""
+    import os
+
+    old = os.environ.get("DRIFT_AUDIT_CACHE")
+    os.environ["DRIFT_AUDIT_CACHE"] = str(tmp_path_factory.mktemp("fact-cache"))
+    yield
+    if old is None:
+        os.environ.pop("DRIFT_AUDIT_CACHE", None)
+    else:
+        os.environ["DRIFT_AUDIT_CACHE"] = old
+
+
 @pytest.fixture(scope="session")
 def shape_repo(tmp_path_factory):
     repo = shape.init_repo(tmp_path_factory.mktemp("shape") / "engine")

@@ -120,12 +120,14 @@ id = "uses-broken"
 kind = "pinned"
 facts = ["broken_query"]
 value = "1"
+field = "key"
 
 [[rule]]
 id = "uses-nothing"
 kind = "pinned"
 facts = ["finds_nothing"]
 value = "1"
+field = "key"
 '''
     co = checkout(AuditRequest(repo=str(repo), base=head, head=head))
     found = run_checks(co, parse_config(config), build_changeset(co))

@@ -35,6 +35,7 @@ INCLUDES = Fact(
 def test_registry_has_every_kind_with_docs():
     assert set(REGISTRY) == {
         "same-set", "join-equal", "arity", "pinned", "derived", "table-equal", "gate-coverage", "always-true-operand",
+        "consistent",
     }
     for kind in REGISTRY.values():
         module = kind.evaluate.__module__

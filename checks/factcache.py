@@ -1,0 +1,128 @@
+"""Fact rows on disk, per (fact definition, blob id), so no blob is parsed twice across reviews.
+
+A fact's rows are a function of its definition and one file's bytes, and git
+names those bytes by blob id, so the pair is a cache key that never goes stale:
+base-side facts are parsed once per repo, and a push re-parses only the blobs it
+changed. One SQLite file holds them (one lookup per fact, one write transaction
+per audit side); the bot points ``cache_dir`` at a per-repo directory.
+
+Location: ``[settings] cache_dir``, else ``$DRIFT_AUDIT_CACHE``, else
+``$XDG_CACHE_HOME/drift-audit`` (``~/.cache/drift-audit``); ``"off"`` disables it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sqlite3
+import threading
+from pathlib import Path
+from typing import Any
+
+from checks.facts import Count, Row
+
+VERSION = 1  # bump when the row encoding or extraction semantics change
+
+
+def cache_root(setting: str = "") -> Path | None:
+    where = setting or os.environ.get("DRIFT_AUDIT_CACHE", "")
+    if where == "off":
+        return None
+    if where:
+        return Path(where).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(xdg) / "drift-audit"
+
+
+def _encode(v: Any) -> Any:
+    return {"$count": [v.lo, v.hi]} if isinstance(v, Count) else v
+
+
+def _decode(v: Any) -> Any:
+    return Count(*v["$count"]) if isinstance(v, dict) and "$count" in v else v
+
+
+class FactCache:
+    """rows(sig, blob) → (rows, problem); safe to share between threads and processes."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.path = root / f"facts-v{VERSION}.sqlite"
+        self._lock = threading.Lock()
+        self._db: sqlite3.Connection | None = None
+        self._pending: list[tuple[str, str, str]] = []
+
+    def _conn(self) -> sqlite3.Connection | None:
+        if self._db is None:
+            try:
+                self.root.mkdir(parents=True, exist_ok=True)
+                db = sqlite3.connect(self.path, timeout=10, check_same_thread=False, isolation_level=None)
+                db.execute("PRAGMA journal_mode=WAL")
+                db.execute("PRAGMA synchronous=NORMAL")
+                db.execute("CREATE TABLE IF NOT EXISTS rows (sig TEXT, blob TEXT, data TEXT, PRIMARY KEY (sig, blob))")
+                self._db = db
+            except (OSError, sqlite3.Error):
+                return None  # an unwritable cache only costs time
+        return self._db
+
+    @staticmethod
+    def key(signature: str) -> str:
+        return hashlib.sha1(signature.encode()).hexdigest()
+
+    def load(self, signature: str, blobs: list[str]) -> dict[str, tuple[list[Row], str | None]]:
+        """The cached rows of ``blobs`` for one fact (paths are filled in by the caller)."""
+        db = self._conn()
+        if db is None or not blobs:
+            return {}
+        sig = self.key(signature)
+        out: dict[str, tuple[list[Row], str | None]] = {}
+        with self._lock:
+            try:
+                found = db.execute("SELECT blob, data FROM rows WHERE sig = ?", (sig,)).fetchall()
+            except sqlite3.Error:
+                return {}
+        want = set(blobs)
+        for blob, data in found:
+            if blob in want:
+                out[blob] = _rows(json.loads(data))
+        return out
+
+    def store(self, signature: str, blob: str, fact: str, rows: list[Row], problem: str | None) -> None:
+        data = {"fact": fact, "problem": problem,
+                "rows": [[r.key, {k: _encode(v) for k, v in r.values.items()}, r.path, r.line] for r in rows]}
+        with self._lock:
+            self._pending.append((self.key(signature), blob, json.dumps(data)))
+
+    def flush(self) -> None:
+        db = self._conn()
+        with self._lock:
+            pending, self._pending = self._pending, []
+        if db is None or not pending:
+            return
+        try:
+            with self._lock:
+                db.execute("BEGIN")
+                db.executemany("INSERT OR REPLACE INTO rows VALUES (?, ?, ?)", pending)
+                db.execute("COMMIT")
+        except sqlite3.Error:
+            pass
+
+
+def _rows(data: dict) -> tuple[list[Row], str | None]:
+    fact = data["fact"]
+    rows = [Row(fact, key, {k: _decode(v) for k, v in values.items()}, path, line) for key, values, path, line in data["rows"]]
+    return rows, data["problem"]
+
+
+_open: dict[str, FactCache] = {}
+
+
+def fact_cache(setting: str = "") -> FactCache | None:
+    root = cache_root(setting)
+    if root is None:
+        return None
+    hit = _open.get(str(root))
+    if hit is None:
+        hit = _open[str(root)] = FactCache(root)
+    return hit
