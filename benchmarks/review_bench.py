@@ -1,13 +1,14 @@
 """Wall time of `drift-audit review` on a bring-up-sized PR, against `git diff --stat` as the floor.
 
-    python benchmarks/review_bench.py [--files 2000] [--repeat 5]
+    python benchmarks/review_bench.py [--files 2000] [--repeat 5] [--smoke]
 
 Builds the synthetic repo (benchmarks/synth_repo.py: ≥ 2000 files, one change
 of 129 files and ~50k lines), then measures, in one run:
 - the floor: `git diff --stat base..head`;
 - cold: a fresh `drift-audit review` process (imports, parses, nothing cached);
 - warm: the same review again inside one process (parse and blob caches hot);
-and the stage times of each. Medians of --repeat runs.
+and the stage times of each. Medians of --repeat runs. ``--smoke`` runs every
+section on a 200-file repo once (a CI check that the benchmark still works).
 """
 
 from __future__ import annotations
@@ -41,10 +42,14 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--files", type=int, default=2000)
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--smoke", action="store_true", help="tiny sizes, one run of each section")
     args = ap.parse_args()
+    if args.smoke:
+        args.files, args.repeat = 200, 1
 
     root = Path(tempfile.mkdtemp(prefix="drift-audit-bench-")) / "synth"
-    base, head = make_synthetic_repo(root, n_files=args.files)
+    change = {"change_files": 20, "change_lines": 2000} if args.smoke else {}
+    base, head = make_synthetic_repo(root, n_files=args.files, **change)
     print(f"repo: {args.files} files; change: {shortstat(root, base, head)}")
 
     anchor = git_diff_floor(root, base, head, args.repeat)
@@ -56,15 +61,17 @@ def main() -> None:
         cold_wall.append(wall)
         cold_stages.append(json.loads(out)["timings"])
 
-    from bot.pipeline import run_audit
     from checks.model import AuditRequest
+    from runner.pipeline import plan
+    from runner.report import report
 
     request = AuditRequest(repo=str(root), base=base, head=head)
-    run_audit(request)  # fill the caches
+    report(plan(request))  # fill the caches
     warm_wall, warm_stages = [], []
     for _ in range(args.repeat):
         start = time.perf_counter()
-        audit = run_audit(request)
+        audit = plan(request)
+        report(audit)
         warm_wall.append(time.perf_counter() - start)
         warm_stages.append(audit.timings)
 

@@ -97,7 +97,7 @@ def _hunks(pf) -> list[Hunk]:
 
 
 def build_changeset(checkout: Checkout) -> ChangeSet:
-    repo = open_repo(checkout.repo)
+    repo = checkout.git if checkout.git is not None else open_repo(checkout.repo)  # the pipeline's open repo
     repo.git.set_persistent_git_options(c="core.quotepath=false")  # UTF-8 paths verbatim in patch headers
     a, b = checkout.merge_base_sha, checkout.head_sha
     common = ["--no-color", "--no-ext-diff", "-M", "--full-index"]

@@ -62,12 +62,34 @@ class AuditRequest:
 
 @dataclass
 class Checkout:
-    """Resolved revisions of a request; files are read from git objects, never a work tree."""
+    """Resolved revisions of a request; files are read from git objects, never a work tree.
+
+    The pipeline attaches the open git.Repo and the loaded checks.config.Config so that git is
+    opened and the config parsed once per audit. They are process-local, not fields: never
+    serialised, never compared, and absent on a Checkout loaded from JSON.
+    """
 
     repo: str
     base_sha: str
     head_sha: str
     merge_base_sha: str
+
+    def attach(self, *, git: Any = None, config: Any = None) -> Checkout:
+        if git is not None:
+            self.__dict__["_git"] = git
+        if config is not None:
+            self.__dict__["_config"] = config
+        return self
+
+    @property
+    def git(self) -> Any:
+        """The open git.Repo, or None."""
+        return self.__dict__.get("_git")
+
+    @property
+    def config(self) -> Any:
+        """The loaded checks.config.Config, or None."""
+        return self.__dict__.get("_config")
 
 
 # --------------------------------------------------------------------------- diff

@@ -29,8 +29,8 @@ from checks.model import (
     to_json,
 )
 from checks.packs import sample as shape
-from checks.sarif import to_sarif
 from checks.workspace import checkout
+from runner.report.sarif import to_sarif
 
 SCHEMA = json.loads((Path(__file__).parent / "sarif-schema-2.1.0.json").read_text())
 
@@ -94,7 +94,7 @@ def test_findings_round_trip_through_json(mixed_audit):
 
 
 def _render(audit, blob_url=None, limits=None):
-    from bot.report import environment
+    from runner.report.markdown import environment
 
     ctx = {"audit": audit, "blob_url": blob_url}
     if limits:
@@ -111,7 +111,7 @@ def test_comment_section_lists_new_folds_preexisting_counts_fixed(mixed_audit):
     assert "1 pre-existing finding" in rest and "fixes 1 finding present on the base" in text
     assert "(https://github.com/o/r/blob/abc123/src/graph.cc#L" in new_part
     assert "Could not check 1 entry" in text
-    assert "&lt;bad&gt; \\`q\\` \\| x" in text  # user text escaped for markdown and HTML
+    assert "\\<bad\\> \\`q\\` \\| x" in text  # user text escaped for markdown and HTML
     plain = _render(mixed_audit)
     assert "`src/graph.cc:" in plain and "](" not in plain.partition("<details>")[0]
 
@@ -129,11 +129,11 @@ def test_comment_section_links_escape_odd_paths():
     )
     text = _render(audit, blob_url="https://h/o/r/blob/sha", limits={"findings": 1})
     assert "(https://h/o/r/blob/sha/dir%20with%20space/a%5Db.py#L7)" in text
-    assert "&lt;script&gt;" in text and "<script>" not in text and "\\[link\\]\\(y\\)" in text
+    assert "\\<script\\>" in text and "<script>" not in text and "\\[link\\]\\(y\\)" in text
 
 
 def test_comment_includes_the_section(mixed_audit):
-    from bot.report import render
+    from runner.report import report as render
 
     report = render(mixed_audit)
     assert "#### Drift checks" in report.markdown and report.verdict == "fail"

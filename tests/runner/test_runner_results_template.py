@@ -6,7 +6,6 @@ import re
 
 import pytest
 
-from bot.report import environment, render
 from checks.model import (
     Audit,
     AuditRequest,
@@ -22,6 +21,8 @@ from checks.model import (
 from checks.model import (
     TestPlan as Plan,
 )
+from runner.report import report as render
+from runner.report.markdown import environment
 
 LIMITS = {"files": 1000, "symbols": 1000, "findings": 1000, "cases": 2}
 

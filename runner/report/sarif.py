@@ -1,21 +1,26 @@
 """Findings as SARIF 2.1.0, the format GitHub code scanning ingests (``--format sarif``).
 
 Fixed findings are left out: they describe code that no longer exists at head.
-Pre-existing ones carry ``baselineState: unchanged`` so code scanning can tell
-them from what the PR introduced; ``partialFingerprints`` carries our own
+Pre-existing ones carry ``baselineState: unchanged``, changed and improved ones
+``updated``, so code scanning can tell them from what the PR introduced; ``partialFingerprints`` carries our own
 line-independent fingerprint so alerts track across pushes.
 """
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
 from typing import Any
 
 from checks.config import CONFIG_PATH
 from checks.model import Audit, Finding, Location
+from runner.report import Context
 
 SCHEMA = "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/sarif-schema-2.1.0.json"
 _LEVEL = {"error": "error", "warning": "warning", "note": "note"}
-_BASELINE = {"new": "new", "pre-existing": "unchanged"}
+# SARIF baselineState per finding status; "fixed" is absent at head and left out.
+_BASELINE = {"new": "new", "changed": "updated", "pre-existing": "unchanged", "improved": "updated",
+             "no-baseline": "new"}
 
 
 def _physical(loc: Location) -> dict[str, Any]:
@@ -33,7 +38,7 @@ def _result(f: Finding, rule_index: int) -> dict[str, Any]:
         "message": {"text": f.message},
         "baselineState": _BASELINE[f.status],
         "partialFingerprints": {"driftAudit/v1": f.fingerprint},
-        "properties": {"pillar": f.pillar, "status": f.status},
+        "properties": {"pillar": f.pillar, "status": f.status, "source": f.source},
     }
     locations = f.locations or [Location(CONFIG_PATH, 1, note="no code location: the rule is declared in the config")]
     if locations:
@@ -93,3 +98,15 @@ def _repo_uri(repo: str) -> str:
     from pathlib import Path
 
     return Path(repo).resolve().as_uri()
+
+
+@dataclass(frozen=True)
+class _Sarif:
+    name: str = "sarif"
+    media_type: str = "application/sarif+json"
+
+    def render(self, audit: Audit, ctx: Context) -> str:
+        return json.dumps(to_sarif(audit), indent=2)
+
+
+SARIF = _Sarif()
