@@ -1,0 +1,205 @@
+"""Invariants inferred from the base tree: rules for repos that declared none.
+
+``infer(tree)`` collects name families (checks/infer/families.py), mines the
+relations that hold across files (checks/infer/mine.py) and turns the strong
+ones into ``Fact``/``Rule`` objects (checks/infer/rules.py). Every candidate is
+evaluated once on the base through the rule engine and kept only if it holds
+there with no finding, so an inferred rule never reports what the base already
+did. Results are cached on disk per set of source blobs: the same base tree
+is mined once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from checks.config import Config, Fact, Pillar, Rule
+from checks.infer.families import VERSION, BlobCache, source_files, tree_members
+from checks.infer.mine import build_families, mine
+from checks.infer.rules import summary, to_config
+
+MIN_SUPPORT = 4
+
+
+@dataclass
+class Inferred:
+    """The inferred part of a config, and one line per invariant for the report."""
+
+    facts: list[Fact] = field(default_factory=list)
+    rules: list[Rule] = field(default_factory=list)
+    lines: list[str] = field(default_factory=list)  # parallel to rules
+    timings: dict[str, float] = field(default_factory=dict)
+    cached: bool = False
+
+
+def cache_root(setting: str = "") -> Path:
+    """Where inference keeps its per-repo caches: [settings] cache_dir, $DRIFT_AUDIT_CACHE, else XDG."""
+    base = setting or os.environ.get("DRIFT_AUDIT_CACHE") or ""
+    if not base:
+        base = str(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "drift-audit")
+    return Path(base)
+
+
+def repo_cache_dir(repo_path: str, setting: str = "") -> Path:
+    """One directory per repository (by its absolute path), so a bot serving many repos keeps them apart."""
+    key = hashlib.sha1(os.path.abspath(repo_path).encode()).hexdigest()[:16]
+    return cache_root(setting) / "infer" / key
+
+
+def infer(
+    tree: Any,
+    pillars: list[Pillar] | None = None,
+    *,
+    cache_dir: Path | None = None,
+    min_support: int = MIN_SUPPORT,
+    severity: str = "warning",
+    verify: bool = True,
+) -> Inferred:
+    """Inferred facts and rules for one tree (a checks.workspace.Tree), strongest first."""
+    pillars = pillars or []
+    t0 = time.perf_counter()
+    files = source_files(tree)
+    key = hashlib.sha1(
+        json.dumps([VERSION, min_support, severity, verify, [p.id for p in pillars], files]).encode()
+    ).hexdigest()[:20]
+    result_path = cache_dir / f"inferred-{key}.json" if cache_dir else None
+    if result_path is not None and result_path.is_file():
+        try:
+            out = _load(result_path)
+            out.cached = True
+            out.timings["load"] = time.perf_counter() - t0
+            return out
+        except Exception:  # a torn or foreign cache entry is recomputed
+            pass
+    cache = BlobCache(cache_dir)
+    members = tree_members(tree, cache)
+    cache.save()
+    t1 = time.perf_counter()
+    families = build_families(members, min_size=min_support)
+    invariants = mine(families, min_support)
+    t2 = time.perf_counter()
+    out = Inferred()
+    for inv in invariants:
+        facts, rule = to_config(inv, pillars, severity)
+        known = {f.id for f in out.facts}
+        out.facts += [f for f in facts if f.id not in known]
+        out.rules.append(rule)
+        out.lines.append(f"{rule.id}: {summary(inv)} (support {inv.support}, {inv.files} files)")
+    if verify and out.rules:
+        _keep_holding(out, tree, pillars)
+    t3 = time.perf_counter()
+    out.timings = {"members": t1 - t0, "mine": t2 - t1, "verify": t3 - t2, "families": float(len(families))}
+    if result_path is not None:
+        _save(result_path, out)
+    return out
+
+
+def _keep_holding(out: Inferred, tree: Any, pillars: list[Pillar]) -> None:
+    """Drop every candidate the rule engine does not see holding on this tree."""
+    from checks.audit import evaluate_tree
+
+    config = Config(pillars=pillars or [Pillar("other", "Other")], facts=out.facts, rules=out.rules)
+    side = evaluate_tree(config, tree)
+    bad = set(side.skipped_rules) | {f.rule for f in side.findings}
+    keep = [i for i, r in enumerate(out.rules) if r.id not in bad]
+    out.rules = [out.rules[i] for i in keep]
+    out.lines = [out.lines[i] for i in keep]
+    used = {f for r in out.rules for f in r.facts}
+    out.facts = [f for f in out.facts if f.id in used]
+
+
+def _save(path: Path, out: Inferred) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = {
+            "facts": [dataclasses.asdict(f) for f in out.facts],
+            "rules": [dataclasses.asdict(r) for r in out.rules],
+            "lines": out.lines,
+        }
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps(data))
+        tmp.replace(path)
+        old = sorted(path.parent.glob("inferred-*.json"), key=lambda p: p.stat().st_mtime)
+        for stale in old[:-16]:
+            stale.unlink(missing_ok=True)
+    except OSError:
+        pass
+
+
+def _load(path: Path) -> Inferred:
+    data = json.loads(path.read_text())
+    return Inferred(
+        facts=[Fact(**f) for f in data["facts"]], rules=[Rule(**r) for r in data["rules"]], lines=list(data["lines"])
+    )
+
+
+# --------------------------------------------------------------------------- declared wins
+
+
+def _names(text: str) -> str:
+    return re.sub(r"[^0-9a-z]", "", text.lower())
+
+
+def declared_cover(config: Config, inferred: Inferred, tree: Any) -> Inferred:
+    """Drop the inferred rules a declared rule already states: the declared one wins.
+
+    An inferred rule is covered when one declared rule reads rows from at least two
+    of its files and those rows hold at least half of its names.
+    """
+    from checks.facts import FactError, extract
+
+    if not config.rules:
+        return inferred
+    by_id = {f.id: f for f in config.facts}
+    declared: list[tuple[set[str], set[str]]] = []
+    for rule in config.rules:
+        paths: set[str] = set()
+        keys: set[str] = set()
+        for fid in rule.facts:
+            fact = by_id.get(fid)
+            if fact is None:
+                continue
+            try:
+                rows = extract(fact, tree).rows
+            except (FactError, Exception):
+                continue
+            paths.update(r.path for r in rows)
+            keys.update(_names(r.key) for r in rows)
+        declared.append((paths, keys))
+    inferred_facts = {f.id: f for f in inferred.facts}
+    keep: list[int] = []
+    for i, rule in enumerate(inferred.rules):
+        files = {p for fid in rule.facts for p in inferred_facts[fid].files if "*" not in p}
+        try:
+            names = {r.key for r in extract(inferred_facts[rule.facts[0]], tree).rows}
+        except Exception:
+            names = set()
+        covered = False
+        for paths, keys in declared:
+            if len(files & paths) >= 2 and names:
+                shared = sum(1 for n in names if n in keys or any(n in k for k in keys))
+                covered = shared * 2 >= len(names)
+            if covered:
+                break
+        if not covered:
+            keep.append(i)
+    rules = [inferred.rules[i] for i in keep]
+    used = {f for r in rules for f in r.facts}
+    return Inferred(
+        facts=[f for f in inferred.facts if f.id in used],
+        rules=rules,
+        lines=[inferred.lines[i] for i in keep],
+        timings=inferred.timings,
+        cached=inferred.cached,
+    )
+
+
+__all__ = ["Inferred", "infer", "declared_cover", "cache_root", "repo_cache_dir"]

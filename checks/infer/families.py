@@ -1,0 +1,317 @@
+"""Name families: the sets of names a codebase writes down in one place (an enum, a switch, a table).
+
+Inference looks for families that agree across files. Each family kind is one
+tree-sitter pattern with an ``@_ctx`` capture (what names the family: the enum,
+the variable, the registering callee) and a ``@key`` capture (one member). The
+same pattern, with ``(#eq? @_ctx "NAME")`` added, is the ``[[fact]]`` query the
+inferred rule runs through checks/facts.py, so the rows the rule engine reads at
+head are the rows inference mined at base.
+
+Rows per blob are plain tuples, cached in memory and on disk by blob SHA: a
+repo's second audit re-reads only the files that changed.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import re
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import tree_sitter as ts
+
+from checks import syntax
+from checks.facts import read_blobs
+
+VERSION = 3  # bump when a pattern changes: cached rows of an older pattern set are not reused
+MAX_BYTES = 400_000  # generated tables and vendored amalgamations say nothing about the code's intent
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One family kind: a pattern per grammar, and how members are named and grouped."""
+
+    name: str
+    langs: tuple[str, ...]
+    pattern: str  # ``{pred}`` marks where the context predicate goes
+    scope: bool = False  # the family is "the keys inside function @_ctx" (no @_ctx capture; fact scope)
+    repo_wide: bool = False  # members spread over many files (registrations): one family per context
+    ctx_filter: str | None = None  # a regex the context must match (registration-like callees)
+    values: bool = False  # the pattern captures @value too (tables)
+
+
+_REGISTER = r"(^|\.)(register\w*|\w+_register|def|impl|define|custom_op|register_fake|add_\w*op\w*)$"
+
+_C = ("c", "cpp", "cuda")
+KINDS: tuple[Kind, ...] = (
+    Kind("enum", _C, "(enum_specifier name: (type_identifier) @_ctx body: (enumerator_list (enumerator name: (identifier) @key)){pred})"),
+    Kind("case", _C, "(case_statement value: (_) @key)", scope=True),
+    Kind(
+        "array",
+        _C,
+        "(init_declarator declarator: (array_declarator declarator: (identifier) @_ctx) value: (initializer_list [(string_literal) (identifier)] @key){pred})\n"
+        "(init_declarator declarator: (pointer_declarator declarator: (array_declarator declarator: (identifier) @_ctx)) value: (initializer_list [(string_literal) (identifier)] @key){pred})\n"
+        "(init_declarator declarator: (array_declarator declarator: (identifier) @_ctx) value: (initializer_list (initializer_list . [(string_literal) (identifier)] @key)){pred})",
+    ),
+    Kind(
+        "c-register",
+        _C,
+        "(call_expression function: [(identifier) (field_expression) (qualified_identifier)] @_ctx arguments: (argument_list . (string_literal) @key){pred})",
+        repo_wide=True,
+        ctx_filter=_REGISTER,
+    ),
+    Kind(
+        "py-enum",
+        ("python",),
+        "(class_definition name: (identifier) @_ctx superclasses: (argument_list [(identifier) (attribute)] @_base) "
+        'body: (block (expression_statement (assignment left: (identifier) @key))) (#match? @_base "Enum$|Flag$"){pred})',
+    ),
+    Kind(
+        "dict",
+        ("python",),
+        "(assignment left: [(identifier) (attribute)] @_ctx right: (dictionary (pair key: (string) @key value: (_) @value)){pred})",
+        values=True,
+    ),
+    Kind(
+        "list",
+        ("python",),
+        "(assignment left: [(identifier) (attribute)] @_ctx right: [(list (string) @key) (tuple (string) @key) (set (string) @key)]{pred})",
+    ),
+    Kind("compare", ("python",), "(comparison_operator [(identifier) (attribute)] @_ctx (string) @key{pred})"),
+    Kind(
+        "py-register",
+        ("python",),
+        "(call function: [(identifier) (attribute)] @_ctx arguments: (argument_list . (string) @key){pred})",
+        repo_wide=True,
+        ctx_filter=_REGISTER,
+    ),
+)
+KIND_BY_NAME = {k.name: k for k in KINDS}
+
+
+def query_text(kind: Kind, ctx: str | None, lang: str) -> str:
+    """The kind's pattern for ``lang``, restricted to one context when ``ctx`` is given (the fact's query)."""
+    pred = "" if ctx is None or kind.scope else f' (#eq? @_ctx "{_escape(ctx)}")'
+    text = kind.pattern.replace("{pred}", pred)
+    return text.replace(" (qualified_identifier)", "") if lang == "c" else text  # C has no qualified names
+
+
+def _escape(s: str) -> str:
+    return s.replace("\\", "\\\\").replace('"', '\\"')
+
+
+_QUOTED = re.compile(r'^(?:[rbuRBUfF]{0,2})("""|\'\'\'|"|\')(.*)\1$', re.S)
+_DECLARATORS = ("identifier", "qualified_identifier", "field_identifier", "destructor_name", "operator_name")
+
+
+def _unquote(s: str) -> str:
+    """A string literal's text without its quotes, as the fact engine's default ``unquote`` gives it."""
+    m = _QUOTED.match(s)
+    return m.group(2) if m else s
+
+
+def _enclosing_function(node: ts.Node) -> ts.Node | None:
+    n = node.parent
+    while n is not None and n.type != "function_definition":
+        n = n.parent
+    return n
+
+
+def _function_name(fn: ts.Node) -> str:
+    """The name a fact's ``scope = "function:NAME"`` matches for this definition."""
+    name = fn.child_by_field_name("name")  # python
+    if name is not None:
+        return syntax.text(name)
+    decl = fn.child_by_field_name("declarator")
+    while decl is not None and decl.type not in _DECLARATORS:
+        decl = decl.child_by_field_name("declarator")
+    return syntax.text(decl) if decl is not None else ""
+
+
+# Member: (kind, ctx, raw key, line, value or "")
+Member = tuple[str, str, str, int, str]
+
+
+@dataclass
+class _Compiled:
+    query: ts.Query
+    kinds: list[Kind]  # per pattern index
+    ctx_re: dict[str, re.Pattern]
+
+
+_compiled: dict[str, _Compiled] = {}
+_compile_lock = threading.Lock()
+
+
+def _compile(lang: str) -> _Compiled:
+    hit = _compiled.get(lang)
+    if hit is not None:
+        return hit
+    parts: list[str] = []
+    owners: list[Kind] = []
+    for kind in KINDS:
+        if lang not in kind.langs:
+            continue
+        for pattern in query_text(kind, None, lang).split("\n"):
+            parts.append(pattern)
+            owners.append(kind)
+    query = ts.Query(syntax.language(lang), "\n".join(parts))
+    ctx_re = {k.name: re.compile(k.ctx_filter) for k in KINDS if k.ctx_filter}
+    out = _Compiled(query, owners, ctx_re)
+    with _compile_lock:
+        _compiled[lang] = out
+    return out
+
+
+def members(lang: str, data: bytes) -> list[Member]:
+    """Every family member one file holds, as plain tuples (picklable, cacheable)."""
+    if len(data) > MAX_BYTES:
+        return []
+    c = _compile(lang)
+    root = syntax.parse(lang, data).root_node
+    out: list[Member] = []
+    seen: set[tuple[str, int]] = set()
+    for index, caps in ts.QueryCursor(c.query).matches(root):
+        kind = c.kinds[index]
+        keys = caps.get("key")
+        if not keys:
+            continue
+        node = keys[0]
+        if kind.scope:
+            fn = _enclosing_function(node)
+            if fn is None:
+                continue
+            ctx = _function_name(fn)
+        else:
+            ctx_nodes = caps.get("_ctx")
+            if not ctx_nodes:
+                continue
+            ctx = syntax.text(ctx_nodes[0])
+        if kind.ctx_filter and not c.ctx_re[kind.name].search(ctx):
+            continue
+        if kind.name == "array" and _enclosing_function(node) is not None:
+            continue  # a local array is scratch, not a registry
+        if (kind.name, node.start_byte) in seen:
+            continue
+        seen.add((kind.name, node.start_byte))
+        value = ""
+        if kind.values and caps.get("value"):
+            value = syntax.text(caps["value"][0])
+        out.append((kind.name, ctx, _unquote(syntax.text(node).strip()), node.start_point[0] + 1, value))
+    return out
+
+
+# --------------------------------------------------------------------------- a tree's members, cached
+
+
+@dataclass
+class FileMembers:
+    path: str
+    lang: str
+    blob: str
+    members: list[Member] = field(default_factory=list)
+
+
+class BlobCache:
+    """Members per blob SHA, in memory and (when ``directory`` is given) in one pickle on disk."""
+
+    def __init__(self, directory: Path | None):
+        self.path = directory / f"members-v{VERSION}.pickle" if directory else None
+        self.data: dict[str, list[Member]] = {}
+        self.dirty = False
+        if self.path is not None and self.path.is_file():
+            try:
+                with self.path.open("rb") as fh:
+                    loaded = pickle.load(fh)
+                if isinstance(loaded, dict):
+                    self.data = loaded
+            except Exception:  # a torn or foreign cache file is rebuilt, never trusted
+                self.data = {}
+
+    def save(self) -> None:
+        if self.path is None or not self.dirty:
+            return
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_suffix(f".tmp{os.getpid()}")
+            with tmp.open("wb") as fh:
+                pickle.dump(self.data, fh, protocol=pickle.HIGHEST_PROTOCOL)
+            tmp.replace(self.path)
+            self.dirty = False
+        except OSError:
+            pass  # a read-only cache dir costs speed, never correctness
+
+
+_memory: dict[str, list[Member]] = {}
+
+
+def source_files(tree) -> list[tuple[str, str, str]]:
+    """(path, lang, blob) of every file a grammar reads, vendored and generated trees left out."""
+    out = []
+    for path in tree.paths():
+        lang = syntax.lang_for_path(path)
+        if lang is None or _vendored(path):
+            continue
+        blob = tree.blob_sha(path)
+        if blob:
+            out.append((path, lang, blob))
+    return out
+
+
+# Vendored and generated trees say nothing about this code's beliefs; tests and examples lag the code on purpose.
+_VENDORED = re.compile(
+    r"(^|/)(third_party|3rdparty|vendor|vendors|external|extern|deps|node_modules|build|dist|tests?|examples?)/"
+    r"|(^|/)(test_[^/]*|[^/]*_test)\.py$"
+)
+
+
+def _vendored(path: str) -> bool:
+    return bool(_VENDORED.search(path))
+
+
+def tree_members(tree, cache: BlobCache, workers: int | None = None) -> list[FileMembers]:
+    """Members of every source file of ``tree``; only blobs no cache holds are read and parsed."""
+    files = source_files(tree)
+    todo = [(p, lang, b) for p, lang, b in files if b not in _memory and b not in cache.data]
+    if todo:
+        data = read_blobs(str(tree.repo_path), [b for _, _, b in todo])
+        jobs = [(lang, b, data.get(b, b"")) for _, lang, b in todo]
+        for blob, got in _run(jobs, workers):
+            cache.data[blob] = got
+            cache.dirty = True
+    out = []
+    for path, lang, blob in files:
+        hit = _memory.get(blob)
+        if hit is None:
+            hit = _memory[blob] = cache.data[blob]
+        out.append(FileMembers(path, lang, blob, hit))
+    if len(_memory) > 200_000:
+        _memory.clear()
+    return out
+
+
+def _one(job: tuple[str, str, bytes]) -> tuple[str, list[Member]]:
+    lang, blob, data = job
+    try:
+        return blob, members(lang, data)
+    except Exception:  # one unreadable file must not stop inference over the rest
+        return blob, []
+
+
+def _run(jobs: list[tuple[str, str, bytes]], workers: int | None) -> Iterable[tuple[str, list[Member]]]:
+    """Parse in worker processes when there is enough to parse; forked workers share the grammars."""
+    n = workers if workers is not None else min(os.cpu_count() or 1, 4)
+    size = sum(len(d) for _, _, d in jobs)
+    if n <= 1 or size < 2_000_000 or not hasattr(os, "fork"):
+        return map(_one, jobs)
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(n) as pool:
+        return pool.map(_one, jobs, chunksize=max(1, len(jobs) // (n * 8)))
+
+
+Progress = Callable[[str], None]

@@ -1,0 +1,98 @@
+"""The checks stage with inference: inferred rules join the config, co-change notes join the findings.
+
+``run_checks`` is wrapped, not forked: inferred facts and rules are added to the
+config it is given, so they are evaluated on base and head and classified by the
+same engine as declared rules. ``[settings] infer`` (default: on when the config
+declares no rule) and ``[settings] cochange`` (default: follows ``infer``) turn
+the two parts on or off.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from checks.config import Config
+from checks.model import ChangeSet, Checkout, Findings, Unchecked
+
+RunChecks = Callable[[Checkout, Config, ChangeSet], Findings]
+
+
+def enabled(config: Config) -> tuple[bool, bool]:
+    """(inference on, co-change on) for this config."""
+    s = config.settings
+    infer_on = getattr(s, "infer", None)
+    if infer_on is None:
+        infer_on = not config.rules
+    cochange_on = getattr(s, "cochange", None)
+    if cochange_on is None:
+        cochange_on = bool(infer_on)
+    return bool(infer_on), bool(cochange_on)
+
+
+def with_inference(run: RunChecks) -> RunChecks:
+    @functools.wraps(run)
+    def run_checks(checkout: Checkout, config: Config, changes: ChangeSet) -> Findings:
+        infer_on, cochange_on = enabled(config)
+        if not infer_on and not cochange_on:
+            return run(checkout, config, changes)
+        from checks.infer import Inferred, declared_cover, infer, repo_cache_dir
+        from checks.workspace import Tree
+
+        s = config.settings
+        base_sha = checkout.merge_base_sha or (changes.merge_base_sha if changes else "") or checkout.base_sha
+        cache_dir = repo_cache_dir(checkout.repo, getattr(s, "cache_dir", "") or "")
+        problems: list[Unchecked] = []
+        inferred = Inferred()
+        if infer_on:
+            try:
+                base = Tree(checkout.repo, base_sha)
+                inferred = infer(
+                    base, config.pillars, cache_dir=cache_dir,
+                    min_support=getattr(s, "infer_min_support", 4), severity=getattr(s, "infer_severity", "warning"),
+                )
+                inferred = declared_cover(config, inferred, base)
+            except Exception as exc:  # inference is a bonus: its failure is reported, the declared rules still run
+                problems.append(Unchecked("inference (checks/infer)", f"failed: {type(exc).__name__}: {exc}"))
+                inferred = Inferred()
+            if inferred.rules:
+                config = replace(config, facts=config.facts + inferred.facts, rules=config.rules + inferred.rules)
+        found = run(checkout, config, changes)
+        ours = {r.id for r in inferred.rules} | {f.id for f in inferred.facts}
+        # A family whose file the PR deleted or renamed just is not checked; that is not a config problem.
+        found.unchecked = [u for u in found.unchecked if not any(f"'{x}'" in u.entry for x in ours)] + problems
+        ran = set(found.rules_run)
+        found.inferred = [line for rule, line in zip(inferred.rules, inferred.lines) if rule.id in ran]
+        if cochange_on and changes is not None and changes.files:
+            found.findings += _cochange(checkout, config, changes, base_sha, cache_dir, found)
+        return found
+
+    return run_checks
+
+
+def _cochange(checkout: Checkout, config: Config, changes: ChangeSet, base_sha: str, cache_dir: Any,
+              found: Findings) -> list:
+    from checks import cochange
+    from checks.infer.rules import pillar_of
+    from checks.workspace import Tree
+
+    s = config.settings
+    try:
+        exists = set(Tree(checkout.repo, checkout.head_sha).paths())
+        return cochange.notes(
+            checkout.repo, base_sha, changes, exists=exists,
+            limit=getattr(s, "cochange_commits", 1000),
+            min_support=getattr(s, "cochange_min_support", 4),
+            min_confidence=getattr(s, "cochange_min_confidence", 0.8),
+            severity=getattr(s, "cochange_severity", "warning"),
+            cache_dir=cache_dir,
+            pillar_of=lambda p: pillar_of(p, config.pillars),
+        )
+    except Exception as exc:
+        found.unchecked.append(Unchecked("co-change history (checks/cochange.py)", f"failed: {type(exc).__name__}: {exc}"))
+        return []
+
+
+__all__ = ["with_inference", "enabled"]

@@ -1,0 +1,248 @@
+"""Mining: which name families agree across files at base (after Engler et al., "Bugs as Deviant Behavior").
+
+If every member of family A (an enum, a switch, a table) also appears in
+family B in another file, and A has enough members for that not to be chance,
+the code believes "A ⊆ B". A PR that adds a member to A and not to B deviates
+from that belief. Families are compared on normalised names: quotes, case,
+``_``/``-``, the family's shared upper-case prefix (``GGML_OP_``) and the usual
+registration affixes (``register_``, ``_task``) carry no meaning, and a schema
+string keeps only its name (``"rms_norm(Tensor x) -> Tensor"`` → ``rmsnorm``).
+
+The normalisation is one regex substitution plus lower-casing, exactly what a
+``[[fact]]`` can say with ``sub`` and ``case``, so the fact engine at head
+produces the names mined here.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from checks.infer.families import KIND_BY_NAME, FileMembers
+
+NAME = re.compile(r"^[A-Za-z_][\w.:]*$")
+AFFIXES = r"(?i:^(?:register_|task_|op_))|(?i:(?:_task|_op|_kernel|_impl|_fn)$)"
+CUT = r"[\s(<].*$"
+# Members a family may hold and its partner lack: sentinels, not names.
+SENTINEL = re.compile(r"^(count|num\w*|n|max\w*|min|last|first|end|begin|invalid|unknown|none|size|all|default|total)$")
+
+
+@dataclass
+class Family:
+    """One family at base: where it is, how its names normalise, its members by normalised name."""
+
+    kind: str
+    ctx: str
+    lang: str
+    paths: list[str]  # one path, or the files of a repo-wide (registration) family
+    prefix: str
+    names: dict[str, tuple[str, str, int]] = field(default_factory=dict)  # norm → (raw, path, line)
+    values: dict[str, str] = field(default_factory=dict)  # norm → value text (tables)
+
+    @property
+    def id(self) -> str:
+        where = self.paths[0] if len(self.paths) == 1 else f"**/*.{self.lang}"
+        return f"{self.kind}:{self.ctx}@{where}"
+
+    @property
+    def repo_wide(self) -> bool:
+        return KIND_BY_NAME[self.kind].repo_wide
+
+    def describe(self) -> str:
+        what = {
+            "enum": "enum", "case": "case labels in", "array": "array", "c-register": "registrations via",
+            "py-enum": "enum class", "dict": "dict keys of", "list": "list", "compare": "names compared with",
+            "py-register": "registrations via",
+        }[self.kind]
+        where = self.paths[0] if len(self.paths) == 1 else f"{len(self.paths)} files"
+        return f"{what} {self.ctx} ({where})"
+
+    @property
+    def sub(self) -> str:
+        """The regex (replaced by "") that, with lower-casing, turns a raw member into its name."""
+        parts = [CUT]
+        if self.prefix:
+            parts.append("^" + re.escape(self.prefix))
+        parts += [AFFIXES, "[_-]"]
+        return "|".join(parts)
+
+
+@dataclass
+class Invariant:
+    """A relation that held at base: ``core`` families hold the same names, each ``superset`` holds them all."""
+
+    kind: str  # "same-set" | "table-equal"
+    core: list[Family]
+    supersets: list[Family] = field(default_factory=list)
+    exceptions: dict[str, list[str]] = field(default_factory=dict)  # family id → names it may lack
+
+    @property
+    def families(self) -> list[Family]:
+        return self.core + self.supersets
+
+    @property
+    def support(self) -> int:
+        return len(self.core[0].names)
+
+    @property
+    def files(self) -> int:
+        return len({p for f in self.families for p in f.paths})
+
+
+def normalise(raw: str, sub: re.Pattern) -> str:
+    return sub.sub("", raw).lower()
+
+
+def _prefix(raws: list[str]) -> str:
+    """The upper-case, ``_``-ended prefix every member shares (``GGML_OP_``), or ""."""
+    if len(raws) < 3:
+        return ""
+    first = raws[0]
+    n = 0
+    for i, ch in enumerate(first):
+        if all(len(r) > i and r[i] == ch for r in raws):
+            n = i + 1
+        else:
+            break
+    common = first[:n]
+    cut = common.rfind("_")
+    if cut <= 0:
+        return ""
+    common = common[: cut + 1]
+    if not re.fullmatch(r"[A-Z][A-Z0-9_]*_", common) or any(len(r) == len(common) for r in raws):
+        return ""
+    return common
+
+
+def build_families(files: list[FileMembers], min_size: int) -> list[Family]:
+    """Group members into families, drop those too small or not made of names."""
+    groups: dict[tuple, list[tuple[str, str, int, str]]] = defaultdict(list)
+    langs: dict[tuple, str] = {}
+    for fm in files:
+        for kind, ctx, raw, line, value in fm.members:
+            key = (kind, fm.lang, ctx) if KIND_BY_NAME[kind].repo_wide else (kind, fm.path, ctx)
+            groups[key].append((raw, fm.path, line, value))
+            langs[key] = fm.lang
+    out: list[Family] = []
+    for key, rows in groups.items():
+        kind, _, ctx = key
+        cut = [re.sub(CUT, "", r[0]) for r in rows]
+        if len(set(cut)) < min_size or not all(NAME.match(c) for c in cut) or not NAME.match(ctx.replace("->", ".")):
+            continue
+        if any(ch in ctx for ch in '"\\*?[') or any(ch in p for _, p, _, _ in rows for ch in "*?[!"):
+            continue
+        prefix = _prefix(sorted(set(cut)))
+        paths = sorted({p for _, p, _, _ in rows})
+        fam = Family(kind, ctx, langs[key], paths, prefix)
+        sub = re.compile(fam.sub)
+        for raw, path, line, value in rows:
+            name = normalise(raw, sub)
+            if not name:
+                continue
+            fam.names.setdefault(name, (raw, path, line))
+            if value:
+                fam.values.setdefault(name, value)
+        if len(fam.names) >= min_size:
+            out.append(fam)
+    return out
+
+
+def mine(families: list[Family], min_support: int, min_ratio: float = 0.5, max_rules: int = 200) -> list[Invariant]:
+    """Containment and equal tables between families in different files, strongest first.
+
+    Families that contain each other (up to sentinels such as ``COUNT``) form one class, checked
+    as one same-set rule; a class inside bigger families is checked against the smallest of them
+    only (the bigger ones have their own rule), so one missed name gives one finding.
+    """
+    contained = _containment(families, min_support, min_ratio)
+    parent = list(range(len(families)))
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for a, found in contained.items():
+        for b in found:
+            if a in contained.get(b, {}):
+                parent[root(a)] = root(b)
+    classes: dict[int, list[int]] = defaultdict(list)
+    for i in range(len(families)):
+        classes[root(i)].append(i)
+    class_of = {i: root(i) for i in range(len(families))}
+    out: list[Invariant] = []
+    for cid, idx in classes.items():
+        core = [families[i] for i in sorted(idx, key=lambda i: (-len(families[i].names), families[i].id))]
+        rep = next(i for i in idx if families[i] is core[0])
+        declares = [f for f in core if f.kind != "case"]
+        # Supersets, as classes: keep the smallest ones (transitive reduction).
+        sup = {class_of[b] for b in contained.get(rep, {}) if class_of[b] != cid}
+        if all(f.kind in ("case", "array") for f in core):  # the compiler already keeps labels inside their enum
+            sup = {c for c in sup if not any(families[i].kind == "enum" for i in classes[c])}
+        minimal = {c for c in sup if not any(o != c and class_of[o] != c and o in sup and _inside(o, c, contained, classes)
+                                               for o in sup)}
+        supersets = [max((families[i] for i in classes[c]), key=lambda f: (len(f.names), f.id)) for c in sorted(minimal)]
+        if not declares and not any(f.kind != "case" for f in supersets):
+            continue  # switches agreeing with switches is chance, not a belief
+        if len(core) < 2 and not supersets:
+            continue
+        if len({p for f in core + supersets for p in f.paths}) < 2:
+            continue
+        inv = Invariant("same-set", core, supersets)
+        universe = set().union(*(f.names for f in core))
+        for f in core:
+            lack = sorted(n for n in universe if n not in f.names)
+            if lack and all(SENTINEL.match(n) for n in lack):
+                inv.exceptions[f.id] = lack
+            elif lack:
+                break
+        else:
+            for f in supersets:
+                lack = sorted(n for n in core[0].names if n not in f.names)
+                if lack:
+                    inv.exceptions[f.id] = lack
+            out.append(inv)
+        tables = [f for f in core if f.kind == "dict" and len(f.values) == len(f.names)]
+        if len(tables) >= 2 and all(_same_values(tables[0], t) for t in tables[1:]):
+            out.append(Invariant("table-equal", tables[:2]))
+    out.sort(key=lambda inv: (-inv.support, -inv.files, inv.core[0].id))
+    return out[:max_rules]
+
+
+def _inside(small: int, big: int, contained: dict[int, dict[int, list[str]]], classes: dict[int, list[int]]) -> bool:
+    """Whether class ``small`` is inside class ``big`` (so ``big`` is not a minimal superset)."""
+    return any(b in contained.get(a, {}) for a in classes[small] for b in classes[big])
+
+
+def _containment(families: list[Family], min_support: int, min_ratio: float) -> dict[int, dict[int, list[str]]]:
+    """A → B → names of A that B lacks (sentinels only), for every A inside a B of another file."""
+    index: dict[str, list[int]] = defaultdict(list)
+    for i, f in enumerate(families):
+        for name in f.names:
+            index[name].append(i)
+    out: dict[int, dict[int, list[str]]] = {}
+    for a, fa in enumerate(families):
+        real = [n for n in fa.names if not SENTINEL.match(n)]
+        if len(real) < min_support:
+            continue
+        rarest = min(real, key=lambda n: len(index[n]))
+        found: dict[int, list[str]] = {}
+        for b in index[rarest]:
+            fb = families[b]
+            if b == a or set(fa.paths) & set(fb.paths) or len(fa.names) < min_ratio * len(fb.names):
+                continue
+            missing = [n for n in fa.names if n not in fb.names]
+            if len(missing) > 2 or any(not SENTINEL.match(n) for n in missing):
+                continue
+            found[b] = missing
+        if found:
+            out[a] = found
+    return out
+
+
+def _same_values(a: Family, b: Family) -> bool:
+    from checks.rules.table_equal import _norm
+
+    return a.names.keys() == b.names.keys() and all(_norm(a.values[n]) == _norm(b.values[n]) for n in a.names)

@@ -1,0 +1,105 @@
+"""Invariants as config: each inferred relation becomes ``[[fact]]`` and ``[[rule]]`` objects.
+
+Inferred rules run through the same rule engine as declared ones (same-set for
+containment, table-equal for copied tables), so their findings have the same
+Finding type, states and fingerprints. The fact is the family's own tree-sitter
+pattern restricted to its context, with the mined normalisation as ``sub`` and
+``case``; the rule carries its evidence (support and example rows).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+from checks.config import Fact, Pillar, Rule
+from checks.globs import matches
+from checks.infer.families import KIND_BY_NAME, query_text
+from checks.infer.mine import Family, Invariant
+
+LANG_GLOBS = {
+    "python": ["**/*.py", "**/*.pyi"],
+    "c": ["**/*.c"],
+    "cpp": ["**/*.h", "**/*.hpp", "**/*.hh", "**/*.hxx", "**/*.cc", "**/*.cpp", "**/*.cxx"],
+    "cuda": ["**/*.cu", "**/*.cuh"],
+}
+_NOT_VENDORED = [f"!**/{d}/**" for d in ("third_party", "3rdparty", "vendor", "vendors", "external", "extern", "deps",
+                                           "node_modules", "build", "dist", "test", "tests", "example", "examples")]
+_NOT_VENDORED += ["!**/test_*.py", "!**/*_test.py"]
+
+
+def fact_for(family: Family) -> Fact:
+    kind = KIND_BY_NAME[family.kind]
+    options: dict = {"sub": {"key": [family.sub, ""]}, "case": "lower"}
+    if kind.scope:
+        options["scope"] = f"function:{family.ctx}"
+    files = LANG_GLOBS[family.lang] + _NOT_VENDORED if kind.repo_wide else list(family.paths)
+    return Fact(id=family.id, lang=family.lang, files=files, query=query_text(kind, family.ctx, family.lang), options=options)
+
+
+def rule_id(inv: Invariant) -> str:
+    head = inv.core[0]
+    slug = re.sub(r"[^\w.-]+", "-", f"{head.kind}-{head.ctx}").strip("-")[:48]
+    digest = hashlib.sha1("\0".join([inv.kind, *(f.id for f in inv.families)]).encode()).hexdigest()[:6]
+    return f"inferred-{slug}-{digest}"
+
+
+def evidence(inv: Invariant, examples: int = 3) -> list[str]:
+    head, others = inv.core[0], inv.families[1:]
+    if inv.kind == "table-equal":
+        lines = [f"support {inv.support}: {head.describe()} and {others[0].describe()} map every key to the same value"]
+    else:
+        rel = "hold exactly the same" if not inv.supersets else "hold the same"
+        lines = [f"support {inv.support}: {', '.join(f.describe() for f in inv.core)} {rel} {inv.support} names"]
+        if inv.supersets:
+            lines.append("each also in " + ", ".join(f.describe() for f in inv.supersets))
+    for name in list(head.names)[:examples]:
+        raw, path, line = head.names[name]
+        pairs = [f"{raw} ({path}:{line})"]
+        for other in others[:2]:
+            if name in other.names:
+                oraw, opath, oline = other.names[name]
+                pairs.append(f"{oraw} ({opath}:{oline})")
+        lines.append("e.g. " + " = ".join(pairs))
+    for fid, names in inv.exceptions.items():
+        lines.append(f"recorded exception: {fid} lacks {', '.join(names)}")
+    return lines
+
+
+def summary(inv: Invariant) -> str:
+    if inv.kind == "table-equal":
+        return f"{inv.core[0].describe()} equals {inv.core[1].describe()}"
+    if inv.supersets and len(inv.core) == 1:
+        return f"every name in {inv.core[0].describe()} is also in " + ", ".join(f.describe() for f in inv.supersets)
+    return " = ".join(f.describe() for f in inv.core) + (
+        f" (and within {', '.join(f.describe() for f in inv.supersets)})" if inv.supersets else ""
+    )
+
+
+def to_config(inv: Invariant, pillars: list[Pillar], severity: str = "warning") -> tuple[list[Fact], Rule]:
+    facts = [fact_for(f) for f in inv.families]
+    options: dict = {}
+    if inv.kind == "same-set":
+        if inv.supersets:
+            options["extra_ok"] = [f.id for f in inv.supersets]
+        if inv.exceptions:
+            options["exceptions"] = dict(inv.exceptions)
+    rule = Rule(
+        id=rule_id(inv),
+        kind=inv.kind,
+        facts=[f.id for f in facts],
+        pillar=pillar_of(inv.core[0].paths[0], pillars),
+        severity=severity,
+        message=f"inferred at base (support {inv.support}): {summary(inv)}",
+        options=options,
+        source="inferred",
+        evidence=evidence(inv),
+    )
+    return facts, rule
+
+
+def pillar_of(path: str, pillars: list[Pillar]) -> str:
+    for p in pillars:
+        if p.id != "other" and p.paths and matches(p.paths, path):
+            return p.id
+    return "other"

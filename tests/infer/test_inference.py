@@ -1,0 +1,153 @@
+"""Inferred invariants end to end on real git repos: zero config catches a registry drifting across files,
+clean changes give nothing, findings use the engine's states and fingerprints, declared rules win."""
+
+from __future__ import annotations
+
+import pytest
+
+from checks.audit import run_checks
+from checks.config import default_config, parse_config
+from checks.diff import build_changeset
+from checks.infer import infer
+from checks.model import AuditRequest
+from checks.workspace import Tree, checkout
+from tests.gitrepo import GitRepo
+from tests.infer import engine
+
+
+def audit(repo, base, head, config=None):
+    co = checkout(AuditRequest(repo=str(repo), base=base, head=head))
+    return run_checks(co, config or default_config(), build_changeset(co))
+
+
+@pytest.fixture
+def repo(tmp_path):
+    r = GitRepo(tmp_path / "engine")
+    base = r.commit_files(engine.files(), "Engine with five ops")
+    return r, base
+
+
+def test_registry_drift_across_files_is_caught_with_zero_config(repo):
+    r, base = repo
+    head = r.commit_files(engine.files(engine.OPS + ["rope"], registry=engine.OPS), "Add rope")
+    found = audit(r.path, base, head)
+    new = found.with_status("new")
+    assert len(new) == 1, [f.message for f in found.findings]
+    f = new[0]
+    assert f.source == "inferred" and f.rule.startswith("inferred-")
+    assert "'rope'" in f.message and "missing from dict:KERNELS@engine/registry.py" in f.message
+    assert f.evidence[0].startswith("support 6:") and any("engine/registry.py:" in e for e in f.evidence)
+    assert {loc.path for loc in f.locations} == {"csrc/ops.h", "csrc/ops.cpp"}
+    assert f.fingerprint and f.state
+    assert f.rule in found.rules_run
+    assert found.inferred and found.inferred[0].startswith(f.rule)
+    assert "support 6" in found.inferred[0]
+
+
+def test_a_clean_change_gives_zero_findings(repo):
+    r, base = repo
+    head = r.commit_files(engine.files(engine.OPS + ["rope"]), "Add rope everywhere")
+    found = audit(r.path, base, head)
+    assert [f.message for f in found.findings] == []
+    assert found.rules_run and found.inferred  # the invariant was checked, and held
+
+
+def test_a_drift_already_on_the_base_is_pre_existing_then_fixed(repo):
+    r, base = repo
+    drift = r.commit_files(engine.files(engine.OPS + ["rope"], registry=engine.OPS), "Add rope")
+    later = r.commit_files({"README.md": "engine, now with rope\n"}, "Docs")
+    # Inference reads the base: on a drifted base the relation does not hold, so it is not a rule.
+    assert audit(r.path, drift, later).findings == []
+    fixed = r.commit_files(engine.files(engine.OPS + ["rope"]), "Register rope")
+    found = audit(r.path, base, fixed)
+    assert found.findings == []
+    # The same drift, audited twice from one base: identical fingerprints, so a re-run is stable.
+    again = audit(r.path, base, drift)
+    first = audit(r.path, base, drift)
+    assert [f.fingerprint for f in again.findings] == [f.fingerprint for f in first.findings]
+
+
+def test_inference_off_runs_no_inferred_rule(repo):
+    r, base = repo
+    head = r.commit_files(engine.files(engine.OPS + ["rope"], registry=engine.OPS), "Add rope")
+    found = audit(r.path, base, head, parse_config("[settings]\ninfer = false\ncochange = false\n"))
+    assert found.findings == [] and found.rules_run == [] and found.inferred == []
+
+
+def test_an_empty_repo_says_no_rule_ran(tmp_path):
+    r = GitRepo(tmp_path / "plain")
+    base = r.commit_files({"a.py": "x = 1\n"}, "one")
+    head = r.commit_files({"a.py": "x = 2\n"}, "two")
+    found = audit(r.path, base, head)
+    assert found.rules_run == [] and found.inferred == [] and found.findings == []
+
+
+DECLARED = """
+[[fact]]
+id = "ops"
+lang = "cpp"
+files = ["csrc/ops.h"]
+query = "(enumerator name: (identifier) @key)"
+sub = { key = ["^OP_", ""] }
+case = "lower"
+ignore = ["count"]
+
+[[fact]]
+id = "registry"
+lang = "python"
+files = ["engine/registry.py"]
+query = "(pair key: (string) @key)"
+
+[[rule]]
+id = "ops-registered"
+kind = "same-set"
+facts = ["ops", "registry"]
+
+[settings]
+infer = true
+cochange = false
+"""
+
+
+def test_a_declared_rule_wins_over_the_inferred_one_on_the_same_facts(repo):
+    r, base = repo
+    head = r.commit_files(engine.files(engine.OPS + ["rope"], registry=engine.OPS), "Add rope")
+    found = audit(r.path, base, head, parse_config(DECLARED))
+    assert [(f.rule, f.source) for f in found.findings] == [("ops-registered", "declared")]
+    assert not any(x.startswith("inferred-") for x in found.rules_run)
+
+
+def test_inferred_and_declared_combine_on_other_facts(repo):
+    r, base = repo
+    # Only the C++ name table drifts: the declared rule (enum vs dict) holds, the inferred one (all three) does not.
+    head = r.commit_files(engine.files(engine.OPS + ["rope"], names=engine.OPS), "Add rope")
+    text = DECLARED.replace('files = ["engine/registry.py"]', 'files = ["engine/kernels.py"]').replace(
+        '"(pair key: (string) @key)"', '"(function_definition name: (identifier) @key)"')
+    found = audit(r.path, base, head, parse_config(text))
+    new = found.with_status("new")
+    assert [f.source for f in new] == ["inferred"], [f.message for f in found.findings]
+    assert "missing from array:OP_NAMES@csrc/ops.cpp" in new[0].message
+    assert "ops-registered" in found.rules_run and new[0].rule in found.rules_run
+
+
+def test_warm_inference_comes_from_the_cache_and_matches(repo, tmp_path):
+    r, base = repo
+    tree = Tree(str(r.path), base)
+    cold = infer(tree, cache_dir=tmp_path / "c")
+    warm = infer(tree, cache_dir=tmp_path / "c")
+    assert not cold.cached and warm.cached
+    assert [x.id for x in warm.rules] == [x.id for x in cold.rules] and cold.rules
+    assert warm.rules[0].evidence == cold.rules[0].evidence and warm.rules[0].source == "inferred"
+
+
+def test_python_registrations_spread_over_files_are_one_family(tmp_path):
+    r = GitRepo(tmp_path / "models")
+    models = ["llama", "qwen", "mistral", "gemma"]
+    files = {f"models/{m}.py": f'from reg import register_model\n\n\n@register_model("{m}")\nclass M:\n    pass\n'
+             for m in models}
+    files["config.py"] = "SUPPORTED = [" + ", ".join(f'"{m}"' for m in models) + "]\n"
+    base = r.commit_files(files, "four models")
+    head = r.commit_files({"models/phi.py": files["models/llama.py"].replace("llama", "phi")}, "phi")
+    found = audit(r.path, base, head)
+    assert [f.source for f in found.findings] == ["inferred"]
+    assert "'phi'" in found.findings[0].message and "list:SUPPORTED@config.py" in found.findings[0].message
