@@ -133,6 +133,11 @@ class _Lines:
         found = self.headers.get(name, [])
         return found[index] if index < len(found) else 0
 
+    def assign(self, name: str) -> int:
+        """The first line assigning ``name = ...`` (a table written as a key)."""
+        pattern = re.compile(rf"\s*{re.escape(name)}\s*=")
+        return next((i for i, raw in enumerate(self.lines, 1) if pattern.match(raw)), 0)
+
     def key(self, name: str, index: int, key: str) -> int:
         start = self.table(name, index)
         if not start:
@@ -189,10 +194,19 @@ class _Reader:
         assert value is not None  # string() raised otherwise
         return value
 
+    def at(self, name: str) -> str:
+        """``source:line`` of a top-level table or key, for errors about its shape."""
+        return f"{self.source}:{self.where.table(name, 0) or self.where.assign(name) or 1}"
+
     def entries(self, data: dict, name: str) -> list[dict]:
         value = data.get(name, [])
-        if isinstance(value, dict) and name != "settings":
-            raise ConfigError(f"{self.source}: '{name}' must be an array of tables; write [[{name}]], not [{name}]")
+        if isinstance(value, dict):
+            raise ConfigError(f"{self.at(name)}: '{name}' must be an array of tables; write [[{name}]], not [{name}]")
+        if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+            raise ConfigError(
+                f"{self.at(name)}: '{name}' must be an array of tables; write each entry as a [[{name}]] header "
+                f"followed by its keys, not {name} = ..."
+            )
         return value
 
 
@@ -201,7 +215,9 @@ def parse_config(text: str, source: str = CONFIG_PATH, *, include_default_pillar
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{source}: invalid TOML: {exc}; fix the syntax at that position") from None
+        at = re.search(r"\(at line (\d+)", str(exc))
+        where = f"{source}:{at.group(1)}" if at else source
+        raise ConfigError(f"{where}: invalid TOML: {exc}; fix the syntax at that position") from None
     r = _Reader(source, text)
     for key in data:
         if key not in _TOP_KEYS:
@@ -236,7 +252,7 @@ def parse_config(text: str, source: str = CONFIG_PATH, *, include_default_pillar
 
     raw = data.get("settings", {})
     if not isinstance(raw, dict):
-        raise ConfigError(f"{source}: 'settings' must be a table; write [settings]")
+        raise ConfigError(f"{r.at('settings')}: 'settings' must be a table; write one [settings] header, not [[settings]]")
     settings = Settings()
     for key, value in raw.items():
         if not hasattr(settings, key):
@@ -259,6 +275,10 @@ def parse_config(text: str, source: str = CONFIG_PATH, *, include_default_pillar
         if lang not in FACT_LANGS:
             r.fail("fact", i, "lang", f"unknown lang '{lang}'", _closest(lang, FACT_LANGS))
         query = r.string("fact", i, e, "query", required=False)
+        if query:
+            query_problem = _lint_query(query)
+            if query_problem:
+                r.fail("fact", i, "query", query_problem, "see docs/rules.md#when-a-fact-cannot-run")
         regex = r.string("fact", i, e, "regex", required=False)
         if not query and not regex:
             r.fail("fact", i, None, "a fact needs 'query' (tree-sitter) or 'regex'", 'add query = "(...) @key"')
@@ -286,7 +306,7 @@ def parse_config(text: str, source: str = CONFIG_PATH, *, include_default_pillar
         if problem:
             r.fail("fact", i, None, problem, "see docs/rules.md#facts for the options")
     _unique(r, "fact", [f.id for f in facts])
-    pack_facts, pack_rules = _packs(settings.packs, source)
+    pack_facts, pack_rules = _packs(settings.packs, source, f"{source}:{r.where.key('settings', 0, 'packs') or 1}")
     facts += [f for f in pack_facts if f.id not in {x.id for x in facts}]
     fact_ids = [f.id for f in facts]
 
@@ -435,6 +455,14 @@ def _validate_rule(rule: Rule) -> tuple[str | None, str, str] | None:
     return validate(rule) if validate else None
 
 
+def _lint_query(text: str) -> str | None:
+    try:
+        from checks.facts import lint_query
+    except ImportError:
+        return None
+    return lint_query(text)
+
+
 def _validate_fact(fact: Fact) -> str | None:
     """The fact extractor's own option check, phrased for the config error; None when fine."""
     try:
@@ -448,7 +476,7 @@ def _validate_fact(fact: Fact) -> str | None:
     return None
 
 
-def _packs(names: list[str], source: str) -> tuple[list[Fact], list[Rule]]:
+def _packs(names: list[str], source: str, at: str = "") -> tuple[list[Fact], list[Rule]]:
     """Facts and rules of the built-in rule packs named in [settings] packs (checks/packs/<name>.toml)."""
     facts: list[Fact] = []
     rules: list[Rule] = []
@@ -456,7 +484,10 @@ def _packs(names: list[str], source: str) -> tuple[list[Fact], list[Rule]]:
         try:
             text = resources.files("checks.packs").joinpath(f"{name}.toml").read_text()
         except (FileNotFoundError, ModuleNotFoundError):
-            raise ConfigError(f"{source}: [settings] packs: unknown rule pack '{name}'; see docs/rules.md") from None
+            known = sorted(p.name[:-5] for p in resources.files("checks.packs").iterdir() if p.name.endswith(".toml"))
+            raise ConfigError(
+                f"{at}: [settings] packs: unknown rule pack '{name}'; {_closest(name, known)} (docs/rules.md)"
+            ) from None
         pack = parse_config(text, f"rule pack '{name}'", include_default_pillars=True)
         facts += pack.facts
         rules += pack.rules
