@@ -29,6 +29,7 @@ def _client(base: str, state) -> tuple[Github, str]:
 def test_tokens_need_a_valid_app_jwt(ghstub):
     base, state = ghstub
     state.add_repo("octo/eng")
+    state.add_commit("octo/eng", SHA)
     forged = Auth.AppAuth(state.app_id + 1, state.private_key)
     with pytest.raises(GithubException) as err:
         GithubIntegration(auth=forged, base_url=base).get_access_token(1)
@@ -44,6 +45,7 @@ def test_tokens_need_a_valid_app_jwt(ghstub):
 def test_comments_paginate_and_enforce_the_body_limit(ghstub):
     base, state = ghstub
     state.add_repo("octo/eng")
+    state.add_commit("octo/eng", SHA)
     diff = "diff --git a/engine/x.py b/engine/x.py\n+x = 1\n"
     state.add_pull(
         "octo/eng",
@@ -92,6 +94,7 @@ def test_comments_paginate_and_enforce_the_body_limit(ghstub):
 def test_check_runs_enforce_annotation_and_text_limits(ghstub):
     base, state = ghstub
     state.add_repo("octo/eng")
+    state.add_commit("octo/eng", SHA)
     g, _ = _client(base, state)
     repo = g.get_repo("octo/eng")
     run = repo.create_check_run(name="Drift Audit", head_sha=SHA, status="in_progress", external_id="job-1")
@@ -104,6 +107,7 @@ def test_check_runs_enforce_annotation_and_text_limits(ghstub):
     assert err.value.status == 422
     with pytest.raises(GithubException):
         run.edit(status="completed")  # a completed run needs a conclusion
+    assert len(state.take_violations("checks/update request")) == 3  # each refusal above broke the contract
     run.edit(output={"title": "t", "summary": "s", "annotations": [ann] * 50})
     run.edit(conclusion="failure", output={"title": "t", "summary": "s", "annotations": [ann] * 3})
     assert len(list(run.get_annotations())) == 53  # annotations accumulate across updates
@@ -115,6 +119,7 @@ def test_check_runs_enforce_annotation_and_text_limits(ghstub):
 def test_actions_dispatch_runs_and_artifact_download(ghstub):
     base, state = ghstub
     state.add_repo("octo/eng")
+    state.add_commit("octo/eng", SHA)
     state.add_workflow("octo/eng", inputs=["plan", "head_sha", "label", "audit_id"])
     g, token = _client(base, state)
     repo = g.get_repo("octo/eng")

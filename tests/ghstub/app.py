@@ -23,7 +23,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from tests.ghstub.state import StubState, iso
+from tests.ghstub import shapes
+from tests.ghstub.contract import Violation, contract
+from tests.ghstub.state import StubState, iso, user_json
 
 DOCS = "https://docs.github.com/rest"
 COMMENT_MAX = 65536
@@ -31,6 +33,11 @@ CHECK_TEXT_MAX = 65535
 ANNOTATIONS_PER_REQUEST = 50
 CONCLUSIONS = {"action_required", "cancelled", "failure", "neutral", "success", "skipped", "timed_out"}
 STATUSES = {"queued", "in_progress", "completed", "waiting", "requested", "pending"}
+ACTIONS_ONLY = {"waiting", "requested", "pending"}  # "Only GitHub Actions can set a status of ..."
+ANNOTATION_TITLE_MAX = 255  # "The maximum size is 255 characters."
+ANNOTATION_TEXT_MAX = 64 * 1024
+DISPATCH_INPUTS_MAX = 25  # the description's maxProperties ("The maximum number of properties is 25")
+DISPATCH_INPUTS_CHARS = 65535  # "The maximum payload for inputs is 65,535 characters" (GitHub Actions docs)  # message and raw_details: "The maximum size is 64 KB."
 REACTIONS = {"+1", "-1", "laugh", "confused", "heart", "hooray", "rocket", "eyes"}
 LEVELS = {"notice", "warning", "failure"}
 
@@ -58,6 +65,7 @@ class Ctx:
     body: Any
     base: str  # absolute API root, e.g. http://127.0.0.1:1234/api/v3
     auth: dict  # {"kind": "app"|"installation"|"none", ...}
+    key: str = ""  # whose rate limits this request counts against
 
     @property
     def repo(self) -> dict:
@@ -73,67 +81,31 @@ class Ctx:
         return self.request.query_params.get(name, default)
 
 
-def public(obj: dict) -> dict:
-    return {k: v for k, v in obj.items() if not k.startswith("_")}
-
-
 # --------------------------------------------------------------------------- representation
 
 
 def repo_json(ctx: Ctx, r: dict) -> dict:
-    url = f"{ctx.base}/repos/{r['full_name']}"
-    return dict(public(r), url=url, pulls_url=url + "/pulls{/number}", issues_url=url + "/issues{/number}")
+    return shapes.repository(ctx.base, r)
 
 
 def pull_json(ctx: Ctx, pr: dict, full: str) -> dict:
-    url = f"{ctx.base}/repos/{full}/pulls/{pr['number']}"
-    out = public(pr)
-    out["head"] = dict(pr["head"], repo=repo_json(ctx, pr["head"]["repo"]))
-    out["base"] = dict(pr["base"], repo=repo_json(ctx, pr["base"]["repo"]))
-    return dict(
-        out,
-        url=url,
-        issue_url=f"{ctx.base}/repos/{full}/issues/{pr['number']}",
-        comments_url=f"{ctx.base}/repos/{full}/issues/{pr['number']}/comments",
-        html_url=f"https://github.example/{full}/pull/{pr['number']}",
-    )
+    return shapes.pull_request(ctx.base, ctx.state, pr, full)
 
 
 def comment_json(ctx: Ctx, c: dict) -> dict:
-    url = f"{ctx.base}/repos/{c['_repo']}/issues/comments/{c['id']}"
-    return dict(
-        public(c),
-        url=url,
-        html_url=f"https://github.example/{c['_repo']}/pull/{c['_issue']}#issuecomment-{c['id']}",
-        issue_url=f"{ctx.base}/repos/{c['_repo']}/issues/{c['_issue']}",
-    )
+    return shapes.comment(ctx.base, ctx.state, c)
 
 
 def check_json(ctx: Ctx, c: dict) -> dict:
-    out = public(c)
-    out["output"] = dict(
-        c["output"],
-        annotations_count=len(ctx.state.annotations.get(c["id"], [])),
-        annotations_url=f"{ctx.base}/repos/{c['_repo']}/check-runs/{c['id']}/annotations",
-    )
-    return dict(out, url=f"{ctx.base}/repos/{c['_repo']}/check-runs/{c['id']}")
+    return shapes.check_run(ctx.base, ctx.state, c, len(ctx.state.annotations.get(c["id"], [])))
 
 
 def run_json(ctx: Ctx, r: dict) -> dict:
-    url = f"{ctx.base}/repos/{r['_repo']}/actions/runs/{r['id']}"
-    return dict(
-        public(r),
-        url=url,
-        artifacts_url=url + "/artifacts",
-        jobs_url=url + "/jobs",
-        html_url=f"https://github.example/{r['_repo']}/actions/runs/{r['id']}",
-        repository=repo_json(ctx, ctx.state.repos[r["_repo"]]),
-    )
+    return shapes.workflow_run(ctx.base, ctx.state, r)
 
 
 def artifact_json(ctx: Ctx, a: dict) -> dict:
-    url = f"{ctx.base}/repos/{a['_repo']}/actions/artifacts/{a['id']}"
-    return dict(public(a), url=url, archive_download_url=url + "/zip")
+    return shapes.artifact(ctx.base, a)
 
 
 def paginate(ctx: Ctx, items: list, wrap: str | None = None) -> Response:
@@ -169,34 +141,15 @@ def _prefix(ctx: Ctx) -> str:
 
 
 def get_app(ctx: Ctx) -> Response:
-    s = ctx.state
-    return JSONResponse(
-        {
-            "id": s.app_id,
-            "slug": s.app_slug,
-            "name": "Drift Audit",
-            "node_id": "APP",
-            "owner": {"login": "octo-org", "id": 1},
-            "created_at": iso(),
-            "updated_at": iso(),
-            "permissions": {},
-            "events": [],
-            "installations_count": len(s.installations),
-        }
-    )
+    return JSONResponse(dict(shapes.app(ctx.state), installations_count=len(ctx.state.installations)))
 
 
 def repo_installation(ctx: Ctx) -> Response:
-    inst = (
-        ctx.state.installations[
-            ctx.state.repos.get(f"{ctx.params['owner']}/{ctx.params['repo']}", {}).get("_installation", -1)
-        ]
-        if f"{ctx.params['owner']}/{ctx.params['repo']}" in ctx.state.repos
-        else None
-    )
-    if inst is None:
+    r = ctx.state.repos.get(f"{ctx.params['owner']}/{ctx.params['repo']}")
+    inst = ctx.state.installations.get(r["_installation"]) if r else None
+    if inst is None or inst["app_id"] != ctx.auth.get("app_id", ctx.state.app_id):
         raise not_found()
-    return JSONResponse(dict(inst, access_tokens_url=f"{ctx.base}/app/installations/{inst['id']}/access_tokens"))
+    return JSONResponse(shapes.installation(ctx.base, inst))
 
 
 def access_token(ctx: Ctx) -> Response:
@@ -207,7 +160,8 @@ def access_token(ctx: Ctx) -> Response:
 
 
 def rate_limit(ctx: Ctx) -> Response:
-    lim, left, reset = ctx.state.consume(ctx.auth.get("key", "anon"))
+    """Does not count against the limit, as on GitHub."""
+    lim, left, reset, _ = ctx.state.peek(ctx.key)
     core = {"limit": lim, "remaining": left, "reset": reset, "used": lim - left}
     return JSONResponse({"resources": {"core": core, "search": core, "graphql": core}, "rate": core})
 
@@ -240,31 +194,17 @@ def get_pull(ctx: Ctx) -> Response:
 
 def pull_files(ctx: Ctx) -> Response:
     pr = _pull(ctx)
-    return paginate(ctx, ctx.state.pull_files.get((ctx.repo["full_name"], pr["number"]), [])[:3000])
+    full = ctx.repo["full_name"]
+    files = ctx.state.pull_files.get((full, pr["number"]), [])[:3000]
+    return paginate(ctx, [shapes.diff_entry(ctx.base, full, pr["head"]["sha"], f) for f in files])
 
 
 def get_issue(ctx: Ctx) -> Response:
     full = ctx.repo["full_name"]
-    n = int(ctx.params["number"])
-    pr = ctx.state.pulls.get((full, n))
+    pr = ctx.state.pulls.get((full, int(ctx.params["number"])))
     if pr is None:
         raise not_found()
-    url = f"{ctx.base}/repos/{full}/issues/{n}"
-    return JSONResponse(
-        {
-            "id": pr["id"],
-            "number": n,
-            "title": pr["title"],
-            "body": pr["body"],
-            "state": pr["state"],
-            "user": pr["user"],
-            "url": url,
-            "comments_url": url + "/comments",
-            "pull_request": {"url": f"{ctx.base}/repos/{full}/pulls/{n}"},
-            "created_at": pr["created_at"],
-            "updated_at": pr["updated_at"],
-        }
-    )
+    return JSONResponse(shapes.issue(ctx.base, ctx.state, pr, full))
 
 
 # --------------------------------------------------------------------------- issue comments and reactions
@@ -296,9 +236,18 @@ def create_comment(ctx: Ctx) -> Response:
     if (full, n) not in ctx.state.pulls:
         raise not_found()
     body = _body(ctx)
-    c = ctx.state.add_comment(full, n, body, user=f"{ctx.state.app_slug}[bot]")
-    c["user"]["type"] = "Bot"
+    c = ctx.state.add_comment(full, n, body, app_id=_caller(ctx))
     return JSONResponse(comment_json(ctx, c), status_code=201)
+
+
+def _caller(ctx: Ctx) -> int:
+    """The app whose installation token made this request."""
+    return int(ctx.auth.get("app_id", ctx.state.app_id))
+
+
+def forbidden(what: str) -> HTTPError:
+    """What GitHub answers when an app writes to something another app or a person owns."""
+    return HTTPError(403, "Resource not accessible by integration", [{"resource": what, "code": "forbidden"}])
 
 
 def _comment(ctx: Ctx) -> dict:
@@ -314,7 +263,10 @@ def get_comment(ctx: Ctx) -> Response:
 
 
 def update_comment(ctx: Ctx) -> Response:
+    """An app may edit only the comments it wrote: others' comments (people's, other bots') answer 403."""
     c = _comment(ctx)
+    if c.get("_app") != _caller(ctx):
+        raise forbidden("IssueComment")
     body = _body(ctx)
     with ctx.state.lock:
         c.update(body=body, updated_at=iso())
@@ -326,7 +278,7 @@ def create_reaction(ctx: Ctx) -> Response:
     content = (ctx.body or {}).get("content")
     if content not in REACTIONS:
         raise invalid("Reaction", "content", f"content is not included in the list {sorted(REACTIONS)}", "invalid")
-    user = f"{ctx.state.app_slug}[bot]"
+    user = f"{ctx.state.slug_of(_caller(ctx))}[bot]"
     with ctx.state.lock:
         existing = [
             r
@@ -340,7 +292,7 @@ def create_reaction(ctx: Ctx) -> Response:
             "node_id": "REA",
             "content": content,
             "created_at": iso(),
-            "user": {"login": user, "id": 99, "type": "Bot"},
+            "user": user_json(user, "Bot"),
         }
         ctx.state.reactions[c["id"]].append(r)
     return JSONResponse(r, status_code=201)
@@ -352,6 +304,44 @@ def list_reactions(ctx: Ctx) -> Response:
 
 
 # --------------------------------------------------------------------------- check runs
+
+
+def _annotation(a: Any, i: int) -> dict:
+    """One annotation, held to the limits GitHub documents beside the schema (sizes, line/column pairing)."""
+    where = f"output.annotations[{i}]"
+    if not isinstance(a, dict):
+        raise invalid("CheckRun", where, "annotation must be an object", "invalid")
+    for key in ("path", "start_line", "end_line", "annotation_level", "message"):
+        if key not in a:
+            raise invalid("CheckRun", f"{where}.{key}", f"{key} wasn't supplied", "missing_field")
+    if not isinstance(a["path"], str) or not a["path"] or a["path"].startswith("/"):
+        raise invalid("CheckRun", f"{where}.path", "path must be relative to the repository root", "invalid")
+    if a["annotation_level"] not in LEVELS:
+        raise invalid("CheckRun", f"{where}.annotation_level", "annotation_level is invalid", "invalid")
+    start, end = a["start_line"], a["end_line"]
+    if not isinstance(start, int) or not isinstance(end, int) or start < 1 or end < start:
+        raise invalid("CheckRun", f"{where}.end_line", "start_line must be ≥ 1 and end_line ≥ start_line", "invalid")
+    if ("start_column" in a or "end_column" in a) and start != end:
+        raise invalid(
+            "CheckRun", f"{where}.start_column", "start_column and end_column are only allowed on one line", "invalid"
+        )
+    if len(str(a.get("title") or "")) > ANNOTATION_TITLE_MAX:
+        raise invalid("CheckRun", f"{where}.title", f"title is too long (maximum is {ANNOTATION_TITLE_MAX} characters)")
+    for key in ("message", "raw_details"):
+        if len(str(a.get(key) or "").encode()) > ANNOTATION_TEXT_MAX:
+            raise invalid("CheckRun", f"{where}.{key}", f"{key} is too long (maximum is {ANNOTATION_TEXT_MAX} bytes)")
+    return {
+        "path": a["path"],
+        "blob_href": "",
+        "start_line": start,
+        "end_line": end,
+        "start_column": a.get("start_column"),
+        "end_column": a.get("end_column"),
+        "annotation_level": a["annotation_level"],
+        "title": a.get("title"),
+        "message": a["message"],
+        "raw_details": a.get("raw_details"),
+    }
 
 
 def _check_output(ctx: Ctx, output: Any, old: dict | None) -> tuple[dict, list[dict]]:
@@ -371,14 +361,7 @@ def _check_output(ctx: Ctx, output: Any, old: dict | None) -> tuple[dict, list[d
         raise invalid(
             "CheckRun", "output.annotations", f"Only {ANNOTATIONS_PER_REQUEST} annotations are allowed per request"
         )
-    clean = []
-    for a in annotations:
-        for key in ("path", "start_line", "end_line", "annotation_level", "message"):
-            if key not in a:
-                raise invalid("CheckRun", f"output.annotations.{key}", f"{key} wasn't supplied", "missing_field")
-        if a["annotation_level"] not in LEVELS:
-            raise invalid("CheckRun", "output.annotations.annotation_level", "annotation_level is invalid", "invalid")
-        clean.append(dict(a, blob_href=""))
+    clean = [_annotation(a, i) for i, a in enumerate(annotations)]
     kept = {"title": output["title"], "summary": output["summary"], "text": output.get("text")}
     return kept, clean
 
@@ -387,6 +370,8 @@ def _check_fields(ctx: Ctx, data: dict, c: dict) -> None:
     status = data.get("status", c.get("status"))
     if status not in STATUSES:
         raise invalid("CheckRun", "status", "status is not included in the list", "invalid")
+    if "status" in data and status in ACTIONS_ONLY:
+        raise invalid("CheckRun", "status", f"Only GitHub Actions can set a status of {status}", "invalid")
     conclusion = data.get("conclusion", c.get("conclusion"))
     if conclusion is not None and conclusion not in CONCLUSIONS:
         raise invalid("CheckRun", "conclusion", "conclusion is not included in the list", "invalid")
@@ -405,35 +390,30 @@ def _check_fields(ctx: Ctx, data: dict, c: dict) -> None:
         ctx.state.annotations.setdefault(c["id"], []).extend(annotations)
 
 
+def _known_sha(ctx: Ctx, sha: Any, field: str) -> str:
+    """GitHub accepts only commits the repository has, not any 40 hex digits."""
+    full = ctx.repo["full_name"]
+    if not isinstance(sha, str) or not re.fullmatch(r"[0-9a-f]{40}", sha) or not ctx.state.has_commit(full, sha):
+        if field == "ref":
+            raise HTTPError(422, f"No commit found for SHA: {sha}")
+        raise invalid("CheckRun", field, f"No commit found for SHA: {sha}", "invalid")
+    return sha
+
+
 def create_check(ctx: Ctx) -> Response:
     r = ctx.repo
     data = ctx.body or {}
     for key in ("name", "head_sha"):
         if not data.get(key):
             raise invalid("CheckRun", key, f"{key} wasn't supplied", "missing_field")
-    if not re.fullmatch(r"[0-9a-f]{40}", data["head_sha"]):
-        raise invalid("CheckRun", "head_sha", "head_sha is not a valid commit SHA", "invalid")
-    cid = ctx.state.next_id()
-    c = {
-        "id": cid,
-        "node_id": f"CR_{cid}",
-        "head_sha": data["head_sha"],
-        "name": data["name"],
-        "external_id": "",
-        "details_url": None,
-        "status": "queued",
-        "conclusion": None,
-        "started_at": iso(),
-        "completed_at": None,
-        "output": {"title": None, "summary": None, "text": None},
-        "app": {"id": ctx.state.app_id, "slug": ctx.state.app_slug},
-        "pull_requests": [],
-        "check_suite": {"id": 1},
-        "_repo": r["full_name"],
-    }
+    _known_sha(ctx, data["head_sha"], "head_sha")
+    with ctx.state.lock:
+        c = ctx.state.add_check_run(r["full_name"], data["head_sha"], data["name"], app_id=_caller(ctx),
+                                    status="queued", conclusion=None)
+        del ctx.state.check_runs[c["id"]]  # registered only once the fields pass
     _check_fields(ctx, data, c)
     with ctx.state.lock:
-        ctx.state.check_runs[cid] = c
+        ctx.state.check_runs[c["id"]] = c
     return JSONResponse(check_json(ctx, c), status_code=201)
 
 
@@ -449,7 +429,10 @@ def get_check(ctx: Ctx) -> Response:
 
 
 def update_check(ctx: Ctx) -> Response:
+    """Only the app that created a check run may update it."""
     c = _check(ctx)
+    if c.get("_app") != _caller(ctx):
+        raise forbidden("CheckRun")
     _check_fields(ctx, ctx.body or {}, c)
     return JSONResponse(check_json(ctx, c))
 
@@ -460,47 +443,45 @@ def check_annotations(ctx: Ctx) -> Response:
 
 
 def get_commit(ctx: Ctx) -> Response:
-    """Commits are not modelled; any full SHA is answered so ``Repository.get_commit`` works."""
     full = ctx.repo["full_name"]
-    ref = ctx.params["ref"]
-    if not re.fullmatch(r"[0-9a-f]{40}", ref):
-        raise HTTPError(422, f"No commit found for SHA: {ref}")
-    url = f"{ctx.base}/repos/{full}/commits/{ref}"
-    return JSONResponse(
-        {
-            "sha": ref,
-            "node_id": "C",
-            "url": url,
-            "html_url": url,
-            "files": [],
-            "parents": [],
-            "commit": {"message": "", "tree": {"sha": ref}, "url": url},
-        }
-    )
+    sha = _known_sha(ctx, ctx.params["ref"], "ref")
+    return JSONResponse(shapes.commit(ctx.base, full, sha))
 
 
 def checks_for_ref(ctx: Ctx) -> Response:
+    """GitHub's filters: ``check_name``, ``status``, ``app_id``, and ``filter`` — ``latest`` (the default) keeps
+    only the most recent run of each name, ``all`` keeps every run."""
     full = ctx.repo["full_name"]
-    ref = ctx.params["ref"]
-    name = ctx.q("check_name")
-    items = [check_json(ctx, c) for c in ctx.state.check_runs_for(full, ref, name)]
-    return paginate(ctx, sorted(items, key=lambda c: -c["id"]), wrap="check_runs")
+    ref = _known_sha(ctx, ctx.params["ref"], "ref")
+    runs = sorted(ctx.state.check_runs_for(full, ref, ctx.q("check_name")), key=lambda c: -c["id"])
+    if ctx.q("status"):
+        runs = [c for c in runs if c["status"] == ctx.q("status")]
+    if ctx.q("app_id"):
+        runs = [c for c in runs if str(c.get("_app")) == ctx.q("app_id")]
+    if ctx.q("filter", "latest") == "latest":
+        newest: dict[str, dict] = {}
+        for c in runs:
+            newest.setdefault(c["name"], c)
+        runs = list(newest.values())
+    return paginate(ctx, [check_json(ctx, c) for c in runs], wrap="check_runs")
 
 
 # --------------------------------------------------------------------------- collaborators
 
 
 def collaborator_permission(ctx: Ctx) -> Response:
+    """``permission`` is the legacy field (maintain → write, triage → read); ``role_name`` the role itself,
+    including custom repository roles (``StubState.set_permission(..., role_name=...)``)."""
     full = ctx.repo["full_name"]
     login = ctx.params["user"]
     perm = ctx.state.permissions.get((full, login), "read")
-    role = {"admin": "admin", "maintain": "maintain", "write": "write", "triage": "triage", "read": "read"}.get(
-        perm, "none"
+    role = ctx.state.roles.get((full, login)) or (
+        perm if perm in ("admin", "maintain", "write", "triage", "read") else "none"
     )
-    legacy = {"maintain": "write", "triage": "read"}.get(perm, perm)  # GitHub's legacy "permission" field
-    return JSONResponse(
-        {"permission": legacy, "role_name": role, "user": {"login": login, "id": 5, "type": "User", "permissions": {}}}
-    )
+    legacy = {"maintain": "write", "triage": "read"}.get(perm, perm)
+    user = dict(user_json(login), role_name=role, permissions={"admin": perm == "admin", "push": legacy in
+                ("admin", "write"), "pull": True, "maintain": perm == "maintain", "triage": perm != "read"})
+    return JSONResponse({"permission": legacy, "role_name": role, "user": user})
 
 
 # --------------------------------------------------------------------------- actions
@@ -516,12 +497,12 @@ def _workflow(ctx: Ctx) -> dict:
 
 
 def get_workflow(ctx: Ctx) -> Response:
-    wf = _workflow(ctx)
-    url = f"{ctx.base}/repos/{wf['_repo']}/actions/workflows/{wf['id']}"
-    return JSONResponse(dict(public(wf), url=url, html_url=url, badge_url=url + "/badge"))
+    return JSONResponse(shapes.workflow(ctx.base, _workflow(ctx)))
 
 
 def dispatch(ctx: Ctx) -> Response:
+    """GitHub's documented limits: at most 25 inputs, 65,535 characters of inputs in all, only inputs the
+    workflow declares, every required one present, values that are strings, numbers or booleans."""
     wf = _workflow(ctx)
     data = ctx.body or {}
     if not isinstance(data.get("ref"), str) or not data["ref"]:
@@ -529,16 +510,22 @@ def dispatch(ctx: Ctx) -> Response:
     inputs = data.get("inputs") or {}
     if not isinstance(inputs, dict):
         raise HTTPError(422, "Invalid request.\n\nFor 'properties/inputs', is not an object.")
-    if len(inputs) > 25:
-        raise HTTPError(422, "you may only define up to 25 `inputs` for a `workflow_dispatch` event")
+    if len(inputs) > DISPATCH_INPUTS_MAX:
+        raise HTTPError(422, f"you may only define up to {DISPATCH_INPUTS_MAX} `inputs` for a `workflow_dispatch` event")
+    for k, v in inputs.items():
+        if not isinstance(v, (str, int, float, bool)):
+            raise HTTPError(422, f"Invalid request.\n\nFor 'properties/{k}', is not a string.")
+    size = len(json.dumps(inputs, separators=(",", ":"), ensure_ascii=False))
+    if size > DISPATCH_INPUTS_CHARS:
+        raise HTTPError(422, f"inputs are too large ({size} characters; the maximum is {DISPATCH_INPUTS_CHARS})")
     declared = wf.get("_inputs")
     if declared is not None:
         extra = sorted(set(inputs) - set(declared))
         if extra:
             raise HTTPError(422, f"Unexpected inputs provided: {json.dumps(extra)}")
-    for k, v in inputs.items():
-        if not isinstance(v, (str, int, float, bool)):
-            raise HTTPError(422, f"Invalid request.\n\nFor 'properties/{k}', is not a string.")
+    missing = sorted(set(wf.get("_required") or ()) - set(inputs))
+    if missing:
+        raise HTTPError(422, f"Required input '{missing[0]}' not provided")
     record = {
         "repo": wf["_repo"],
         "workflow": wf["path"].rsplit("/", 1)[-1],
@@ -665,6 +652,9 @@ ROUTES: list[tuple[str, str, Callable[[Ctx], Response], str]] = [
     ("GET", r"/repos/{owner}/{repo}/actions/artifacts/{id}/zip", artifact_zip, "token"),
 ]
 
+# Content-creating requests: what GitHub's secondary limits of 80 a minute and 500 an hour count.
+CREATES = {create_comment, create_reaction, create_check, dispatch}
+
 _COMPILED = [(m, re.compile("^" + re.sub(r"\{(\w+)\}", r"(?P<\1>[^/]+)", p) + "/?$"), h, a) for m, p, h, a in ROUTES]
 
 
@@ -687,19 +677,20 @@ def _authenticate(state: StubState, request: Request, need: str) -> dict:
             raise HTTPError(401, "Integration not found")
         if claims["exp"] - claims["iat"] > 600 + 60:
             raise HTTPError(401, "'Expiration time' claim ('exp') is too far in the future")
-        return {"kind": "app", "key": f"app:{state.app_id}"}
+        return {"kind": "app", "app_id": state.app_id}
     if scheme in ("token", "bearer") and cred:
         with state.lock:
             info = state.tokens.get(cred)
         if info is None or info["expires_at"] < time.time():
             raise HTTPError(401, "Bad credentials")
+        inst = state.installations.get(info["installation_id"], {})
         return {
             "kind": "installation",
             "installation_id": info["installation_id"],
-            "key": f"inst:{info['installation_id']}",
+            "app_id": inst.get("app_id", state.app_id),
         }
     if need == "any":
-        return {"kind": "none", "key": request.client.host if request.client else "anon"}
+        return {"kind": "none"}
     raise HTTPError(401, "Requires authentication")
 
 
@@ -710,12 +701,37 @@ def _error(status: int, message: str, errors: list[dict] | None = None, headers:
     return JSONResponse(body, status_code=status, headers=headers)
 
 
+SECONDARY = (
+    "You have exceeded a secondary rate limit. Please wait a few minutes before you try again. "
+    "If you reach out to GitHub Support for help, please include the request ID."
+)
+
+
+def _secondary_limit(state: StubState, wait: int) -> HTTPError:
+    """GitHub's content-creation limit: 403 or 429, ``Retry-After`` only when the stand-in is set to send it."""
+    headers = {"Retry-After": str(wait)} if state.limits.retry_after else {}
+    with state.lock:
+        state.secondary_refusals += 1
+    return HTTPError(state.limits.secondary_status, SECONDARY, headers=headers)
+
+
+def _rate_key(state: StubState, request: Request) -> str:
+    """Primary and secondary limits are per installation (per app for JWT calls), as on GitHub."""
+    scheme, _, cred = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() in ("token", "bearer") and cred:
+        with state.lock:
+            info = state.tokens.get(cred)
+        if info is not None:
+            return f"installation ID {info['installation_id']}"
+        return f"app ID {state.app_id}"
+    return f"IP {request.client.host if request.client else 'anon'}"
+
+
 def _fault(status: int, retry_after: int) -> JSONResponse:
     if status == 403:
         return _error(
             403,
-            "You have exceeded a secondary rate limit. Please wait a few minutes before you try again. "
-            "If you reach out to GitHub Support for help, please include the request ID.",
+            SECONDARY,
             headers={"Retry-After": str(retry_after)},
         )
     return _error(
@@ -732,14 +748,17 @@ def build_app(state: StubState, prefix: str = "") -> Starlette:
             return PlainTextResponse("AuthenticationFailed", status_code=403)
         return Response(state.artifacts[aid]["_zip"], media_type="application/zip")
 
-    async def _serve(request: Request, method: str, api_path: str) -> Response:
-        for m, rx, handler, need in _COMPILED:
-            match = rx.match(api_path)
-            if match and m == method:
-                break
-        else:
+    async def _serve(request: Request, method: str, api_path: str, key: str) -> Response:
+        route = next(((rx.match(api_path), h, a) for m, rx, h, a in _COMPILED if m == method and rx.match(api_path)), None)
+        if route is None:
             raise not_found()
+        match, handler, need = route
+        assert match is not None
         auth = _authenticate(state, request, need)
+        if handler in CREATES:
+            wait = state.create_content(key)
+            if wait is not None:
+                raise _secondary_limit(state, wait)
         raw = await request.body()
         body = None
         if raw:
@@ -747,14 +766,40 @@ def build_app(state: StubState, prefix: str = "") -> Starlette:
                 body = json.loads(raw)
             except ValueError:
                 raise HTTPError(400, "Problems parsing JSON") from None
+        op = contract().match(method, api_path) if state.validate else None
+        if op is not None:
+            broken = contract().check_request(op, request.query_params, body)
+            if broken:
+                with state.lock:
+                    state.violations.extend(broken)
+                raise HTTPError(422, "Invalid request.\n\n" + "\n".join(v.detail for v in broken[:5]))
         base = str(request.base_url).rstrip("/") + prefix
-        ctx = Ctx(state, request, match.groupdict(), body, base, auth)
+        ctx = Ctx(state, request, match.groupdict(), body, base, auth, key)
         return handler(ctx)
+
+    def _check_response(method: str, api_path: str, response: Response) -> None:
+        """Every answer is checked against the schema GitHub documents for its operation and status."""
+        op = contract().match(method, api_path)
+        if op is None:
+            with state.lock:
+                state.violations.append(
+                    Violation(f"{method} {api_path}", "request", "not an operation of GitHub's REST description")
+                )
+            return
+        body: Any = None
+        if response.media_type == "application/json" and response.body:
+            body = json.loads(bytes(response.body))
+        broken = contract().check_response(op, response.status_code, body)
+        with state.lock:
+            state.validated[op.id] += 1
+            state.violations.extend(broken)
 
     async def dispatcher(request: Request) -> Response:
         path = "/" + request.path_params.get("path", "")
         api_path = path[len(prefix) :] if prefix and path.startswith(prefix) else (None if prefix else path)
         method = request.method
+        key = _rate_key(state, request)
+        lim, left, reset, allowed = state.consume(key) if api_path != "/rate_limit" else state.peek(key)
         try:
             if api_path is None:
                 raise not_found()
@@ -763,37 +808,41 @@ def build_app(state: StubState, prefix: str = "") -> Starlette:
                 stall = max(
                     (
                         sec
-                        for key, sec in state.delays.items()
-                        if key.split(" ", 1)[0] == method and key.split(" ", 1)[1] in api_path
+                        for k, sec in state.delays.items()
+                        if k.split(" ", 1)[0] == method and k.split(" ", 1)[1] in api_path
                     ),
                     default=0,
                 )
             if stall:
                 await asyncio.sleep(stall)
+            if not allowed:
+                raise HTTPError(403, f"API rate limit exceeded for {key}. Wait for x-ratelimit-reset.")
             injected = state.fault.pick(api_path, method)
             if injected is not None and state.fault.after_apply:
-                await _serve(request, method, api_path)
+                await _serve(request, method, api_path, key)
+            response: Response
             if injected is not None:
                 with state.lock:
                     state.faults_injected += 1
                 response = _fault(injected, state.fault.retry_after)
             else:
-                response = await _serve(request, method, api_path)
+                response = await _serve(request, method, api_path, key)
         except HTTPError as exc:
             response = _error(exc.status, exc.message, exc.errors, exc.headers)
         except KeyError:
             response = _error(404, "Not Found")
+        if state.validate and api_path is not None:
+            _check_response(method, api_path, response)
         status = response.status_code
-        lim, left, reset = state.consume(request.headers.get("authorization", "anon")[-24:])
         response.headers.update(
             {
-                "X-RateLimit-Limit": str(lim),
-                "X-RateLimit-Remaining": str(left),
-                "X-RateLimit-Reset": str(reset),
-                "X-RateLimit-Used": str(lim - left),
-                "X-RateLimit-Resource": "core",
-                "X-GitHub-Media-Type": "github.v3; format=json",
-                "X-GitHub-Request-Id": secrets.token_hex(8).upper(),
+                "x-ratelimit-limit": str(lim),
+                "x-ratelimit-remaining": str(left),
+                "x-ratelimit-reset": str(reset),
+                "x-ratelimit-used": str(lim - left),
+                "x-ratelimit-resource": "core",
+                "x-github-media-type": "github.v3; format=json",
+                "x-github-request-id": secrets.token_hex(8).upper(),
             }
         )
         with state.lock:

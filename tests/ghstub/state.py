@@ -10,16 +10,58 @@ from __future__ import annotations
 import io
 import random
 import secrets
+import subprocess
 import threading
 import time
 import zipfile
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
+
+
+def user_json(login: str, kind: str = "User") -> dict:
+    """A simple-user object with every field GitHub's schema requires."""
+    uid = sum(login.encode()) * 7919 % 10**7
+    url = f"https://api.github.example/users/{login}"
+    return {
+        "login": login,
+        "id": uid,
+        "node_id": f"U_{uid}",
+        "avatar_url": f"https://avatars.github.example/u/{uid}",
+        "gravatar_id": "",
+        "url": url,
+        "html_url": f"https://github.example/{login}",
+        "followers_url": url + "/followers",
+        "following_url": url + "/following{/other_user}",
+        "gists_url": url + "/gists{/gist_id}",
+        "starred_url": url + "/starred{/owner}{/repo}",
+        "subscriptions_url": url + "/subscriptions",
+        "organizations_url": url + "/orgs",
+        "repos_url": url + "/repos",
+        "events_url": url + "/events{/privacy}",
+        "received_events_url": url + "/received_events",
+        "type": kind,
+        "site_admin": False,
+    }
+
+
+def _git_has(clone_url: str, sha: str) -> bool:
+    path = clone_url[len("file://") :] if clone_url.startswith("file://") else clone_url
+    if not path or not Path(path).exists():
+        return False
+    try:
+        out = subprocess.run(
+            ["git", "-C", path, "cat-file", "-e", f"{sha}^{{commit}}"], capture_output=True, timeout=10
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return out.returncode == 0
 
 
 def iso(ts: float | None = None) -> str:
@@ -73,6 +115,23 @@ class Fault:
 
 
 @dataclass
+class Limits:
+    """GitHub's documented rate limits, as the stand-in enforces them (per installation).
+
+    Primary: ``StubState.rate_limit`` requests per hour, then 403 with ``x-ratelimit-remaining: 0``
+    and ``x-ratelimit-reset``. Secondary: content-creating requests (comments,
+    reactions, check runs, dispatches) over 80 a minute or 500 an hour answer
+    ``secondary_status`` (GitHub sends 403 or 429) with ``Retry-After`` when
+    ``retry_after`` is set; without it a client must wait at least a minute.
+    """
+
+    content_per_minute: int = 80
+    content_per_hour: int = 500
+    secondary_status: int = 403
+    retry_after: int | None = 60
+
+
+@dataclass
 class StubState:
     app_id: int = 4242
     app_slug: str = "drift-audit"
@@ -80,6 +139,13 @@ class StubState:
     token_length: int = 0  # 0: a random length each time, to catch length assumptions
     rate_limit: int = 5000
     lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
+    limits: Limits = field(default_factory=Limits)
+    skew: float = 0.0  # seconds added to the wall clock: tests move time forward instead of sleeping
+    apps: dict[int, str] = field(default_factory=dict)  # app id -> slug, besides this app (other bots)
+    commits: dict[str, set[str]] = field(default_factory=dict)  # repo -> SHAs seeded without a git repo
+    validate: bool = True  # check every request and response against GitHub's REST description
+    violations: list = field(default_factory=list)  # contract.Violation, in the order they happened
+    validated: Counter = field(default_factory=Counter)  # operation id -> requests checked
 
     installations: dict[int, dict] = field(default_factory=dict)
     tokens: dict[str, dict] = field(default_factory=dict)  # token -> {installation_id, expires_at}
@@ -92,6 +158,7 @@ class StubState:
     check_runs: dict[int, dict] = field(default_factory=dict)  # id -> check run json (+ "_repo")
     annotations: dict[int, list[dict]] = field(default_factory=dict)  # check run id -> annotations
     permissions: dict[tuple[str, str], str] = field(default_factory=dict)  # (repo, login) -> admin|write|...
+    roles: dict[tuple[str, str], str] = field(default_factory=dict)  # (repo, login) -> custom role name
     workflows: dict[tuple[str, str], dict] = field(default_factory=dict)  # (repo, file) -> workflow json
     dispatches: list[dict] = field(default_factory=list)
     runs: dict[int, dict] = field(default_factory=dict)  # run id -> workflow run json (+ "_repo")
@@ -102,9 +169,20 @@ class StubState:
     delays: dict[str, float] = field(default_factory=dict)  # "METHOD path-substring" -> seconds to stall first
     fault: Fault = field(default_factory=Fault)
     faults_injected: int = 0
+    secondary_refusals: int = 0  # content-creation requests refused by the secondary limits
     on_dispatch: Callable[[StubState, dict], None] | None = None  # e.g. seed a run for each dispatch
     _ids: int = 1000
-    _remaining: dict[str, int] = field(default_factory=dict)
+    _remaining: dict[str, tuple[int, int]] = field(default_factory=dict)  # key -> (window reset, remaining)
+    _content: dict[str, deque] = field(default_factory=dict)  # installation key -> creation times (last hour)
+    _git_known: dict[tuple[str, str], bool] = field(default_factory=dict)
+
+    def now(self) -> float:
+        return time.time() + self.skew
+
+    def advance(self, seconds: float) -> None:
+        """Move the stand-in's clock forward (rate-limit windows, Retry-After) without sleeping."""
+        with self.lock:
+            self.skew += seconds
 
     # ------------------------------------------------------------------ seeding helpers
     def next_id(self) -> int:
@@ -116,12 +194,19 @@ class StubState:
     def private_key(self) -> str:
         return app_private_key()[0]
 
-    def add_installation(self, installation_id: int = 1, account: str = "octo-org") -> dict:
+    def slug_of(self, app_id: int | None) -> str:
+        return self.app_slug if app_id in (None, self.app_id) else self.apps.get(app_id, f"app-{app_id}")
+
+    def add_installation(
+        self, installation_id: int = 1, account: str = "octo-org", *, app_id: int | None = None
+    ) -> dict:
+        """An installation of this app, or of another app (``app_id``) whose token a test mints directly."""
+        app = self.app_id if app_id is None else app_id
         with self.lock:
             inst = {
                 "id": installation_id,
-                "app_id": self.app_id,
-                "app_slug": self.app_slug,
+                "app_id": app,
+                "app_slug": self.slug_of(app),
                 "account": {"login": account, "id": 1, "type": "Organization"},
                 "target_type": "Organization",
                 "repository_selection": "selected",
@@ -136,6 +221,11 @@ class StubState:
                 "events": ["pull_request", "issue_comment", "check_run", "merge_group", "workflow_run"],
                 "created_at": iso(),
                 "updated_at": iso(),
+                "access_tokens_url": "",
+                "repositories_url": "",
+                "html_url": f"https://github.example/settings/installations/{installation_id}",
+                "target_id": 1,
+                "single_file_name": None,
             }
             self.installations[installation_id] = inst
             return inst
@@ -212,9 +302,12 @@ class StubState:
             self.pull_diffs[(repo, number)] = diff
             return pr
 
-    def set_permission(self, repo: str, login: str, permission: str) -> None:
+    def set_permission(self, repo: str, login: str, permission: str, role_name: str | None = None) -> None:
+        """``permission``: admin|maintain|write|triage|read|none; ``role_name`` a custom role built on it."""
         with self.lock:
             self.permissions[(repo, login)] = permission
+            if role_name:
+                self.roles[(repo, login)] = role_name
 
     def add_workflow(
         self,
@@ -222,8 +315,10 @@ class StubState:
         file: str = "drift-audit-gpu.yml",
         name: str = "Drift Audit GPU",
         inputs: list[str] | None = None,
+        required: list[str] | None = None,
     ) -> dict:
-        """``inputs``: declared workflow_dispatch inputs; others are refused like GitHub does."""
+        """``inputs``: declared workflow_dispatch inputs, others are refused like GitHub does; ``required``:
+        those a dispatch must give."""
         with self.lock:
             wf = {
                 "id": self.next_id(),
@@ -234,6 +329,7 @@ class StubState:
                 "created_at": iso(),
                 "updated_at": iso(),
                 "_inputs": inputs,
+                "_required": required or [],
                 "_repo": repo,
             }
             self.workflows[(repo, file)] = wf
@@ -326,22 +422,84 @@ class StubState:
         with self.lock:
             return [c for c in self.comments.values() if c["_repo"] == repo and c["_issue"] == number]
 
-    def add_comment(self, repo: str, number: int, body: str, user: str = "octocat") -> dict:
+    def add_comment(
+        self, repo: str, number: int, body: str, user: str = "octocat", *, app_id: int | None = None
+    ) -> dict:
+        """A comment by a person, or by an app (``app_id``: ours or another bot's) as ``<slug>[bot]``."""
         with self.lock:
             cid = self.next_id()
+            author = user_json(user) if app_id is None else user_json(f"{self.slug_of(app_id)}[bot]", "Bot")
             c = {
                 "id": cid,
                 "node_id": f"IC_{cid}",
                 "body": body,
-                "user": {"login": user, "id": 7, "type": "User"},
+                "user": author,
                 "created_at": iso(),
                 "updated_at": iso(),
-                "author_association": "MEMBER",
+                "author_association": "NONE" if app_id is not None else "MEMBER",
+                "performed_via_github_app": None,
                 "_repo": repo,
                 "_issue": number,
+                "_app": app_id,
             }
             self.comments[cid] = c
             return c
+
+    def add_check_run(
+        self,
+        repo: str,
+        head_sha: str,
+        name: str = "Drift Audit",
+        *,
+        app_id: int | None = None,
+        status: str = "completed",
+        conclusion: str | None = "success",
+    ) -> dict:
+        """Seed a check run, e.g. one another app owns (``app_id``) on the same commit."""
+        with self.lock:
+            cid = self.next_id()
+            app = self.app_id if app_id is None else app_id
+            c = {
+                "id": cid,
+                "node_id": f"CR_{cid}",
+                "head_sha": head_sha,
+                "name": name,
+                "external_id": "",
+                "details_url": None,
+                "html_url": None,
+                "status": status,
+                "conclusion": conclusion if status == "completed" else None,
+                "started_at": iso(self.now()),
+                "completed_at": iso(self.now()) if status == "completed" else None,
+                "output": {"title": None, "summary": None, "text": None},
+                "_app": app,
+                "_repo": repo,
+            }
+            self.check_runs[cid] = c
+            return c
+
+    def add_commit(self, repo: str, *shas: str) -> None:
+        """Make SHAs known to a repo that has no git repository behind it."""
+        with self.lock:
+            self.commits.setdefault(repo, set()).update(shas)
+
+    def has_commit(self, repo: str, sha: str) -> bool:
+        """Whether ``sha`` is a commit of ``repo``: seeded, a PR's head or base, or in its git repository."""
+        with self.lock:
+            if sha in self.commits.get(repo, set()):
+                return True
+            if any(
+                sha in (pr["head"]["sha"], pr["base"]["sha"]) for (r, _), pr in self.pulls.items() if r == repo
+            ):
+                return True
+            clone = self.repos.get(repo, {}).get("clone_url", "")
+            known = self._git_known.get((repo, sha))
+        if known is None:
+            known = _git_has(clone, sha)
+            if known:  # only hits are cached: a test may commit to the repository later
+                with self.lock:
+                    self._git_known[(repo, sha)] = known
+        return known
 
     def check_runs_for(self, repo: str, head_sha: str | None = None, name: str | None = None) -> list[dict]:
         with self.lock:
@@ -377,11 +535,52 @@ class StubState:
             "repository_selection": "selected",
         }
 
-    def consume(self, key: str) -> tuple[int, int, int]:
+    def consume(self, key: str) -> tuple[int, int, int, bool]:
+        """One request against ``key``'s hourly core limit: (limit, remaining, reset epoch, allowed)."""
         with self.lock:
-            left = self._remaining.get(key, self.rate_limit) - 1
-            self._remaining[key] = max(left, 0)
-            return self.rate_limit, max(left, 0), int(time.time() // 3600 * 3600 + 3600)
+            limit = self.rate_limit
+            now = self.now()
+            reset = int(now // 3600 * 3600 + 3600)
+            window, left = self._remaining.get(key, (reset, limit))
+            if window != reset:
+                left = limit
+            allowed = left > 0
+            left = max(left - 1, 0)
+            self._remaining[key] = (reset, left)
+            return limit, left, reset, allowed
+
+    def peek(self, key: str) -> tuple[int, int, int, bool]:
+        """``key``'s core limit without spending a request."""
+        with self.lock:
+            reset = int(self.now() // 3600 * 3600 + 3600)
+            window, left = self._remaining.get(key, (reset, self.rate_limit))
+            left = left if window == reset else self.rate_limit
+            return self.rate_limit, left, reset, left > 0
+
+    def create_content(self, key: str) -> int | None:
+        """Count one content-creating request; the seconds to wait when it breaks a secondary limit, else None."""
+        lim = self.limits
+        with self.lock:
+            now = self.now()
+            times = self._content.setdefault(key, deque())
+            while times and times[0] <= now - 3600:
+                times.popleft()
+            last_minute = sum(1 for t in times if t > now - 60)
+            if last_minute >= lim.content_per_minute:
+                oldest = next(t for t in times if t > now - 60)
+                return max(int(oldest + 60 - now) + 1, 1)
+            if len(times) >= lim.content_per_hour:
+                return max(int(times[0] + 3600 - now) + 1, 1)
+            times.append(now)
+            return None
 
     def public_key(self):
         return app_private_key()[1]
+
+    def take_violations(self, fragment: str = "") -> list:
+        """Remove and return the contract violations whose text contains ``fragment``: a test that breaks the
+        contract on purpose takes what it caused, so the fixture's check at teardown sees only the rest."""
+        with self.lock:
+            taken = [v for v in self.violations if fragment in str(v)]
+            self.violations = [v for v in self.violations if fragment not in str(v)]
+            return taken
