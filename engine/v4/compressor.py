@@ -1,0 +1,107 @@
+"""The compressors of CSA and HCA layers, and the lightning indexer that picks CSA's entries.
+
+A compressor turns every ``rate`` source tokens into one key: a softmax-gated sum of their projections
+(per channel, with a learned bias per slot), RMS-normalised, rotated at the window's first position with
+the compress rope. CSA (rate 4) overlaps windows: entry ``w`` mixes the first half of window ``w-1``'s
+projections with the second half of window ``w``'s, over ``2·rate`` slots. HCA (rate 128) does not.
+Entries exist only once their window is complete, so a query at position ``p`` sees ``(p+1) // rate``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from engine.v4.cache import CompressorCache
+from engine.v4.config import CSA, V4Config
+from engine.v4.layers import Linear, RMSNorm, param, rope_tail
+from engine.v4.ops import V4Ops
+
+
+@dataclass
+class Step:
+    """What every block of one forward call shares: positions, validity, tokens and rope rows."""
+
+    tokens: torch.Tensor  # [B, S]
+    pos: torch.Tensor  # [B, S]
+    valid: torch.Tensor  # [B, S] bool
+    rope: dict[str, tuple[torch.Tensor, torch.Tensor]]  # kind -> (cos, sin) [B, S, r/2] at pos
+    tables: dict[str, tuple[torch.Tensor, torch.Tensor]]  # kind -> full (cos, sin) tables
+    routes: list | None = None  # when a list, MoE layers append their chosen experts
+
+
+class _Pool(nn.Module):
+    """The gated pooling shared by the compressors and the indexer's key compressor."""
+
+    def __init__(self, cfg: V4Config, rate: int, dim: int, overlap: bool, dtype: torch.dtype | None):
+        super().__init__()
+        proj = dim * (2 if overlap else 1)
+        self.kv_proj = Linear(cfg.hidden_size, proj, dtype)
+        self.gate_proj = Linear(cfg.hidden_size, proj, dtype)
+        self.position_bias = param(rate, proj, dtype=torch.float32)
+        self.kv_norm = RMSNorm(dim, cfg.rms_norm_eps)
+        self.rate, self.dim, self.overlap = rate, dim, overlap
+
+    def pool(self, x: torch.Tensor, step: Step, cache: CompressorCache) -> torch.Tensor:
+        """Emit the entries this chunk completes into ``cache``; returns every entry ``[B, E, dim]``."""
+        rows, ids, kv, gate, ok = cache.windows(self.kv_proj(x), self.gate_proj(x), step.pos, step.valid)
+        if rows.numel():
+            m, d = self.rate, self.dim
+            bias = self.position_bias
+            if self.overlap:  # previous window's first half, then this window's second half
+                kv = torch.cat([kv[:, :m, :d], kv[:, m:, d:]], dim=1)
+                gate = torch.cat([gate[:, :m, :d] + bias[:, :d], gate[:, m:, d:] + bias[:, d:]], dim=1)
+            else:
+                gate = gate + bias
+            gate = gate.masked_fill(~ok.unsqueeze(-1), float("-inf"))
+            kv = kv.masked_fill(~ok.unsqueeze(-1), 0.0)
+            pooled = (kv * gate.softmax(dim=1).to(kv.dtype)).sum(dim=1)
+            cos, sin = step.tables["compress"]
+            first = ids * m
+            entries = rope_tail(self.kv_norm(pooled), cos[first], sin[first])
+            cache.store(rows, ids, entries)
+        return cache.entries
+
+
+class Scorer(nn.Module):
+    def __init__(self, cfg: V4Config, dtype: torch.dtype | None):
+        super().__init__()
+        self.weights_proj = Linear(cfg.hidden_size, cfg.index_n_heads, dtype)
+
+
+class Indexer(_Pool):
+    """Lightning indexer: its own overlapping key compressor at ``index_head_dim``, query heads from the
+    attention's low-rank query, and ``Σ_h w_h · relu(q_h · k)`` scores; the ``index_topk`` best visible
+    entries per query are attended."""
+
+    def __init__(self, cfg: V4Config, ops: V4Ops, dtype: torch.dtype | None):
+        super().__init__(cfg, cfg.compress_rates[CSA], cfg.index_head_dim, True, dtype)
+        self.q_b_proj = Linear(cfg.q_lora_rank, cfg.index_n_heads * cfg.index_head_dim, dtype)
+        self.scorer = Scorer(cfg, dtype)
+        self.cfg, self.ops = cfg, ops
+
+    def forward(self, x: torch.Tensor, q_lat: torch.Tensor, step: Step, cache: CompressorCache,
+                n_visible: torch.Tensor) -> torch.Tensor:
+        """Indices ``[B, S, k]`` of the chosen entries, ``-1`` where fewer are visible."""
+        c = self.cfg
+        keys = self.pool(x, step, cache)
+        b, s, _ = x.shape
+        cos, sin = step.rope["compress"]
+        q = self.q_b_proj(q_lat).view(b, s, c.index_n_heads, c.index_head_dim)
+        q = rope_tail(q, cos.unsqueeze(2), sin.unsqueeze(2))
+        w = self.scorer.weights_proj(x).float() * c.index_n_heads ** -0.5
+        return self.ops.indexer_topk(q, w, keys, n_visible, c.index_head_dim ** -0.5, c.index_topk)
+
+
+class Compressor(_Pool):
+    """The CSA (overlapping, with an indexer) or HCA compressor of one attention layer."""
+
+    def __init__(self, cfg: V4Config, layer_type: str, ops: V4Ops, dtype: torch.dtype | None):
+        csa = layer_type == CSA
+        super().__init__(cfg, cfg.compress_rates[layer_type], cfg.head_dim, csa, dtype)
+        self.indexer = Indexer(cfg, ops, dtype) if csa else None
+
+    def forward(self, x: torch.Tensor, step: Step, cache: CompressorCache) -> torch.Tensor:
+        return self.pool(x, step, cache)

@@ -1,0 +1,77 @@
+"""Greedy decode with the V4 caches for a batch of prompts of different lengths.
+
+Prompts are right-padded into one prefill whose padding is marked invalid (never cached); each row then
+decodes from its own length. Every step records the top-1 − top-2 logit margin for goldens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.v4.model import DeepseekV4
+
+
+@dataclass
+class Generation:
+    prompt: list[int]
+    tokens: list[int] = field(default_factory=list)
+    margins: list[float] = field(default_factory=list)
+
+
+def _check(model: DeepseekV4, prompts: list[list[int]], max_new_tokens: int) -> None:
+    if not prompts:
+        raise ValueError("no prompts given")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    v = model.cfg.vocab_size
+    for i, p in enumerate(prompts):
+        if not p:
+            raise ValueError(f"prompt {i} is empty")
+        bad = [t for t in p if not 0 <= int(t) < v]
+        if bad:
+            raise ValueError(f"prompt {i} has token id(s) {bad[:5]} outside the vocabulary [0, {v})")
+
+
+@torch.inference_mode()
+def generate(model: DeepseekV4, prompts: list[list[int]], max_new_tokens: int,
+             eos_token_id: int | None = None) -> list[Generation]:
+    """Greedy continuations (ties to the lowest token id)."""
+    _check(model, prompts, max_new_tokens)
+    dev = model.device
+    b = len(prompts)
+    lens = torch.tensor([len(p) for p in prompts], device=dev)
+    s = int(lens.max())
+    model.setup_cache(b, s + max_new_tokens)
+    tokens = torch.zeros(b, s, dtype=torch.long, device=dev)
+    for i, p in enumerate(prompts):
+        tokens[i, : len(p)] = torch.tensor(p, dtype=torch.long)
+    cols = torch.arange(s, device=dev).unsqueeze(0)
+    logits = model(tokens, cols.expand(b, s), cols < lens.unsqueeze(1), last=lens - 1)
+    outs = [Generation(prompt=[int(t) for t in p]) for p in prompts]
+    done = torch.zeros(b, dtype=torch.bool, device=dev)
+    for step in range(max_new_tokens):
+        top2 = logits.topk(2, dim=-1).values
+        nxt = logits.argmax(dim=-1)
+        for i, (t, m) in enumerate(zip(nxt.tolist(), (top2[:, 0] - top2[:, 1]).tolist(), strict=True)):
+            if not done[i]:
+                outs[i].tokens.append(t)
+                outs[i].margins.append(m)
+        if eos_token_id is not None:
+            done |= nxt == eos_token_id
+            if bool(done.all()):
+                break
+        if step + 1 == max_new_tokens:
+            break
+        logits = model(nxt.unsqueeze(1), (lens + step).unsqueeze(1))
+    return outs
+
+
+@torch.inference_mode()
+def prefill_logits(model: DeepseekV4, tokens: torch.Tensor) -> torch.Tensor:
+    """fp32 logits at every position of an unpadded batch ``tokens[B, S]`` (for parity checks)."""
+    b, s = tokens.shape
+    model.setup_cache(b, s)
+    pos = torch.arange(s, device=tokens.device).unsqueeze(0).expand(b, s)
+    return model.logits(model.hidden(tokens, pos))

@@ -1,0 +1,55 @@
+"""Which implementation the V4 model calls for each of its own hot ops.
+
+Like :mod:`engine.ops`: ``backend="torch"`` uses the torch reference beside each kernel in ``kernels/``
+(``<op>_ref``, the oracle); ``backend="triton"`` uses the Triton entry point of the same module (the name
+without ``_ref``). Ops with no Triton kernel yet keep their reference on the Triton backend and say so in
+:meth:`V4Ops.resolved`, so a decode comparison knows which parts it actually exercised.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+
+OPS: dict[str, tuple[str, str]] = {
+    "hc_pre": ("kernels.hc", "hc_pre_ref"),
+    "hc_post": ("kernels.hc", "hc_post_ref"),
+    "hc_head": ("kernels.hc", "hc_head_ref"),
+    "topk_route": ("kernels.hash_routing", "topk_route_ref"),
+    "hash_route": ("kernels.hash_routing", "hash_route_ref"),
+    "moe_dense": ("kernels.mxfp4", "swiglu_moe_ref"),
+    "moe_mxfp4": ("kernels.mxfp4", "mxfp4_moe_ref"),
+    "indexer_topk": ("kernels.indexer", "indexer_topk_ref"),
+    "attention": ("kernels.sparse_mla", "sink_attention_ref"),
+}
+BACKENDS = ("torch", "triton")
+
+
+class V4Ops:
+    def __init__(self, backend: str = "torch"):
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+        self.backend = backend
+        self._fns: dict[str, Callable] = {}
+        self._used: dict[str, str] = {}
+
+    def __getattr__(self, op: str) -> Callable:
+        if op.startswith("_") or op not in OPS:
+            raise AttributeError(op)
+        fn = self._fns.get(op)
+        if fn is None:
+            module_name, ref = OPS[op]
+            module = importlib.import_module(module_name)
+            fn = getattr(module, ref)
+            self._used[op] = "torch"
+            if self.backend == "triton" and hasattr(module, ref.removesuffix("_ref")):
+                fn = getattr(module, ref.removesuffix("_ref"))
+                self._used[op] = "triton"
+            self._fns[op] = fn
+        return fn
+
+    def resolved(self) -> dict[str, str]:
+        """op → the backend that actually runs it."""
+        for op in OPS:
+            getattr(self, op)
+        return dict(self._used)

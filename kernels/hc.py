@@ -1,0 +1,233 @@
+"""Manifold-constrained hyper-connections (mHC): the pre mix (weights + Sinkhorn + collapse), the post mix,
+and the hyper head that collapses the streams before the final norm.
+
+``hc_pre`` reads the ``n_hc`` residual streams ``x[T, N, D]`` once: an unweighted RMSNorm over the
+flattened ``N·D`` row, one small projection to ``(2+N)·N`` mixing logits, sigmoid pre/post weights, a
+softmax comb matrix projected onto the doubly stochastic matrices by Sinkhorn-Knopp, and the collapse
+``Σ_j pre_j x_j``. ``hc_post`` writes ``post_i · out + Σ_j comb[j, i] · x_j``. Both are memory bound: the
+kernels read each stream row once and keep the ``N×N`` matrices in registers.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels._launch import next_pow2
+from kernels.arch import interpreting
+from kernels.harness import Case, Check, ParitySpec
+
+
+def _mix_logits(x: torch.Tensor, fn: torch.Tensor, norm_eps: float) -> torch.Tensor:
+    flat = x.reshape(*x.shape[:-2], -1).float()
+    flat = flat * torch.rsqrt(flat.square().mean(-1, keepdim=True) + norm_eps)
+    return flat @ fn.float().t()
+
+
+def hc_pre_ref(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, iters: int,
+               eps: float, norm_eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The oracle: ``x[..., N, D]`` → ``(collapsed[..., D] in x.dtype, post[..., N] fp32, comb[..., N, N] fp32)``.
+
+    ``comb`` is row-softmaxed, then columns and rows are normalised in turn (columns first, ``iters``
+    column passes in all), each with ``eps`` in the denominator as the checkpoint was trained."""
+    n = x.shape[-2]
+    mix = _mix_logits(x, fn, norm_eps)
+    pre_w, post_w, comb_w = mix.split([n, n, n * n], dim=-1)
+    b = base.float()
+    s = scale.float()
+    pre = torch.sigmoid(pre_w * s[0] + b[:n]) + eps
+    post = 2 * torch.sigmoid(post_w * s[1] + b[n:2 * n])
+    comb = torch.softmax(comb_w.view(*comb_w.shape[:-1], n, n) * s[2] + b[2 * n:].view(n, n), dim=-1) + eps
+    comb = comb / (comb.sum(dim=-2, keepdim=True) + eps)
+    for _ in range(iters - 1):
+        comb = comb / (comb.sum(dim=-1, keepdim=True) + eps)
+        comb = comb / (comb.sum(dim=-2, keepdim=True) + eps)
+    collapsed = (pre.unsqueeze(-1) * x.float()).sum(dim=-2).to(x.dtype)
+    return collapsed, post, comb
+
+
+def hc_post_ref(out: torch.Tensor, x: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
+    """``new[..., i, :] = post_i · out + Σ_j comb[j, i] · x[..., j, :]``, in ``x.dtype`` (the mixing weights are
+    cast to it first, as the model does)."""
+    dt = x.dtype
+    return post.to(dt).unsqueeze(-1) * out.unsqueeze(-2) + torch.matmul(comb.to(dt).transpose(-1, -2), x)
+
+
+def hc_head_ref(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, eps: float,
+                norm_eps: float) -> torch.Tensor:
+    """The hyper head: sigmoid weights from the normalised streams, then the collapse ``Σ_j w_j x_j``."""
+    mix = _mix_logits(x, fn, norm_eps)
+    pre = torch.sigmoid(mix * scale.float() + base.float()) + eps
+    return (pre.unsqueeze(-1) * x.float()).sum(dim=-2).to(x.dtype)
+
+
+# --- Triton ------------------------------------------------------------------------------------------
+
+@triton.jit
+def _hc_pre_kernel(x_ptr, fn_ptr, base_ptr, scale_ptr, col_ptr, post_ptr, comb_ptr, D, iters, eps, norm_eps,
+                   N: tl.constexpr, NMIX: tl.constexpr, BLOCK_D: tl.constexpr):
+    """One token per program: the N·D row is read in D-chunks twice (mix logits, then the collapse)."""
+    t = tl.program_id(0).to(tl.int64)
+    row = x_ptr + t * N * D
+    jn = tl.arange(0, N)
+    mix_i = tl.arange(0, NMIX)
+    ss = tl.zeros([N], dtype=tl.float32)
+    acc = tl.zeros([NMIX], dtype=tl.float32)
+    for d0 in range(0, D, BLOCK_D):
+        d = d0 + tl.arange(0, BLOCK_D)
+        dm = d < D
+        xv = tl.load(row + jn[:, None] * D + d[None, :], mask=dm[None, :], other=0.0).to(tl.float32)  # [N, BD]
+        ss += tl.sum(xv * xv, axis=1)
+        for j in tl.static_range(N):
+            xj = tl.sum(tl.where(jn[:, None] == j, xv, 0.0), axis=0)  # [BD]
+            w = tl.load(fn_ptr + mix_i[:, None] * (N * D) + j * D + d[None, :],
+                        mask=(mix_i[:, None] < (2 + N) * N) & dm[None, :], other=0.0)
+            acc += tl.sum(w * xj[None, :], axis=1)
+    rstd = 1.0 / tl.sqrt_rn(tl.sum(ss, axis=0) / (N * D) + norm_eps)
+    acc = acc * rstd
+    s0 = tl.load(scale_ptr)
+    s1 = tl.load(scale_ptr + 1)
+    s2 = tl.load(scale_ptr + 2)
+    b = tl.load(base_ptr + mix_i, mask=mix_i < (2 + N) * N, other=0.0)
+    pre_l = tl.sum(tl.where(mix_i[None, :] == jn[:, None], (acc * s0 + b)[None, :], 0.0), axis=1)  # [N]
+    post_l = tl.sum(tl.where(mix_i[None, :] == jn[:, None] + N, (acc * s1 + b)[None, :], 0.0), axis=1)
+    pre = tl.sigmoid(pre_l) + eps
+    post = 2.0 * tl.sigmoid(post_l)
+    tl.store(post_ptr + t * N + jn, post)
+    # comb[i, j] = logits[2N + i*N + j]
+    ci = tl.arange(0, N)[:, None]
+    cj = tl.arange(0, N)[None, :]
+    sel = (2 * N + ci * N + cj)  # [N, N]
+    cl = tl.sum(tl.where(mix_i[None, None, :] == sel[:, :, None], (acc * s2 + b)[None, None, :], 0.0), axis=2)
+    cl = cl - tl.max(cl, axis=1)[:, None]
+    ce = tl.exp(cl)
+    comb = ce / tl.sum(ce, axis=1)[:, None] + eps
+    comb = comb / (tl.sum(comb, axis=0)[None, :] + eps)
+    for _ in range(iters - 1):
+        comb = comb / (tl.sum(comb, axis=1)[:, None] + eps)
+        comb = comb / (tl.sum(comb, axis=0)[None, :] + eps)
+    tl.store(comb_ptr + t * N * N + ci * N + cj, comb)
+    for d0 in range(0, D, BLOCK_D):
+        d = d0 + tl.arange(0, BLOCK_D)
+        dm = d < D
+        xv = tl.load(row + jn[:, None] * D + d[None, :], mask=dm[None, :], other=0.0).to(tl.float32)
+        c = tl.sum(pre[:, None] * xv, axis=0)
+        tl.store(col_ptr + t * D + d, c.to(col_ptr.dtype.element_ty), mask=dm)
+
+
+@triton.jit
+def _hc_post_kernel(o_ptr, x_ptr, post_ptr, comb_ptr, y_ptr, D, N: tl.constexpr, BLOCK_D: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    dm = d < D
+    jn = tl.arange(0, N)
+    xv = tl.load(x_ptr + t * N * D + jn[:, None] * D + d[None, :], mask=dm[None, :], other=0.0)
+    dt = xv.dtype
+    o = tl.load(o_ptr + t * D + d, mask=dm, other=0.0)
+    post = tl.load(post_ptr + t * N + jn).to(dt)
+    comb = tl.load(comb_ptr + t * N * N + jn[:, None] * N + jn[None, :]).to(dt)  # [j, i]
+    xf = xv.to(tl.float32)
+    for i in tl.static_range(N):
+        ci = tl.sum(tl.where(jn[None, :] == i, comb.to(tl.float32), 0.0), axis=1)  # comb[:, i] over j
+        pi = tl.sum(tl.where(jn == i, post.to(tl.float32), 0.0), axis=0)
+        y = pi * o.to(tl.float32) + tl.sum(ci[:, None] * xf, axis=0)
+        tl.store(y_ptr + t * N * D + i * D + d, y.to(y_ptr.dtype.element_ty), mask=dm)
+
+
+def hc_pre(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, iters: int, eps: float,
+           norm_eps: float, *, out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None):
+    """Triton ``hc_pre`` with :func:`hc_pre_ref`'s signature and outputs."""
+    n, d = x.shape[-2], x.shape[-1]
+    if n & (n - 1):
+        raise ValueError(f"hc_pre: hc_mult must be a power of two, got {n}")
+    if tuple(fn.shape) != ((2 + n) * n, n * d):
+        raise ValueError(f"hc_pre: fn must be [{(2 + n) * n}, {n * d}], got {tuple(fn.shape)}")
+    lead = x.shape[:-2]
+    xc = x.contiguous().view(-1, n, d)
+    t = xc.shape[0]
+    col, post, comb = out if out is not None else (
+        torch.empty(*lead, d, dtype=x.dtype, device=x.device),
+        torch.empty(*lead, n, dtype=torch.float32, device=x.device),
+        torch.empty(*lead, n, n, dtype=torch.float32, device=x.device))
+    if t:
+        _hc_pre_kernel[(t,)](xc, fn.float().contiguous(), base.float().contiguous(), scale.float().contiguous(),
+                             col, post, comb, d, iters, eps, norm_eps, N=n, NMIX=next_pow2((2 + n) * n),
+                             BLOCK_D=min(next_pow2(d), 64 if interpreting() else 128))
+    return col, post, comb
+
+
+def hc_post(o: torch.Tensor, x: torch.Tensor, post: torch.Tensor, comb: torch.Tensor, *,
+            out: torch.Tensor | None = None) -> torch.Tensor:
+    """Triton ``hc_post`` with :func:`hc_post_ref`'s signature."""
+    n, d = x.shape[-2], x.shape[-1]
+    xc = x.contiguous()
+    y = out if out is not None else torch.empty_like(xc)
+    t = xc.numel() // (n * d)
+    block = min(next_pow2(d), 1024)
+    if t:
+        _hc_post_kernel[(t, triton.cdiv(d, block))](o.contiguous(), xc, post.float().contiguous(),
+                                                     comb.float().contiguous(), y, d, N=n, BLOCK_D=block)
+    return y
+
+
+# --- parity ------------------------------------------------------------------------------------------
+
+def _pre_inputs(case: Case, device: torch.device, gen: torch.Generator) -> dict:
+    t, n, d = case.params["shape"]
+    x = torch.randn(t, n, d, generator=gen, device=device).to(case.dtype)
+    fn = torch.randn((2 + n) * n, n * d, generator=gen, device=device) * (n * d) ** -0.5
+    base = 0.5 * torch.randn((2 + n) * n, generator=gen, device=device)
+    scale = 1 + 0.2 * torch.randn(3, generator=gen, device=device)
+    return {"x": x, "fn": fn, "base": base, "scale": scale, "iters": 20, "eps": 1e-6, "norm_eps": 1e-6}
+
+
+def _post_inputs(case: Case, device: torch.device, gen: torch.Generator) -> dict:
+    t, n, d = case.params["shape"]
+    pre = _pre_inputs(case, device, gen)
+    _, post, comb = hc_pre_ref(**pre)
+    return {"o": torch.randn(t, d, generator=gen, device=device).to(case.dtype), "x": pre["x"], "post": post,
+            "comb": comb}
+
+
+def _run_pre(out, **inp):
+    hc_pre(**inp, out=out)
+
+
+def _run_post(out, **inp):
+    hc_post(**inp, out=out[0])
+
+
+_SHAPES = [
+    Case("3x4x64", {"shape": (3, 4, 64)}, dtype=torch.float32),
+    Case("5x4x200", {"shape": (5, 4, 200)}),
+    Case("2x2x96 fp32", {"shape": (2, 2, 96)}, dtype=torch.float32),
+    Case("flash 128x4x4096", {"shape": (128, 4, 4096)}, devices=("cuda",)),
+    Case("flash 8192x4x4096", {"shape": (8192, 4, 4096)}, devices=("cuda",)),
+]
+_F32 = (torch.float32,)
+_B16 = (torch.bfloat16,)
+
+SPEC_PRE = ParitySpec(
+    op="hc_pre", make_inputs=_pre_inputs, reference=lambda **i: hc_pre_ref(**i), kernel=_run_pre, cases=_SHAPES,
+    checks=[
+        Check("allclose", 1.0, "fp32 math, D-chunked sums", opts={"atol": 1e-5, "rtol": 1e-5}, dtypes=_F32),
+        Check("allclose", 1.0, "bf16 collapse of fp32 sums: two bf16 ulps", opts={"atol": 1 / 64, "rtol": 2**-7},
+              dtypes=_B16),
+        Check("allclose", 1.0, "post weights: fp32 sigmoid of a chunked dot product",
+              opts={"atol": 1e-5, "rtol": 1e-4}, output=1, name="post"),
+        Check("allclose", 1.0, "Sinkhorn in fp32, 20 iterations amplify logit rounding a little",
+              opts={"atol": 1e-5, "rtol": 1e-4}, output=2, name="comb"),
+    ],
+    description="mHC pre mix: normalised projection, sigmoid pre/post, Sinkhorn comb, stream collapse",
+)
+SPEC_POST = ParitySpec(
+    op="hc_post", make_inputs=_post_inputs, reference=lambda **i: hc_post_ref(**i), kernel=_run_post, cases=_SHAPES,
+    checks=[
+        Check("allclose", 1.0, "fp32 sums of N+1 products", opts={"atol": 1e-5, "rtol": 1e-5}, dtypes=_F32),
+        Check("allclose", 1.0, "bf16 out of fp32 sums vs bf16 matmul", opts={"atol": 1 / 32, "rtol": 2**-6},
+              dtypes=_B16),
+    ],
+    description="mHC post mix: post·out + combᵀ·streams",
+)
+SPEC = SPEC_PRE
