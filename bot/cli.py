@@ -8,7 +8,7 @@ import sys
 
 # Packages that contribute subcommands through ``register(subparsers)`` in their cli module.
 # Those modules stay import-light: heavy imports (torch, triton, git) happen inside the handlers.
-_SUBCOMMAND_MODULES = ("bot.review_cli", "checks.cli", "runner.cli", "engine.cli", "kernels.cli", "bot.serve_cli")
+_SUBCOMMAND_MODULES = ("bot.review_cli", "checks.cli", "checks.infer_cli", "runner.cli", "engine.cli", "kernels.cli", "bot.serve_cli")
 
 
 def build_parser() -> argparse.ArgumentParser:
