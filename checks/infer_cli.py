@@ -140,7 +140,7 @@ def propose(tree: Any, max_rules: int = MAX_RULES) -> tuple[str, dict[str, int]]
         rid = ids[rule.id]
         out.append(f"\n# {line.split(': ', 1)[-1]}\n")
         out += [f"#   {e}\n" for e in rule.evidence]
-        names = {}
+        names: dict[str, str] = {}
         for fid in rule.facts:
             fact = facts_by_id[fid]
             names[fid] = f"{rid}-{len(names) + 1}"
