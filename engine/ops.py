@@ -74,6 +74,12 @@ class OpSet:
     def backend_of(self, op: str) -> str:
         return _backend_for(op, self.backend)
 
+    @property
+    def graph_safe(self) -> bool:
+        """Whether a step built from these ops can be captured as a CUDA graph: the Triton entry points never
+        synchronise with the host; the torch references (oracles) may (per-sequence loops over lengths)."""
+        return all(self.backend_of(op) == "triton" for op in OPS)
+
     def __getattr__(self, op: str) -> Callable:
         if op.startswith("_") or op not in OPS:
             raise AttributeError(op)

@@ -13,7 +13,8 @@ into pages and decodes with the op set's ``paged_mla_decode``), and runs ``model
 Which kernel serves each op is the model's :class:`~engine.ops.OpSet`'s business (``backend="triton"``
 puts every hot op on Triton, fp8 experts included, with their block scales as stored). On CUDA (not under
 the interpreter) the decode step for a batch of at most :data:`GRAPH_MAX_BATCH` is captured once as a CUDA
-graph and replayed; on CPU it runs eagerly. Greedy decoding follows :func:`engine.generate.generate` (ties
+graph and replayed, when every op is graph-safe (:attr:`~engine.ops.OpSet.graph_safe`); otherwise, and on
+CPU, it runs eagerly. Greedy decoding follows :func:`engine.generate.generate` (ties
 to the lowest id, top-2 margins recorded), so goldens compare.
 """
 
@@ -68,7 +69,8 @@ class PagedDecoder:
         self._graph = None
         from kernels.arch import interpreting
 
-        want = self.graphs if self.graphs is not None else use_cuda_graph(self.device, batch, interpreting())
+        want = self.graphs if self.graphs is not None else (
+            use_cuda_graph(self.device, batch, interpreting()) and self.ops.graph_safe)
         if want:
             self._capture(batch)
 

@@ -14,7 +14,8 @@ def rewrap_language() -> int:
         from triton.runtime.interpreter import InterpretedFunction
         from triton.runtime.jit import JITFunction
     except ImportError as exc:  # pragma: no cover - depends on the Triton build
-        warnings.warn(f"kernels: cannot switch Triton to its interpreter late ({exc}); import kernels before triton")
+        warnings.warn(f"kernels: cannot switch Triton to its interpreter late ({exc}); import kernels before triton",
+                      stacklevel=2)
         return 0
     n = 0
     for mod in {tl, getattr(tl, "standard", tl), getattr(tl, "math", tl)}:

@@ -244,7 +244,7 @@ def _expert_tile(
 @triton.jit
 def _gate_up_kernel(
     x_ptr, w1_ptr, w3_ptr, s1_ptr, s3_ptr, h_ptr, sorted_ptr, bexp_ptr,
-    NPAIRS, TOPK, D, I,
+    NPAIRS, TOPK, D, INTER,
     stride_xt, stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk, stride_ht,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     FP8: tl.constexpr, F32_DOT: tl.constexpr, EXACT: tl.constexpr, PREC: tl.constexpr,
@@ -254,7 +254,7 @@ def _gate_up_kernel(
     if e < 0:
         return
     pair, p_ok, n_ok, rn, offs_k, e64, w_off = _expert_tile(
-        sorted_ptr, pid_m, e, NPAIRS, I, stride_we, stride_wn, stride_wk, BLOCK_M, BLOCK_N, BLOCK_K
+        sorted_ptr, pid_m, e, NPAIRS, INTER, stride_we, stride_wn, stride_wk, BLOCK_M, BLOCK_N, BLOCK_K
     )
     tok = tl.where(p_ok, pair // TOPK, 0).to(tl.int64)
     x_ptrs = x_ptr + tok[:, None] * stride_xt + offs_k[None, :]
@@ -286,7 +286,7 @@ def _gate_up_kernel(
 @triton.jit
 def _down_kernel(
     h_ptr, w2_ptr, s2_ptr, y_ptr, wt_ptr, sorted_ptr, bexp_ptr,
-    NPAIRS, D, I,
+    NPAIRS, D, INTER,
     stride_ht, stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk, stride_yt,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     FP8: tl.constexpr, F32_DOT: tl.constexpr, PREC: tl.constexpr,
@@ -301,8 +301,8 @@ def _down_kernel(
     rp = tl.where(p_ok, pair, 0).to(tl.int64)
     h_ptrs = h_ptr + rp[:, None] * stride_ht + offs_k[None, :]
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, I, BLOCK_K):
-        k_ok = k0 + offs_k < I
+    for k0 in range(0, INTER, BLOCK_K):
+        k_ok = k0 + offs_k < INTER
         ha = tl.load(h_ptrs, mask=p_ok[:, None] & k_ok[None, :], other=0.0)
         w = tl.load(w2_ptr + w_off, mask=k_ok[:, None], other=0.0)
         if F32_DOT:

@@ -147,7 +147,7 @@ def _as_vectors(t: torch.Tensor, name: str, must_view: bool) -> torch.Tensor:
         return t.view(-1, t.shape[-2], t.shape[-1])
     except RuntimeError:
         if must_view:
-            raise ValueError(f"{name} leading dims cannot be flattened without a copy (strides {t.stride()})")
+            raise ValueError(f"{name} leading dims cannot be flattened without a copy (strides {t.stride()})") from None
         return t.reshape(-1, t.shape[-2], t.shape[-1])
 
 

@@ -189,8 +189,8 @@ def noaux_tc(
 # --- parity (Triton kernel vs reference) --------------------------------------------------------------
 
 from kernels.harness import Case as _Case  # noqa: E402
-from kernels.harness import Check as _Check
-from kernels.harness import ParitySpec as _ParitySpec
+from kernels.harness import Check as _Check  # noqa: E402
+from kernels.harness import ParitySpec as _ParitySpec  # noqa: E402
 
 
 def _route_inputs(case: _Case, device: torch.device, gen: torch.Generator) -> dict:

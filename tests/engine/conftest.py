@@ -9,6 +9,23 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.kernels.interpreter import KERNEL_DEVICE, configure, pyfunc_call
+
+
+def pytest_configure(config):
+    configure(config)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem):
+    return pyfunc_call(pyfuncitem)
+
+
+@pytest.fixture(scope="session")
+def kernel_device() -> str:
+    """Where this process's Triton kernels run: ``cuda`` where they compile, else ``cpu`` (interpreter)."""
+    return KERNEL_DEVICE
+
 
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory):

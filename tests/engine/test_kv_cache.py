@@ -80,3 +80,11 @@ def test_one_attention_forward_and_no_backend_checks_outside_the_op_set():
             assert _calls(tree, "backend_of") == 0, f"engine/{name} checks the backend; the OpSet decides"
         if name != "model.py":  # the projections around attention live in MLA.forward only
             assert _calls(tree, "kv_a_proj_with_mqa") == 0 and _calls(tree, "q_a_proj") == 0, name
+
+
+def test_only_an_all_triton_op_set_is_captured_as_a_graph():
+    from engine.ops import OpSet
+
+    assert OpSet("triton").graph_safe
+    assert not OpSet("torch").graph_safe
+    assert not OpSet({"default": "triton", "paged_mla_decode": "torch"}).graph_safe

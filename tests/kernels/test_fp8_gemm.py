@@ -13,22 +13,24 @@ from kernels.fp8_gemm import (
 )
 from kernels.fp8_quant import act_quant_ref
 from kernels.harness import format_table, run_spec
+from tests.kernels.interpreter import DEVICES
 
 
-def test_fp8_gemm_spec_passes_on_cpu():
-    rows = run_spec(SPEC, "cpu")
+@pytest.mark.parametrize("device", DEVICES)
+def test_fp8_gemm_spec_passes(device):
+    rows = run_spec(SPEC, device)
     assert rows and all(r.passed for r in rows), format_table(rows)
 
 
-def _operands(m, n, k, seed=0):
+def _operands(m, n, k, seed=0, device="cpu"):
     g = torch.Generator().manual_seed(seed)
     a, a_s = act_quant_ref(torch.randn(m, k, generator=g))
     b, b_s = quant_weight_blocks(torch.randn(n, k, generator=g))
-    return a, a_s, b, b_s
+    return a.to(device), a_s.to(device), b.to(device), b_s.to(device)
 
 
-def test_split_k_matches_single_pass_and_reference():
-    a, a_s, b, b_s = _operands(3, 48, 640, seed=1)
+def test_split_k_matches_single_pass_and_reference(device):
+    a, a_s, b, b_s = _operands(3, 48, 640, seed=1, device=device)
     one = fp8_gemm(a, a_s, b, b_s, config=GemmConfig(16, 32, 1, 1, 4, 1))
     split = fp8_gemm(a, a_s, b, b_s, config=GemmConfig(16, 32, 4, 1, 4, 1))  # 5 k-blocks over 3 splits
     ref = fp8_gemm_ref(a, a_s, b, b_s)
@@ -38,8 +40,8 @@ def test_split_k_matches_single_pass_and_reference():
     assert not torch.equal(a_s, torch.ones_like(a_s))  # scales are real, so a dropped scale would show
 
 
-def test_fused_split_k_reduction_matches_the_two_kernel_one():
-    a, a_s, b, b_s = _operands(3, 72, 128 * 6, seed=9)
+def test_fused_split_k_reduction_matches_the_two_kernel_one(device):
+    a, a_s, b, b_s = _operands(3, 72, 128 * 6, seed=9, device=device)
     two = fp8_gemm(a, a_s, b, b_s, config=GemmConfig(16, 32, 3, 1, 4, 1))
     for _ in range(2):  # the counters are reset by each call's last program, so a second call works too
         one = fp8_gemm(a, a_s, b, b_s, config=GemmConfig(16, 32, 3, 1, 4, 1, fused_reduce=True))
@@ -50,16 +52,16 @@ def test_fused_split_k_reduction_matches_the_two_kernel_one():
 
 
 @pytest.mark.parametrize("kblocks, split", [(4, 1), (5, 1), (7, 2)])
-def test_paired_k_steps_match_single_steps(kblocks, split):
-    a, a_s, b, b_s = _operands(5, 40, 128 * kblocks, seed=kblocks)
+def test_paired_k_steps_match_single_steps(kblocks, split, device):
+    a, a_s, b, b_s = _operands(5, 40, 128 * kblocks, seed=kblocks, device=device)
     one = fp8_gemm(a, a_s, b, b_s, config=GemmConfig(16, 32, split, 1, 4, 1))
     pair = fp8_gemm(a, a_s, b, b_s, config=GemmConfig(16, 32, split, 1, 4, 1, k_pair=True))
     torch.testing.assert_close(pair.float(), one.float(), rtol=2**-7, atol=1e-2)
     torch.testing.assert_close(pair.float(), fp8_gemm_ref(a, a_s, b, b_s).float(), rtol=2**-7, atol=1e-2)
 
 
-def test_scales_are_applied_per_block():
-    a, a_s, b, b_s = _operands(2, 256, 256, seed=2)
+def test_scales_are_applied_per_block(device):
+    a, a_s, b, b_s = _operands(2, 256, 256, seed=2, device=device)
     b_s2 = b_s.clone()
     b_s2[1, 0] *= 4  # one 128x128 weight block: only columns 128..255 change
     out1 = fp8_gemm(a, a_s, b, b_s).float()
@@ -108,12 +110,12 @@ def test_general_kernel_config_is_still_honoured():
         ((1, 48, 128 * 5), GemmConfig(16, 32, 5, 0, 4, 1, plain=True)),  # one K block per split
     ],
 )
-def test_static_shape_kernel_matches_general_kernel_and_reference(mnk, cfg):
+def test_static_shape_kernel_matches_general_kernel_and_reference(mnk, cfg, device):
     from kernels.fp8_gemm import _plain_ok
 
     m, n, k = mnk
-    a, a_s, b, b_s = _operands(m, n, k, seed=sum(mnk))
-    out = torch.full((m, n), float("nan"), dtype=torch.bfloat16)
+    a, a_s, b, b_s = _operands(m, n, k, seed=sum(mnk), device=device)
+    out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=device)
     assert _plain_ok(a, a_s, b, b_s, out, cfg.split_k)  # the static-shape kernel really runs
     fp8_gemm(a, a_s, b, b_s, out=out, config=cfg)
     general = fp8_gemm(a, a_s, b, b_s, config=GemmConfig(16, 32, 1, 1, 4, 1))
@@ -123,14 +125,14 @@ def test_static_shape_kernel_matches_general_kernel_and_reference(mnk, cfg):
     torch.testing.assert_close(out.float(), ref.float(), rtol=2**-7, atol=1e-2)
 
 
-def test_strided_operands_take_the_general_kernel():
+def test_strided_operands_take_the_general_kernel(device):
     from kernels.fp8_gemm import _plain_ok
 
-    a, a_s, b, b_s = _operands(4, 64, 512, seed=5)
-    wide = torch.zeros(4, 1024, dtype=torch.float8_e4m3fn)
+    a, a_s, b, b_s = _operands(4, 64, 512, seed=5, device=device)
+    wide = torch.zeros(4, 1024, dtype=torch.float8_e4m3fn, device=device)
     wide[:, :512] = a
     view = wide[:, :512]  # row stride 1024, not K
-    out = torch.empty(4, 64, dtype=torch.bfloat16)
+    out = torch.empty(4, 64, dtype=torch.bfloat16, device=device)
     assert not _plain_ok(view, a_s, b, b_s, out, 1)
     got = fp8_gemm(view, a_s, b, b_s, config=GemmConfig(16, 32, 1, 0, 4, 1, plain=True))
     assert torch.equal(got, fp8_gemm(a, a_s, b, b_s, config=GemmConfig(16, 32, 1, 0, 4, 1, plain=True)))

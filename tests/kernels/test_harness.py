@@ -13,6 +13,7 @@ from kernels import metrics as M
 from kernels.arch import capability, fp8_hw_cast, interpreting
 from kernels.harness import Case, Check, ParitySpec, Row, format_table, poison, results_json, run_spec
 from kernels.registry import OPS, load_spec
+from tests.kernels.interpreter import KERNEL_DEVICE, interpreter
 
 MY_OPS = ["rmsnorm", "rmsnorm_residual", "act_quant", "act_quant_ue8m0", "act_dequant", "weight_dequant",
           "rope", "silu_mul", "silu_mul_quant"]
@@ -140,6 +141,7 @@ def test_cpu_tol_and_dtype_filter():
     assert len(rows) == 1 and rows[0].passed and rows[0].tol == 1e-2
 
 
+@interpreter  # the JSON records that it ran under the interpreter
 def test_case_results_load_into_the_runner_model():
     from checks.model import CaseResult, from_dict
 
@@ -167,11 +169,12 @@ def test_registry_loads_every_op_and_each_has_cpu_cases():
 
 
 def test_arch_selection_is_keyed_on_compute_capability():
-    assert interpreting() and capability("cpu") is None
+    assert capability("cpu") is None and interpreting() == (KERNEL_DEVICE == "cpu")
     assert fp8_hw_cast((9, 0)) and fp8_hw_cast((12, 0)) and fp8_hw_cast((10, 0)) and fp8_hw_cast((8, 9))
     assert not fp8_hw_cast((8, 0)) and not fp8_hw_cast((8, 6)) and not fp8_hw_cast(None)
 
 
+@interpreter  # --device cpu in this process
 def test_cli_parity_writes_json_and_exits_zero(tmp_path):
     from bot.cli import main
 
@@ -197,5 +200,7 @@ def test_kernels_run_on_cpu_when_triton_was_imported_first():
             "import kernels.rmsnorm as r\n"
             "x = torch.randn(3, 64)\n"
             "torch.testing.assert_close(r.rmsnorm(x, torch.ones(64), 1e-6), r.rmsnorm_ref(x, torch.ones(64), 1e-6))\n")
+    # no TRITON_INTERPRET, and no visible GPU even where the machine has one: the package turns it on
     env = {k: v for k, v in __import__("os").environ.items() if k != "TRITON_INTERPRET"}
+    env["CUDA_VISIBLE_DEVICES"] = ""
     subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=str(__import__("pathlib").Path(__file__).parents[2]))

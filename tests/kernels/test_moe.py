@@ -6,16 +6,18 @@ import torch
 from kernels.harness import format_table, run_spec
 from kernels.metrics import gemm_diff
 from kernels.moe import SPEC, align_by_expert, moe_config, moe_experts, moe_experts_ref, moe_inputs
+from tests.kernels.interpreter import DEVICES
 
 
-def test_moe_spec_passes_on_cpu():
-    rows = run_spec(SPEC, "cpu")
+@pytest.mark.parametrize("device", DEVICES)
+def test_moe_spec_passes(device):
+    rows = run_spec(SPEC, device)
     assert rows and all(r.passed for r in rows), format_table(rows)
 
 
 @pytest.mark.parametrize("method", ["torch", "triton"])
-def test_align_groups_pairs_by_expert_in_padded_tiles(method):
-    ids = torch.tensor([[3, 0], [3, 1], [0, 3], [2, 3]])
+def test_align_groups_pairs_by_expert_in_padded_tiles(method, device):
+    ids = torch.tensor([[3, 0], [3, 1], [0, 3], [2, 3]], device=device)
     sorted_ids, block_expert = align_by_expert(ids, num_experts=5, block_m=4, method=method)
     n = ids.numel()
     tiles = sorted_ids.view(-1, 4)
@@ -32,26 +34,27 @@ def test_align_groups_pairs_by_expert_in_padded_tiles(method):
 
 
 @pytest.mark.parametrize("t, e, k, bm", [(1, 64, 6, 16), (16, 64, 6, 16), (5, 256, 8, 16), (40, 8, 2, 4)])
-def test_single_program_alignment_equals_the_torch_one(t, e, k, bm):
+def test_single_program_alignment_equals_the_torch_one(t, e, k, bm, device):
     g = torch.Generator().manual_seed(t)
     ids = torch.rand(t, e, generator=g).argsort(dim=1)[:, :k]
     if t == 40:
         ids[:30] = torch.tensor([1, 2])  # one long run and empty experts
+    ids = ids.to(device)
     a, b = align_by_expert(ids, e, bm, "torch"), align_by_expert(ids, e, bm, "triton")
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
 
 
-def test_routing_weights_scale_each_expert_output():
-    inp = moe_inputs(3, 64, 32, 4, 2, "cpu", torch.Generator().manual_seed(0))
+def test_routing_weights_scale_each_expert_output(device):
+    inp = moe_inputs(3, 64, 32, 4, 2, device, torch.Generator(device).manual_seed(0))
     base = moe_experts(**inp).float()
-    inp2 = dict(inp, topk_weights=inp["topk_weights"] * torch.tensor([[2.0, 0.0]]))
+    inp2 = dict(inp, topk_weights=inp["topk_weights"] * torch.tensor([[2.0, 0.0]], device=device))
     only_first = moe_experts(**inp2).float()
     assert gemm_diff(only_first, moe_experts_ref(**inp2)).value < 1e-5
     assert not torch.allclose(base, only_first)
 
 
-def test_fp8_weights_use_their_block_scales():
-    inp = moe_inputs(4, 160, 96, 4, 2, "cpu", torch.Generator().manual_seed(1), fp8=True)
+def test_fp8_weights_use_their_block_scales(device):
+    inp = moe_inputs(4, 160, 96, 4, 2, device, torch.Generator(device).manual_seed(1), fp8=True)
     inp["w2_scale"] = inp["w2_scale"].clone()
     inp["w2_scale"][:, 1, 0] *= 3  # rows 128..159 of every down projection
     out = moe_experts(**inp)
@@ -72,10 +75,10 @@ def test_tiles_are_keyed_on_capability():
     assert moe_config(64, 6, 64, (12, 0)).num_stages < moe_config(64, 6, 64, (9, 0)).num_stages
 
 
-def test_bad_inputs_are_named():
-    inp = moe_inputs(2, 64, 32, 4, 2, "cpu", torch.Generator().manual_seed(2))
+def test_bad_inputs_are_named(device):
+    inp = moe_inputs(2, 64, 32, 4, 2, device, torch.Generator(device).manual_seed(2))
     with pytest.raises(ValueError, match="w2 must be"):
         moe_experts(**dict(inp, w2=inp["w2"].transpose(1, 2)))
-    fp8 = moe_inputs(2, 64, 32, 4, 2, "cpu", torch.Generator().manual_seed(2), fp8=True)
+    fp8 = moe_inputs(2, 64, 32, 4, 2, device, torch.Generator(device).manual_seed(2), fp8=True)
     with pytest.raises(ValueError, match="w3_scale of shape"):
         moe_experts(**dict(fp8, w3_scale=None))

@@ -7,8 +7,7 @@ import torch
 
 from kernels.harness import format_table, run_spec
 from kernels.rope import SPEC, rope, rope_ref, yarn_freqs, yarn_mscale
-
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+from tests.kernels.interpreter import DEVICES, assert_same
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -59,13 +58,14 @@ def test_hf_form_is_the_same_up_to_the_rope_dim_permutation():
     torch.testing.assert_close(ours_q @ ours_k.transpose(-1, -2), hq @ hk.transpose(-1, -2))
 
 
-def test_in_place_on_a_q_pe_slice_leaves_the_nope_part_alone():
-    q = torch.randn(2, 3, 4, 192).bfloat16()
+def test_in_place_on_a_q_pe_slice_leaves_the_nope_part_alone(device):
+    q = torch.randn(2, 3, 4, 192, device=device).bfloat16()
     nope = q[..., :128].clone()
-    cos, sin = yarn_freqs(64, 3, 10000.0, 40.0)
+    cos, sin = (t.to(device) for t in yarn_freqs(64, 3, 10000.0, 40.0))
     want = rope_ref(q[..., 128:], cos, sin)
     rope(q[..., 128:], cos, sin, inplace=True)
-    assert torch.equal(q[..., :128], nope) and torch.equal(q[..., 128:], want)
+    assert torch.equal(q[..., :128], nope)
+    assert_same(q[..., 128:], want, device)
 
 
 def test_bad_inputs_are_explained():
@@ -80,13 +80,13 @@ def test_bad_inputs_are_explained():
         rope(torch.randn(4, 1, 128)[..., ::2], cos, sin, inplace=True)
 
 
-def test_takes_tables_broadcast_the_way_the_reference_does():
+def test_takes_tables_broadcast_the_way_the_reference_does(device):
     """The engine's op table calls ``rope`` with the reference's arguments: ``cos[pos].unsqueeze(2)``."""
-    x = torch.randn(2, 3, 4, 64).bfloat16()
-    cos, sin = yarn_freqs(64, 50, 10000.0, 40.0)
-    pos = torch.tensor([[7, 8, 9], [0, 31, 49]])
+    x = torch.randn(2, 3, 4, 64, device=device).bfloat16()
+    cos, sin = (t.to(device) for t in yarn_freqs(64, 50, 10000.0, 40.0))
+    pos = torch.tensor([[7, 8, 9], [0, 31, 49]], device=device)
     c4, s4 = cos[pos].unsqueeze(2), sin[pos].unsqueeze(2)
-    assert torch.equal(rope(x, c4, s4), rope_ref(x, c4, s4))
-    assert torch.equal(rope(x, cos, sin, positions=pos), rope_ref(x, c4, s4))
+    assert_same(rope(x, c4, s4), rope_ref(x, c4, s4), device)
+    assert_same(rope(x, cos, sin, positions=pos), rope_ref(x, c4, s4), device)
     with pytest.raises(ValueError, match="must be"):
         rope(x, cos[pos].unsqueeze(2).expand(2, 3, 4, 32), sin[pos].unsqueeze(2).expand(2, 3, 4, 32))

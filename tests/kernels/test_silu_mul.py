@@ -8,8 +8,7 @@ import torch
 from kernels.fp8_quant import act_quant
 from kernels.harness import format_table, run_spec
 from kernels.silu_mul import SPEC, SPEC_QUANT, silu_mul, silu_mul_quant, silu_mul_ref
-
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+from tests.kernels.interpreter import DEVICES
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -20,8 +19,8 @@ def test_parity(spec, device):
 
 
 @pytest.mark.parametrize("ue8m0", [False, True])
-def test_fused_quant_equals_the_unfused_kernels_bit_for_bit(ue8m0):
-    x = (torch.randn(3, 2 * 400) * 3).bfloat16()
+def test_fused_quant_equals_the_unfused_kernels_bit_for_bit(ue8m0, device):
+    x = (torch.randn(3, 2 * 400, device=device) * 3).bfloat16()
     q, s = silu_mul_quant(x, ue8m0=ue8m0)
     q2, s2 = act_quant(silu_mul(x), ue8m0=ue8m0)
     assert torch.equal(q.view(torch.uint8), q2.view(torch.uint8)) and torch.equal(s, s2)
