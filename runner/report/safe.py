@@ -17,7 +17,11 @@ _BACKTICKS = re.compile(r"`+")
 # ASCII punctuation be backslash-escaped, so the escape is always literal.
 _SPECIAL = re.compile(r"([\\`*_{}\[\]<>()#!|~&$])")
 # Where GitHub would make a live mention, issue/PR reference or bare-URL autolink: a ZWSP goes here.
-_BREAKS = re.compile(r"@(?=[\w\-])|#(?=\d)|\bGH-(?=\d)|(?<=[A-Za-z]):(?=//)|\bwww\.", re.IGNORECASE)
+# A mention needs no word character before the @; an e-mail autolink needs a dotted domain after it.
+_BREAKS = re.compile(
+    r"(?<!\w)@(?=[\w\-])|(?<=[\w.+\-])@(?=[\w.\-]*\.\w)|#(?=\d)|\bGH-(?=\d)|(?<=[A-Za-z]):(?=//)|\bwww\.",
+    re.IGNORECASE,
+)
 _LINE_BREAKS = re.compile(r"[\r\n\x0b\x0c\x1c-\x1e\x85\u2028\u2029]+")
 _CONTROL = re.compile(r"[\x00-\x08\x0e-\x1b\x7f]")
 

@@ -93,30 +93,29 @@ def test_findings_round_trip_through_json(mixed_audit):
     assert back == mixed_audit.findings
 
 
-def _render(audit, blob_url=None, limits=None):
-    from runner.report.markdown import environment
+def _render(audit, blob_url=None):
+    from runner.report import Context
+    from runner.report.markdown import render_at
 
-    ctx = {"audit": audit, "blob_url": blob_url}
-    if limits:
-        ctx["limits"] = limits
-    return environment().get_template("_findings.md.j2").render(**ctx)
+    return render_at(audit, Context(blob_url=blob_url), 0)
 
 
-def test_comment_section_lists_new_folds_preexisting_counts_fixed(mixed_audit):
+def test_comment_lists_new_folds_preexisting_counts_fixed(mixed_audit):
     text = _render(mixed_audit, blob_url="https://github.com/o/r/blob/abc123")
-    new_part, _, rest = text.partition("<details>")
+    new_part, _, rest = text.partition("#### Pillars")
     assert "**2 new findings:**" in new_part
     assert "pk-inputs-arity" in new_part and "pk-metadata-bare-operand" in new_part
     assert "shard-tables-agree" not in new_part and "shard-tables-agree" in rest
-    assert "1 pre-existing finding" in rest and "fixes 1 finding present on the base" in text
+    assert "1 pre-existing finding" in rest and "fixes 1 finding present on the base" in new_part
     assert "(https://github.com/o/r/blob/abc123/src/graph.cc#L" in new_part
-    assert "Could not check 1 entry" in text
+    assert "Could not check 1 config entry" in rest
     assert "\\<bad\\> \\`q\\` \\| x" in text  # user text escaped for markdown and HTML
+    assert "> ⚠️ The config could not be fully checked: fact 'x' \\(cfg:3\\)" in text.split("#### Findings")[0]
     plain = _render(mixed_audit)
-    assert "`src/graph.cc:" in plain and "](" not in plain.partition("<details>")[0]
+    assert "`src/graph.cc:" in plain and "](" not in plain.partition("#### Pillars")[0]
 
 
-def test_comment_section_links_escape_odd_paths():
+def test_comment_links_escape_odd_paths():
     audit = Audit(
         request=AuditRequest(repo=".", base="a", head="b"),
         checkout=Checkout(".", "a" * 40, "b" * 40, "a" * 40),
@@ -127,7 +126,7 @@ def test_comment_section_links_escape_odd_paths():
             [Finding("r", "wiring", "error", "<script>x</script> [link](y)", [Location("dir with space/a]b.py", 7)])]
         ),
     )
-    text = _render(audit, blob_url="https://h/o/r/blob/sha", limits={"findings": 1})
+    text = _render(audit, blob_url="https://h/o/r/blob/sha")
     assert "(https://h/o/r/blob/sha/dir%20with%20space/a%5Db.py#L7)" in text
     assert "\\<script\\>" in text and "<script>" not in text and "\\[link\\]\\(y\\)" in text
 
@@ -136,7 +135,7 @@ def test_comment_includes_the_section(mixed_audit):
     from runner.report import report as render
 
     report = render(mixed_audit)
-    assert "#### Drift checks" in report.markdown and report.verdict == "fail"
+    assert "#### Findings" in report.markdown and report.verdict == "fail"
 
 
 def test_facts_cli_prints_rows(shape_repo, capsys):

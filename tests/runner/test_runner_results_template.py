@@ -21,10 +21,11 @@ from checks.model import (
 from checks.model import (
     TestPlan as Plan,
 )
+from runner.report import Context
 from runner.report import report as render
-from runner.report.markdown import environment
+from runner.report.markdown import _LEVELS, render_at
 
-LIMITS = {"files": 1000, "symbols": 1000, "findings": 1000, "cases": 2}
+LIMITS = {"files": 1000, "symbols": 1000, "findings": 1000, "cases": 2, "places": 20, "evidence": 10}
 
 
 def audit_with(plan, results):
@@ -62,8 +63,16 @@ def audit():
     return audit_with(plan, results)
 
 
-def section(audit):
-    return environment().get_template("_results.md.j2").render(audit=audit, limits=LIMITS)
+def section(audit, limits=LIMITS):
+    """The comment's Tests and Not run sections (everything from "#### Tests" to the footer)."""
+    _LEVELS.append(limits)
+    try:
+        text = render_at(audit, Context(), len(_LEVELS) - 1)
+    finally:
+        _LEVELS.pop()
+    if "#### Tests" not in text:
+        return ""
+    return "#### Tests" + text.split("#### Tests", 1)[1].rsplit("\n---\n", 1)[0]
 
 
 def test_results_table_per_runner_with_metrics(audit):
@@ -80,11 +89,13 @@ def test_results_table_per_runner_with_metrics(audit):
 
 def test_user_text_is_escaped(audit):
     text = section(audit)
-    assert "<script>" in text.split("````text")[1].split("````\n")[0]  # inside the fenced tail only
-    assert "`` ``" in text or "``\u200b``" in text  # a fence in the output cannot close ours
-    assert text.count("````text") == 1 and text.count("\n````\n") == 1
+    # The tail holds a run of 4 backticks, so its fence is a run of 5 that the tail cannot close.
+    tail = text.split("`````text\n")[1].split("\n`````\n")[0]
+    assert "<script>" in tail and "```` fence" in tail
+    assert text.count("`````text") == 1
     # File names from the PR reach the comment only inside code spans, which GitHub renders literally.
-    outside_code = re.sub(r"``.*?``|`[^`]*`", "", text.split("````text")[0] + text.split("\n````\n")[-1])
+    outside = text.split("`````text")[0] + text.split("\n`````\n")[-1]
+    outside_code = re.sub(r"``.*?``|`[^`]*`", "", outside)
     assert "test_" in text and "<b>" not in outside_code
 
 
@@ -103,13 +114,26 @@ def test_plan_without_results_and_empty_plan(audit):
     audit.results = None
     text = section(audit)
     assert "| Suite |" not in text
-    assert "4 suite runs selected and not run in this audit: run them with `drift-audit review --run`" in text
+    assert "4 suite runs selected, not run in this audit" in text
+    assert "Run the selected suites with `drift-audit review --run`, or one with `/audit run <suite>`" in text
     assert "selected, no result came back" not in text
     assert "- `engine-unit`: `/audit run engine-unit`" in text
     audit.plan = Plan("da-1", "b" * 40)
     assert "No test suites are declared" in section(audit)
     audit.plan = None
     assert section(audit).strip() == ""
+
+
+def test_not_runnable_is_listed_with_its_reason_never_failed(audit):
+    audit.results.suites.append(SuiteResult("ext-unit", "cpu", "not-runnable",
+                                            reason="cannot import name '_C': the extension is not built"))
+    text = section(audit)
+    assert ("- `ext-unit` on cpu: not runnable here: cannot import name '\\_C': the extension is not built. "
+            "Run it: `/audit run ext-unit`") in text
+    assert "| `ext-unit` |" not in text  # not in the table of suites that ran
+    assert "1 not runnable here" in text
+    audit.results.suites = [s for s in audit.results.suites if s.outcome != "failed"]
+    assert render(audit).verdict == "pass"
 
 
 def test_included_in_the_comment(audit):
@@ -122,14 +146,14 @@ def test_long_lists_are_capped_by_the_comment_limits(audit):
     audit.plan.suites += [PlannedSuite(f"pytest:tests/t{i}.py", "unit", "pytest", "cpu", reasons=["a", "b", "c"])
                           for i in range(30)]
     audit.plan.not_affected += [f"suite-{i}" for i in range(30)]
-    limits = {"files": 3, "symbols": 1, "findings": 3, "cases": 1}
-    text = environment().get_template("_results.md.j2").render(audit=audit, limits=limits)
+    limits = {"files": 3, "symbols": 1, "findings": 3, "cases": 1, "places": 1, "evidence": 1}
+    text = section(audit, limits)
     assert "- … 31 more\n" in text  # 34 planned, 3 shown
     assert "- … 28 more\n" in text  # 31 not affected, 3 shown
     assert "- … 28 more not run" in text  # 31 with no result, 3 shown
     assert "`pytest:tests/t29.py`" not in text
     audit.plan.suites[0].reasons = ["a", "b", "c"]
-    text = environment().get_template("_results.md.j2").render(audit=audit, limits=limits)
+    text = section(audit, limits)
     assert "- `parity-rmsnorm` on sm90: a; … 2 more" in text
     full = section(audit)
     assert "`pytest:tests/t29.py`" in full and "`suite-29`" in full
