@@ -1,30 +1,41 @@
 """The webhook service: verify, record, enqueue, answer — well inside GitHub's 10 s.
 
-The request path does no GitHub calls and no git work: it checks the HMAC,
-records the delivery GUID and enqueues one job in a single transaction, then
-wakes a worker. Everything slow happens in ``bot.worker``.
+The event loop only moves bytes: headers are checked before the body is read
+(a missing or malformed signature, an oversized declared length), the body is
+read against a size cap and a deadline, and everything else (the HMAC, JSON,
+GitHub's schema, building the job, the database) runs in a worker thread, so
+no payload can stall ``/healthz`` or the next delivery. Comment markdown is
+parsed later, by the worker. The request path does no GitHub calls and no git
+work.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import logging
+import re
+from dataclasses import dataclass
 from functools import lru_cache
+from types import SimpleNamespace
+from typing import Any
 
 import jinja2
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
-from starlette.requests import Request
-from starlette.responses import HTMLResponse, JSONResponse
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
-from bot.events import Ignored, job_for
-from bot.queue import JobStore
+from bot.events import Ignored, read_delivery
+from bot.payloads import PayloadError
+from bot.queue import JobRow, JobStore
 from bot.security import page_key, verify_signature
 from bot.settings import BotSettings
 
 log = logging.getLogger("drift_audit.app")
+_SIGNATURE = re.compile(r"^sha256=[0-9a-fA-F]{64}$")
 
 
 class _TooLarge(Exception):
@@ -32,9 +43,6 @@ class _TooLarge(Exception):
 
 
 async def _read_capped(request: Request, cap: int) -> bytes:
-    declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > cap:
-        raise _TooLarge
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
@@ -42,6 +50,30 @@ async def _read_capped(request: Request, cap: int) -> bytes:
             raise _TooLarge
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+@dataclass
+class _Answer:
+    status: int
+    body: dict[str, Any]
+    queued: bool = False
+
+
+def _intake(settings: BotSettings, store: JobStore, event: str, delivery: str, signature: str, body: bytes) -> _Answer:
+    """Everything after the bytes arrive; runs in a worker thread, never on the event loop."""
+    if not verify_signature(settings.webhook_secret, body, signature):
+        return _Answer(401, {"error": "X-Hub-Signature-256 does not match the body"})
+    try:
+        decision = read_delivery(event, body, audit_drafts=settings.audit_drafts, app_id=settings.app_id or None)
+    except PayloadError as exc:
+        return _Answer(400, {"error": f"malformed {event} payload: {exc}"[:500], "field": exc.field[:200]})
+    job = None if isinstance(decision, Ignored) else decision
+    new, job_id = store.accept(delivery, event, job, max_attempts=settings.max_attempts)
+    if not new:
+        return _Answer(200, {"status": "duplicate", "delivery": delivery, "job": job_id})
+    if isinstance(decision, Ignored):
+        return _Answer(202, {"status": "ignored", "reason": decision.reason})
+    return _Answer(202, {"status": "queued", "job": job_id}, queued=True)
 
 
 @lru_cache(maxsize=1)
@@ -53,36 +85,48 @@ def _pages() -> jinja2.Environment:
     )
 
 
-def create_app(settings: BotSettings, store: JobStore, service=None) -> Starlette:
+def _job_view(row: JobRow | None) -> SimpleNamespace | None:
+    """What the details page shows of a job, including one that was dead-lettered (no typed job)."""
+    if row is None:
+        return None
+    trigger = row.job.trigger if row.job is not None else row.kind
+    return SimpleNamespace(
+        id=row.id, status=row.status, attempts=row.attempts, max_attempts=row.max_attempts,
+        superseded_by=row.superseded_by, error=row.error or row.result,
+        job=SimpleNamespace(kind=row.kind, trigger=trigger),
+    )
+
+
+def create_app(settings: BotSettings, store: JobStore, service: Any = None) -> Starlette:
     """``service`` (a ``bot.worker.Service``) is woken on each new job; without one, jobs wait in the store."""
 
-    async def webhook(request: Request) -> JSONResponse:
-        try:
-            body = await _read_capped(request, settings.max_body_bytes)
-        except _TooLarge:
-            return JSONResponse({"error": f"payload over {settings.max_body_bytes} bytes"}, status_code=413)
-        if not verify_signature(settings.webhook_secret, body, request.headers.get("x-hub-signature-256")):
-            return JSONResponse({"error": "bad or missing X-Hub-Signature-256"}, status_code=401)
+    async def webhook(request: Request) -> Response:
+        signature = request.headers.get("x-hub-signature-256", "")
+        if not _SIGNATURE.match(signature):  # before a byte of the body is read
+            return JSONResponse({"error": "missing or malformed X-Hub-Signature-256 (sha256=<64 hex>)"},
+                                status_code=401)
         event = request.headers.get("x-github-event", "")
         delivery = request.headers.get("x-github-delivery", "")
-        if not event or not delivery:
+        if not event or not delivery or len(event) > 100 or len(delivery) > 100:
             return JSONResponse({"error": "X-GitHub-Event and X-GitHub-Delivery are required"}, status_code=400)
+        cap = settings.max_body_bytes
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > cap:
+            return JSONResponse({"error": f"payload over {cap} bytes"}, status_code=413)
         try:
-            payload = json.loads(body)
-            if not isinstance(payload, dict):
-                raise ValueError("not an object")
-            decision = job_for(event, payload, audit_drafts=settings.audit_drafts, app_id=settings.app_id or None)
-        except (ValueError, KeyError, TypeError) as exc:
-            return JSONResponse({"error": f"malformed {event} payload: {exc}"[:300]}, status_code=400)
-        job = None if isinstance(decision, Ignored) else decision
-        new, job_id = await run_in_threadpool(store.accept, delivery, event, job, max_attempts=settings.max_attempts)
-        if not new:
-            return JSONResponse({"status": "duplicate", "delivery": delivery, "job": job_id}, status_code=200)
-        if job is None:
-            return JSONResponse({"status": "ignored", "reason": decision.reason}, status_code=202)
-        if service is not None:
+            body = await asyncio.wait_for(_read_capped(request, cap), settings.body_timeout)
+        except _TooLarge:
+            return JSONResponse({"error": f"payload over {cap} bytes"}, status_code=413)
+        except TimeoutError:
+            return JSONResponse({"error": f"body not received within {settings.body_timeout:g} s"}, status_code=408,
+                                headers={"connection": "close"})
+        except ClientDisconnect:
+            log.info("delivery %s: the sender disconnected before the body was complete", delivery[:100])
+            return Response(status_code=400)
+        answer = await run_in_threadpool(_intake, settings, store, event, delivery, signature, body)
+        if answer.queued and service is not None:
             service.wake()
-        return JSONResponse({"status": "queued", "job": job_id}, status_code=202)
+        return JSONResponse(answer.body, status_code=answer.status)
 
     async def healthz(request: Request) -> JSONResponse:
         return JSONResponse({"ok": True})
@@ -97,12 +141,12 @@ def create_app(settings: BotSettings, store: JobStore, service=None) -> Starlett
                 _pages().get_template("audit.html.j2").render(missing=key, record=None, audit=None, job=None),
                 status_code=404,
             )
-        if key.startswith("job-") and key[4:].isdigit():
+        if key.startswith("job-") and key[4:].isdigit() and len(key) < 24:
             record = await run_in_threadpool(store.audit_for_job, int(key[4:]))
-            job = await run_in_threadpool(store.get, int(key[4:]))
+            job = _job_view(await run_in_threadpool(store.get, int(key[4:])))
         else:
             record = await run_in_threadpool(store.audit, key)
-            job = await run_in_threadpool(store.get, record.job_id) if record else None
+            job = _job_view(await run_in_threadpool(store.get, record.job_id)) if record else None
         if record is None and job is None:
             return HTMLResponse(
                 _pages().get_template("audit.html.j2").render(missing=key, record=None, audit=None, job=None),

@@ -13,6 +13,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from markdown_it import MarkdownIt
+from markdown_it.token import Token
+
 from checks.model import AuditOptions
 
 RUNNER_LABELS = ("sm90", "sm120", "cpu")
@@ -31,9 +34,12 @@ HELP = """\
 A command starts suites on GPU runners only when its author has write access to the repository.
 """
 
-_LINE = re.compile(r"^\s*/audit(?:\s+(?P<rest>.*?))?\s*$", re.IGNORECASE)
+MAX_BODY = 65_536  # GitHub's own limit on a comment body, in characters
+MAX_LINE = 256  # a command line longer than this is answered with help, never parsed further
+_OPAQUE = "\x00"  # stands in for inline code, HTML, links and emphasis: such a line is never a command
 _SUITE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,99}$")
 _PILLAR = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+_MARKDOWN = MarkdownIt("commonmark")
 
 
 @dataclass
@@ -53,25 +59,58 @@ class Command:
 
 
 def find_command(body: str) -> str | None:
-    """The first ``/audit`` line of a comment (quoted lines and code blocks are ignored)."""
-    in_fence = False
-    for line in (body or "").splitlines():
-        if line.lstrip().startswith("```"):
-            in_fence = not in_fence
-            continue
-        if in_fence or line.lstrip().startswith(">"):
-            continue
-        if _LINE.match(line):
-            return line.strip()
+    """The first ``/audit`` line of a comment's paragraph text, as GitHub renders it (CommonMark).
+
+    Fences, indented code, HTML blocks and comments, block quotes (lazy continuation lines
+    included) and inline code never carry a command. Lines split only at the line endings
+    CommonMark knows, so ``\x0b``, ``\x85`` or ``\u2028`` inside a line do not start a new one.
+    Bodies over GitHub's limit are not parsed; the parse itself is linear in the body.
+    """
+    if not body or len(body) > MAX_BODY or "/audit" not in body.lower():
+        return None
+    quoted = 0
+    for token in _MARKDOWN.parse(body):
+        if token.type == "blockquote_open":
+            quoted += 1
+        elif token.type == "blockquote_close":
+            quoted -= 1
+        elif token.type == "inline" and not quoted:
+            for line in _paragraph_lines(token):
+                if _is_command(line):
+                    return line.strip(" \t")[: MAX_LINE + 1]
     return None
 
 
+def _paragraph_lines(inline: Token) -> list[str]:
+    """Visible plain text of one paragraph, one string per source line."""
+    lines, current = [], []
+    for child in inline.children or []:
+        if child.type == "text":
+            current.append(child.content)
+        elif child.type in ("softbreak", "hardbreak"):
+            lines.append("".join(current))
+            current = []
+        else:
+            current.append(_OPAQUE)
+    lines.append("".join(current))
+    return lines
+
+
+def _is_command(line: str) -> bool:
+    text = line.lstrip(" \t")
+    return text[:6].lower() == "/audit" and (len(text) == 6 or text[6] in " \t")
+
+
 def parse_command(line: str) -> Command:
-    m = _LINE.match(line or "")
-    if not m:
-        return Command("help", error="not an /audit command", text=line)
-    words = (m.group("rest") or "").split()
-    text = line.strip()
+    """One command line → a Command; linear in the line, which is capped at ``MAX_LINE`` characters."""
+    text = (line or "").strip(" \t")
+    if not _is_command(text):
+        return Command("help", error="not an /audit command", text=text[:MAX_LINE])
+    if len(text) > MAX_LINE:
+        return Command("help", error=f"the command is longer than {MAX_LINE} characters", text=text[:MAX_LINE])
+    if _OPAQUE in text:
+        return Command("help", error="write the command as plain text (no code spans, links or HTML)", text=text)
+    words = text[6:].split()
     if not words:
         return Command("audit", AuditOptions(run=True), text=text)
     head, rest = words[0].lower(), words[1:]

@@ -1,4 +1,12 @@
-"""Webhook event → job. Pure: no network, no database, so every event shape is testable from fixtures.
+"""Webhook delivery → typed job. Pure: no network, no database, so every event shape is testable from fixtures.
+
+``read_delivery`` is the whole intake decision: the body is decoded with its
+nesting capped, validated against GitHub's schema for its event and action
+(``bot.payloads``), and turned into one typed job (``bot.jobs``) through
+typed field reads. Anything wrong raises ``PayloadError`` naming the field.
+Nothing here parses comment markdown: a comment that mentions ``/audit``
+becomes a command job and the worker parses it, so intake stays cheap
+whatever a commenter writes.
 
 Each job names a ``key`` (one PR, or one merge-queue entry): jobs with the same
 key run one at a time, and a newer head SHA supersedes an older one.
@@ -6,37 +14,22 @@ key run one at a time, and a newer head SHA supersedes an older one.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
-from bot.commands import find_command
+from bot.commands import MAX_BODY
+from bot.jobs import AuditJob, CollectJob, CommandJob, InstallationJob, Job, JobLoadError, RerunJob
+from bot.payloads import Fields, PayloadError, decode, validate
 from checks.model import AuditOptions
 
 AUDIT_PR_ACTIONS = ("opened", "synchronize", "reopened", "ready_for_review")
 UNTRUSTED_ASSOCIATIONS = ("FIRST_TIME_CONTRIBUTOR", "FIRST_TIMER", "NONE", "MANNEQUIN")
-
-
-@dataclass
-class Job:
-    kind: str  # audit | command | collect | installation
-    repo: str  # owner/name
-    key: str
-    installation_id: int | None = None
-    pr: int | None = None
-    head_sha: str | None = None
-    base_sha: str | None = None
-    trigger: str = "pull_request"
-    options: AuditOptions = field(default_factory=AuditOptions)
-    clone_url: str = ""
-    untrusted: bool = False  # fork or first-time contributor: no self-hosted runners without a writer's /audit
-    actor: str | None = None  # who asked (commenter / sender)
-    comment_id: int | None = None
-    command: str | None = None  # the /audit line
-    run_id: int | None = None  # workflow_run completed
-    check_run_id: int | None = None  # check_run rerequested: conclude this run again
-    audit_id: str | None = None  # workflow_run: the audit and runner label its title names
-    label: str | None = None
-    note: str = ""
+ACTED_ON = {
+    "pull_request": AUDIT_PR_ACTIONS,
+    "issue_comment": ("created",),
+    "check_run": ("rerequested",),
+    "merge_group": ("checks_requested",),
+    "workflow_run": ("completed",),
+}
 
 
 @dataclass
@@ -44,160 +37,161 @@ class Ignored:
     reason: str
 
 
-def _installation(payload: dict) -> int | None:
-    inst = payload.get("installation") or {}
-    return inst.get("id")
+def read_delivery(
+    event: str, body: bytes, *, audit_drafts: bool = False, app_id: int | None = None
+) -> Job | Ignored:
+    """The job a verified delivery asks for, or why it is ignored; ``PayloadError`` for a malformed one."""
+    payload = decode(body)
+    action = Fields(payload).get("action", str, required=False)
+    wanted = ACTED_ON.get(event)
+    if wanted is not None and action not in wanted:
+        return Ignored(f"{event}.{action}")  # never acted on, so never worth validating
+    validate(event, action, payload)
+    job = job_for(event, payload, audit_drafts=audit_drafts, app_id=app_id)
+    if not isinstance(job, Ignored):
+        try:
+            job.validate()
+        except JobLoadError as exc:
+            raise PayloadError("$", str(exc)) from None
+    return job
 
 
-def _repo(payload: dict) -> tuple[str, str]:
-    repo = payload.get("repository") or {}
-    return repo.get("full_name", ""), repo.get("clone_url", "")
-
-
-def is_untrusted(pr: dict) -> bool:
-    head_repo = ((pr.get("head") or {}).get("repo") or {}).get("full_name")
-    base_repo = ((pr.get("base") or {}).get("repo") or {}).get("full_name")
+def is_untrusted(pr: Fields) -> bool:
+    head_repo = pr.get("head.repo.full_name", str, required=False)
+    base_repo = pr.get("base.repo.full_name", str, required=False)
     fork = head_repo is None or head_repo != base_repo
-    return fork or pr.get("author_association") in UNTRUSTED_ASSOCIATIONS
+    return fork or pr.get("author_association", str, required=False) in UNTRUSTED_ASSOCIATIONS
 
 
 def pr_key(repo: str, number: int) -> str:
     return f"{repo}#{number}"
 
 
-def job_for(
-    event: str, payload: dict[str, Any], *, audit_drafts: bool = False, app_id: int | None = None
-) -> Job | Ignored:
-    """The job one delivery asks for, or why it is ignored."""
-    action = payload.get("action")
-    repo, clone = _repo(payload)
-    inst = _installation(payload)
+def job_for(event: str, payload: dict, *, audit_drafts: bool = False, app_id: int | None = None) -> Job | Ignored:
+    """The job one (schema-valid) payload asks for, or why it is ignored."""
+    f = Fields(payload)
+    action = f.get("action", str, required=False)
+    wanted = ACTED_ON.get(event)
+    if wanted is not None and action not in wanted:
+        return Ignored(f"{event}.{action}")
+    inst = f.get("installation.id", int, required=False)
     if event == "ping":
         return Ignored("ping")
     if event in ("installation", "installation_repositories"):
-        names = [r.get("full_name") for r in payload.get("repositories") or payload.get("repositories_added") or []]
-        account = ((payload.get("installation") or {}).get("account") or {}).get("login", "")
-        return Job(
-            "installation",
-            account,
-            f"installation:{inst}",
+        listed = f.items("repositories") or f.items("repositories_added")
+        names = [r.get("full_name", str, required=False) for r in listed]
+        account = f.get("installation.account.login", str, required=False, default="")
+        return InstallationJob(
+            repo=account,
+            key=f"installation:{inst}",
             installation_id=inst,
-            trigger="installation",
             note=f"{action}: {', '.join(n for n in names if n) or 'all repositories'}",
         )
-    if not repo:
+    if f.get("repository", dict, required=False) is None:
         return Ignored(f"{event}: no repository in payload")
-
-    def job(kind: str, key: str, **fields: Any) -> Job:
-        """A job on this delivery's repository, through its installation."""
-        return Job(kind, repo, key, installation_id=inst, clone_url=clone, **fields)
-
-    def pr_job(kind: str, number: int, **fields: Any) -> Job:
-        return job(kind, pr_key(repo, number), pr=number, **fields)
+    repo = f.get("repository.full_name", str)
+    clone = f.get("repository.clone_url", str, required=False, default="")
+    common = {"repo": repo, "installation_id": inst, "clone_url": clone}
 
     if event == "pull_request":
-        pr = payload.get("pull_request") or {}
-        if action not in AUDIT_PR_ACTIONS:
-            return Ignored(f"pull_request.{action}")
-        if pr.get("draft") and not audit_drafts:
+        pr = f.obj("pull_request")
+        if pr.get("draft", bool, required=False) and not audit_drafts:
             return Ignored("draft pull request (audited when marked ready for review)")
-        return pr_job(
-            "audit",
-            pr["number"],
-            head_sha=pr["head"]["sha"],
-            base_sha=pr["base"]["sha"],
-            trigger="pull_request",
+        number = pr.get("number", int)
+        return AuditJob(
+            **common,
+            key=pr_key(repo, number),
+            pr=number,
+            head_sha=pr.get("head.sha", str),
+            base_sha=pr.get("base.sha", str),
+            cause="pull_request",
             options=AuditOptions(run=True),
             untrusted=is_untrusted(pr),
-            actor=(pr.get("user") or {}).get("login"),
+            actor=pr.get("user.login", str, required=False),
         )
 
     if event == "issue_comment":
-        issue = payload.get("issue") or {}
-        comment = payload.get("comment") or {}
-        if action != "created":
-            return Ignored(f"issue_comment.{action}")
-        if not issue.get("pull_request"):
+        if f.get("issue.pull_request", dict, required=False) is None:
             return Ignored("comment on an issue, not a pull request")
-        if (comment.get("user") or {}).get("type") == "Bot":
+        comment = f.obj("comment")
+        if comment.get("user.type", str, required=False) == "Bot":
             return Ignored("comment by a bot")
-        line = find_command(comment.get("body") or "")
-        if line is None:
+        body = comment.get("body", str, required=False, default="")
+        if len(body) > MAX_BODY:
+            return Ignored(f"comment body over GitHub's {MAX_BODY}-character limit")
+        if "/audit" not in body.lower():
             return Ignored("comment without an /audit command")
-        return pr_job(
-            "command",
-            issue["number"],
-            trigger="comment",
-            actor=(comment.get("user") or {}).get("login"),
-            comment_id=comment.get("id"),
-            command=line,
+        number = f.get("issue.number", int)
+        return CommandJob(
+            **common,
+            key=pr_key(repo, number),
+            pr=number,
+            comment_id=comment.get("id", int),
+            body=body,
+            actor=comment.get("user.login", str),
         )
 
     if event == "check_run":
-        run = payload.get("check_run") or {}
-        if action != "rerequested":
-            return Ignored(f"check_run.{action}")
-        if app_id is not None and (run.get("app") or {}).get("id") not in (None, app_id):
+        run = f.obj("check_run")
+        if app_id is not None and run.get("app.id", int, required=False) not in (None, app_id):
             return Ignored("check run of another app")
-        prs = run.get("pull_requests") or []
+        prs = run.items("pull_requests")
         if prs:
-            number = prs[0]["number"]
-            return pr_job(
-                "command",
-                number,
-                trigger="check_run",
-                actor=(payload.get("sender") or {}).get("login"),
-                command="/audit",
-                check_run_id=run.get("id"),
-                head_sha=run.get("head_sha"),
+            number = prs[0].get("number", int)
+            return RerunJob(
+                **common,
+                key=pr_key(repo, number),
+                pr=number,
+                check_run_id=run.get("id", int),
+                head_sha=run.get("head_sha", str),
+                actor=f.get("sender.login", str, required=False),
             )
-        ext = run.get("external_id") or ""
-        if ext.startswith("mg:"):  # a merge-queue run: base sha and queue ref ride in external_id
+        ext = run.get("external_id", str, required=False, default="")
+        if ext.startswith("mg:") and ext.count(":") >= 2:  # a merge-queue run: base sha and queue ref ride in it
             _, base_sha, ref = ext.split(":", 2)
-            return job(
-                "audit",
-                f"{repo}@{ref}",
-                head_sha=run["head_sha"],
+            return AuditJob(
+                **common,
+                key=f"{repo}@{ref}",
+                head_sha=run.get("head_sha", str),
                 base_sha=base_sha,
-                trigger="merge_group",
-                options=AuditOptions(run=True),
-                check_run_id=run.get("id"),
+                cause="merge_group",
+                check_run_id=run.get("id", int),
             )
         return Ignored("check run with no pull request and no merge-queue entry")
 
     if event == "merge_group":
-        mg = payload.get("merge_group") or {}
-        if action != "checks_requested":
-            return Ignored(f"merge_group.{action}")
-        return job(
-            "audit",
-            f"{repo}@{mg['head_ref']}",
-            head_sha=mg["head_sha"],
-            base_sha=mg["base_sha"],
-            trigger="merge_group",
-            options=AuditOptions(run=True),
-            note=mg.get("head_ref", ""),
+        mg = f.obj("merge_group")
+        ref = mg.get("head_ref", str)
+        return AuditJob(
+            **common,
+            key=f"{repo}@{ref}",
+            head_sha=mg.get("head_sha", str),
+            base_sha=mg.get("base_sha", str),
+            cause="merge_group",
+            note=ref,
         )
 
     if event == "workflow_run":
-        run = payload.get("workflow_run") or {}
-        if action != "completed":
-            return Ignored(f"workflow_run.{action}")
         from runner.actions import run_of_event  # pure: reads the run's title and path
 
+        run = f.obj("workflow_run")
+        run.get("id", int)
+        run.get("display_title", str, required=False)
         ours = run_of_event(payload)
         if ours is None:
             return Ignored("workflow run that is not a Drift Audit GPU run")
         run_id, audit_id, label = ours
-        return job(
-            "collect",
-            f"{repo}!run:{run_id}",
-            head_sha=run.get("head_sha"),
-            trigger="workflow_run",
+        return CollectJob(
+            **common,
+            key=f"{repo}!run:{run_id}",
+            head_sha=run.get("head_sha", str, required=False),
             run_id=run_id,
             audit_id=audit_id,
             label=label,
-            note=run.get("path") or "",
+            note=run.get("path", str, required=False, default=""),
         )
 
     return Ignored(f"unhandled event '{event}'")
+
+
+__all__ = ["Ignored", "PayloadError", "is_untrusted", "job_for", "pr_key", "read_delivery"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from github import GithubException
 
@@ -81,14 +81,19 @@ def cap(text: str, limit: int = CHECK_LIMIT) -> str:
 
 
 class Publisher:
-    def __init__(self, repo, check_name: str = "Drift Audit"):
+    """``login`` is the app's own account (``<slug>[bot]``): a comment is ours only if that account wrote it.
+    Other bots can copy the marker; GitHub answers 403 to editing their comments, and we never try."""
+
+    def __init__(self, repo: Any, check_name: str = "Drift Audit", *, login: str):
         self.repo = repo
         self.check_name = check_name
+        self.login = login
 
     # ------------------------------------------------------------------ comments
-    def _ours(self, comment, marker: str) -> bool:
+    def _ours(self, comment: Any, marker: str) -> bool:
         user = comment.user
-        return marker in (comment.body or "") and user is not None and user.type == "Bot"
+        return (marker in (comment.body or "") and user is not None and user.type == "Bot"
+                and (user.login or "").lower() == self.login.lower())
 
     def find_comment(self, pr: int, marker: str = COMMENT_MARKER):
         for comment in self.repo.get_issue(pr).get_comments():

@@ -9,7 +9,12 @@ implement the same methods. The guarantees the bot relies on:
   never run concurrently, so two workers never publish to the same PR at once;
 - a lease that is not renewed expires, so a killed worker's job runs again;
 - a newer head SHA for a key supersedes the older job (queued ones are dropped,
-  a running one is told through ``superseded_by``).
+  a running one is told through ``superseded_by``);
+- a row that cannot be loaded is dead-lettered with its reason, inside the lease
+  that found it, so it never blocks the rows behind it; each row records the job
+  schema it was written with (``bot.jobs.JOB_SCHEMA``) and older rows are upgraded;
+- every check run a job opens is recorded (``run_state``) before it is created, so
+  ``bot.sweeper`` can conclude it whatever happened to the process.
 """
 
 from __future__ import annotations
@@ -22,16 +27,22 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any
 
-from bot.events import Job
-from checks.model import from_dict, to_dict
+from bot.jobs import JOB_SCHEMA, AuditJob, CommandJob, Job, JobLoadError, dump_job, load_job
 
-QUEUED, LEASED, DONE, FAILED, SUPERSEDED = "queued", "leased", "done", "failed", "superseded"
+QUEUED, LEASED, DONE, FAILED, SUPERSEDED, DEAD = "queued", "leased", "done", "failed", "superseded", "dead"
+TERMINAL = (DONE, FAILED, SUPERSEDED, DEAD)
+STORE_SCHEMA = 2  # the table layout; a database written by a newer layout is refused at start-up
+RUN_OPENING, RUN_OPEN, RUN_CLOSED = "opening", "open", "closed"
+
+
+class StoreError(RuntimeError):
+    """The database cannot be used by this build; the message says why and what to do."""
 
 
 @dataclass
 class JobRow:
     id: int
-    job: Job
+    job: Job | None  # None only for a dead-lettered row, whose ``error`` says why it did not load
     status: str
     attempts: int
     max_attempts: int
@@ -44,6 +55,12 @@ class JobRow:
     result: str = ""
     created: float = 0.0
     updated: float = 0.0
+    kind: str = ""
+    repo: str = ""
+    installation_id: int | None = None
+    head_sha: str | None = None
+    run_state: str | None = None
+    external_id: str | None = None
 
 
 @dataclass
@@ -78,7 +95,7 @@ class JobStore(ABC):
     def heartbeat(self, job_id: int, owner: str, lease_seconds: float) -> bool: ...
 
     @abstractmethod
-    def finish(self, job_id: int, owner: str, status: str = DONE, result: str = "") -> bool: ...
+    def finish(self, job_id: int, owner: str, status: str = DONE, result: str = "", error: str = "") -> bool: ...
 
     @abstractmethod
     def retry_later(self, job_id: int, owner: str, error: str, delay: float) -> str: ...
@@ -99,6 +116,30 @@ class JobStore(ABC):
 
     @abstractmethod
     def release_announce(self, job_id: int) -> None: ...
+
+    @abstractmethod
+    def known_head(self, repo: str, pr: int) -> str | None:
+        """The PR head the latest accepted push named."""
+
+    @abstractmethod
+    def record_head(self, repo: str, pr: int, head_sha: str) -> None: ...
+
+    @abstractmethod
+    def opening_run(self, job_id: int, external_id: str) -> None:
+        """Record, before creating it, that this job is about to open a check run with ``external_id``."""
+
+    @abstractmethod
+    def close_run(self, job_id: int) -> None:
+        """This job's check run is concluded on GitHub."""
+
+    @abstractmethod
+    def stale_runs(self, gpu_timeout: float) -> list[JobRow]:
+        """Jobs that opened a check run and will never conclude it: finished, failed, dead, superseded, or
+        waiting for GPU results longer than ``gpu_timeout`` seconds."""
+
+    @abstractmethod
+    def expire_leases(self) -> int:
+        """Fail the jobs whose lease ran out on their last attempt; returns how many."""
 
     @abstractmethod
     def get(self, job_id: int) -> JobRow | None: ...
@@ -122,8 +163,8 @@ class JobStore(ABC):
     @abstractmethod
     def latest_audit(self, repo: str, pr: int) -> AuditRecord | None: ...
 
-    def close(self) -> None:
-        pass
+    def close(self) -> None:  # noqa: B027  (optional: a backend without connections has nothing to close)
+        """Release this process's connections."""
 
 
 _SCHEMA = """
@@ -146,9 +187,20 @@ CREATE TABLE IF NOT EXISTS audits (
 );
 CREATE INDEX IF NOT EXISTS audits_head ON audits(repo, head_sha);
 CREATE INDEX IF NOT EXISTS audits_job ON audits(job_id);
+CREATE TABLE IF NOT EXISTS heads (
+  repo TEXT NOT NULL, pr INTEGER NOT NULL, head_sha TEXT NOT NULL, seen REAL NOT NULL, PRIMARY KEY (repo, pr)
+);
+CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
-
-_SUPERSEDING = ("audit", "command")
+# columns added after the first layout: (name, declaration); existing rows get the default
+_ADDED_COLUMNS = (
+    ("version", "INTEGER NOT NULL DEFAULT 1"),  # bot.jobs.JOB_SCHEMA the row was written with
+    ("repo", "TEXT NOT NULL DEFAULT ''"),
+    ("installation_id", "INTEGER"),
+    ("run_state", "TEXT"),  # opening | open | closed: the check run this job opened
+    ("external_id", "TEXT"),
+)
+_SUPERSEDABLE = "('audit', 'command', 'rerun')"
 
 
 class SqliteJobStore(JobStore):
@@ -157,7 +209,25 @@ class SqliteJobStore(JobStore):
     def __init__(self, path: str):
         self.path = path
         self._local = threading.local()
-        self._db().executescript(_SCHEMA)
+        self._migrate()
+
+    def _migrate(self) -> None:
+        db = self._db()
+        db.executescript(_SCHEMA)
+        with self._tx() as tx:
+            row = tx.execute("SELECT value FROM meta WHERE name = 'schema'").fetchone()
+            found = int(row["value"]) if row else 1
+            if found > STORE_SCHEMA:
+                raise StoreError(
+                    f"{self.path}: written by a newer drift-audit (store schema {found}, this build knows up to"
+                    f" {STORE_SCHEMA}); run the newer build, or point --db at a new file"
+                )
+            have = {r["name"] for r in tx.execute("PRAGMA table_info(jobs)")}
+            for name, decl in _ADDED_COLUMNS:
+                if name not in have:
+                    tx.execute(f"ALTER TABLE jobs ADD COLUMN {name} {decl}")
+            tx.execute("CREATE INDEX IF NOT EXISTS jobs_runs ON jobs(run_state, status)")
+            tx.execute("INSERT OR REPLACE INTO meta(name, value) VALUES ('schema', ?)", (str(STORE_SCHEMA),))
 
     def _db(self) -> sqlite3.Connection:
         db = getattr(self._local, "db", None)
@@ -196,28 +266,58 @@ class SqliteJobStore(JobStore):
                 return False, row["job_id"]
             if job is None:
                 return True, None
-            if job.kind in _SUPERSEDING and job.head_sha:
-                self._supersede(db, job.key, job.head_sha, now)
+            job = self._pin(db, job, now)
+            if job.supersedes and job.head:
+                self._supersede(db, job.key, job.head, now)
             job_id = db.execute(
-                "INSERT INTO jobs(delivery, key, kind, head_sha, payload, status, max_attempts, created, updated)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (delivery, job.key, job.kind, job.head_sha, json.dumps(to_dict(job)), QUEUED, max_attempts, now, now),
+                "INSERT INTO jobs(delivery, key, kind, head_sha, payload, status, max_attempts, created, updated,"
+                " version, repo, installation_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (delivery, job.key, job.kind, job.head, dump_job(job), QUEUED, max_attempts, now, now, JOB_SCHEMA,
+                 job.repo, job.installation_id),
             ).lastrowid
             db.execute("UPDATE deliveries SET job_id = ? WHERE guid = ?", (job_id, delivery))
             return True, job_id
 
     @staticmethod
+    def _pin(db: sqlite3.Connection, job: Job, now: float) -> Job:
+        """A PR push records the PR's head; a command is pinned to the head recorded when it arrives."""
+        from dataclasses import replace
+
+        if isinstance(job, AuditJob) and job.cause == "pull_request" and job.pr is not None:
+            db.execute(
+                "INSERT INTO heads(repo, pr, head_sha, seen) VALUES (?, ?, ?, ?) ON CONFLICT(repo, pr)"
+                " DO UPDATE SET head_sha = excluded.head_sha, seen = excluded.seen",
+                (job.repo, job.pr, job.head_sha, now),
+            )
+        if isinstance(job, CommandJob) and job.head_sha is None:
+            row = db.execute("SELECT head_sha FROM heads WHERE repo = ? AND pr = ?", (job.repo, job.pr)).fetchone()
+            job = replace(job, head_sha=row["head_sha"] if row else None, received=now)
+        return job
+
+    def known_head(self, repo: str, pr: int) -> str | None:
+        row = self._db().execute("SELECT head_sha FROM heads WHERE repo = ? AND pr = ?", (repo, pr)).fetchone()
+        return row["head_sha"] if row else None
+
+    def record_head(self, repo: str, pr: int, head_sha: str) -> None:
+        with self._tx() as db:
+            db.execute(
+                "INSERT INTO heads(repo, pr, head_sha, seen) VALUES (?, ?, ?, ?) ON CONFLICT(repo, pr)"
+                " DO UPDATE SET head_sha = excluded.head_sha, seen = excluded.seen",
+                (repo, pr, head_sha, time.time()),
+            )
+
+    @staticmethod
     def _supersede(db: sqlite3.Connection, key: str, head_sha: str, now: float) -> None:
-        # queued with nothing on GitHub yet: drop it; queued with a check run, or running: tell its worker,
-        # which closes the check run as cancelled
+        # a queued audit with nothing on GitHub yet: drop it; anything else (a queued audit with a check run,
+        # a running one, a command, a re-run): tell its worker, which closes the check run or answers the comment
         db.execute(
             "UPDATE jobs SET status = ?, superseded_by = ?, updated = ? WHERE key = ? AND status = ?"
-            " AND check_run_id IS NULL AND head_sha IS NOT NULL AND head_sha != ? AND kind IN ('audit', 'command')",
+            " AND check_run_id IS NULL AND head_sha IS NOT NULL AND head_sha != ? AND kind = 'audit'",
             (SUPERSEDED, head_sha, now, key, QUEUED, head_sha),
         )
         db.execute(
             "UPDATE jobs SET superseded_by = ?, updated = ? WHERE key = ? AND status IN (?, ?)"
-            " AND head_sha IS NOT NULL AND head_sha != ? AND kind IN ('audit', 'command')",
+            f" AND head_sha IS NOT NULL AND head_sha != ? AND kind IN {_SUPERSEDABLE}",
             (head_sha, now, key, QUEUED, LEASED, head_sha),
         )
 
@@ -229,15 +329,31 @@ class SqliteJobStore(JobStore):
             self._supersede(db, row["key"], head_sha, now)
 
     # ------------------------------------------------------------------ leases
+    @staticmethod
+    def _expire(db: sqlite3.Connection, now: float) -> int:
+        # a job whose lease ran out with no attempts left is a poison job: fail it, never loop on it
+        return db.execute(
+            "UPDATE jobs SET status = ?, error = 'the process running its last attempt stopped (its lease expired)'"
+            " || CASE WHEN error != '' THEN '; the attempt before: ' || error ELSE '' END, updated = ?"
+            " WHERE status = ? AND lease_until < ? AND attempts >= max_attempts",
+            (FAILED, now, LEASED, now),
+        ).rowcount
+
+    def expire_leases(self) -> int:
+        with self._tx() as db:
+            return self._expire(db, time.time())
+
     def lease(self, owner: str, lease_seconds: float) -> JobRow | None:
+        """The next runnable job, loaded; rows that do not load are dead-lettered on the way."""
+        while True:
+            found = self._lease_one(owner, lease_seconds)
+            if found is not False:
+                return found  # type: ignore[return-value]
+
+    def _lease_one(self, owner: str, lease_seconds: float) -> JobRow | None | bool:
         now = time.time()
         with self._tx() as db:
-            # a job whose lease ran out with no attempts left is a poison job: fail it, never loop on it
-            db.execute(
-                "UPDATE jobs SET status = ?, error = error || 'lease expired after the last attempt', updated = ?"
-                " WHERE status = ? AND lease_until < ? AND attempts >= max_attempts",
-                (FAILED, now, LEASED, now),
-            )
+            self._expire(db, now)
             row = db.execute(
                 "SELECT * FROM jobs j WHERE ((j.status = ? AND j.not_before <= ?)"
                 " OR (j.status = ? AND j.lease_until < ?))"
@@ -249,6 +365,14 @@ class SqliteJobStore(JobStore):
             ).fetchone()
             if row is None:
                 return None
+            try:
+                load_job(row["kind"], row["version"], row["payload"])
+            except JobLoadError as exc:
+                db.execute(
+                    "UPDATE jobs SET status = ?, error = ?, lease_until = 0, updated = ? WHERE id = ?",
+                    (DEAD, f"dead-lettered: {exc}"[:2000], now, row["id"]),
+                )
+                return False  # committed; look for the next one
             db.execute(
                 "UPDATE jobs SET status = ?, lease_owner = ?, lease_until = ?, attempts = attempts + 1,"
                 " updated = ? WHERE id = ?",
@@ -265,12 +389,12 @@ class SqliteJobStore(JobStore):
             )
             return cur.rowcount == 1
 
-    def finish(self, job_id: int, owner: str, status: str = DONE, result: str = "") -> bool:
+    def finish(self, job_id: int, owner: str, status: str = DONE, result: str = "", error: str = "") -> bool:
         with self._tx() as db:
             cur = db.execute(
-                "UPDATE jobs SET status = ?, result = ?, lease_until = 0, updated = ?"
-                " WHERE id = ? AND lease_owner = ? AND status = ?",
-                (status, result, time.time(), job_id, owner, LEASED),
+                "UPDATE jobs SET status = ?, result = ?, error = CASE WHEN ? != '' THEN ? ELSE error END,"
+                " lease_until = 0, updated = ? WHERE id = ? AND lease_owner = ? AND status = ?",
+                (status, result, error, error[-2000:], time.time(), job_id, owner, LEASED),
             )
             return cur.rowcount == 1
 
@@ -298,8 +422,31 @@ class SqliteJobStore(JobStore):
     def set_check_run(self, job_id: int, check_run_id: int) -> None:
         with self._tx() as db:
             db.execute(
-                "UPDATE jobs SET check_run_id = ?, updated = ? WHERE id = ?", (check_run_id, time.time(), job_id)
+                "UPDATE jobs SET check_run_id = ?, run_state = CASE WHEN run_state = ? THEN run_state ELSE ? END,"
+                " updated = ? WHERE id = ?",
+                (check_run_id, RUN_CLOSED, RUN_OPEN, time.time(), job_id),
             )
+
+    def opening_run(self, job_id: int, external_id: str) -> None:
+        with self._tx() as db:
+            db.execute(
+                "UPDATE jobs SET run_state = ?, external_id = ? WHERE id = ? AND (run_state IS NULL OR run_state = ?)",
+                (RUN_OPENING, external_id, job_id, RUN_CLOSED),
+            )
+
+    def close_run(self, job_id: int) -> None:
+        with self._tx() as db:
+            db.execute("UPDATE jobs SET run_state = ? WHERE id = ?", (RUN_CLOSED, job_id))
+
+    def stale_runs(self, gpu_timeout: float) -> list[JobRow]:
+        cutoff = time.time() - gpu_timeout
+        rows = self._db().execute(
+            "SELECT * FROM jobs j WHERE j.run_state IN (?, ?) AND (j.status IN (?, ?, ?) OR (j.status = ? AND NOT"
+            " EXISTS (SELECT 1 FROM audits a WHERE a.job_id = j.id AND a.status = 'awaiting-gpu' AND a.updated > ?)))"
+            " ORDER BY j.id",
+            (RUN_OPENING, RUN_OPEN, FAILED, DEAD, SUPERSEDED, DONE, cutoff),
+        ).fetchall()
+        return [_row(r) for r in rows]
 
     def unannounced(self, limit: int = 20) -> list[JobRow]:
         rows = self._db().execute(
@@ -307,7 +454,7 @@ class SqliteJobStore(JobStore):
             " AND superseded_by IS NULL ORDER BY id LIMIT ?",
             (QUEUED, limit),
         ).fetchall()
-        return [_row(r) for r in rows]
+        return [r for r in map(_row, rows) if r.job is not None]
 
     def claim_announce(self, job_id: int) -> bool:
         with self._tx() as db:
@@ -403,9 +550,15 @@ class SqliteJobStore(JobStore):
 
 
 def _row(row: sqlite3.Row) -> JobRow:
+    """A row for listing: a row that does not load has ``job`` None and says why in ``error``."""
+    error = row["error"]
+    try:
+        job: Job | None = load_job(row["kind"], row["version"], row["payload"])
+    except JobLoadError as exc:
+        job, error = None, error or f"does not load: {exc}"
     return JobRow(
         id=row["id"],
-        job=from_dict(Job, json.loads(row["payload"])),
+        job=job,
         status=row["status"],
         attempts=row["attempts"],
         max_attempts=row["max_attempts"],
@@ -414,10 +567,16 @@ def _row(row: sqlite3.Row) -> JobRow:
         lease_until=row["lease_until"],
         check_run_id=row["check_run_id"],
         superseded_by=row["superseded_by"],
-        error=row["error"],
+        error=error,
         result=row["result"],
         created=row["created"],
         updated=row["updated"],
+        kind=row["kind"],
+        repo=row["repo"],
+        installation_id=row["installation_id"],
+        head_sha=row["head_sha"],
+        run_state=row["run_state"],
+        external_id=row["external_id"],
     )
 
 

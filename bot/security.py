@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 from dataclasses import dataclass
+from typing import Any
 
 from github import GithubException
 
@@ -44,24 +45,46 @@ def details_url(public_url: str, secret: str, job_id: int) -> str:
     return f"{public_url.rstrip('/')}/audits/{page}?key={page_key(secret, page)}"
 
 
-def permission_of(repo, login: str | None) -> str:
-    """admin | maintain | write | triage | read | none, via GET .../collaborators/{login}/permission."""
+@dataclass
+class Permission:
+    """GET .../collaborators/{login}/permission. ``role_name`` is the role's own name, a custom repository
+    role's included; ``permission`` is the legacy base level (admin | write | read | none), which is what a
+    custom role inherits; ``push`` is ``user.permissions.push``."""
+
+    role_name: str = "none"
+    permission: str = "none"
+    push: bool = False
+
+    @property
+    def writes(self) -> bool:
+        return self.push or self.permission in ("admin", "write") or self.role_name in WRITER_PERMISSIONS
+
+
+def permission_of(repo: Any, login: str | None) -> Permission:
     if not login:
-        return "none"
+        return Permission()
     try:
         _, data = repo.requester.requestJsonAndCheck("GET", f"{repo.url}/collaborators/{login}/permission")
     except GithubException as exc:
         if exc.status == 404:
-            return "none"
+            return Permission()
         raise
-    return data.get("role_name") or data.get("permission") or "none"
+    body: dict[str, Any] = data if isinstance(data, dict) else {}
+    user = body.get("user") if isinstance(body.get("user"), dict) else {}
+    perms = user.get("permissions") if isinstance(user, dict) and isinstance(user.get("permissions"), dict) else {}
+    data = body
+    return Permission(
+        role_name=str(data.get("role_name") or "none"),
+        permission=str(data.get("permission") or "none"),
+        push=bool(isinstance(perms, dict) and (perms.get("push") or perms.get("maintain") or perms.get("admin"))),
+    )
 
 
-def is_writer(repo, login: str | None) -> bool:
-    return permission_of(repo, login) in WRITER_PERMISSIONS
+def is_writer(repo: Any, login: str | None) -> bool:
+    return permission_of(repo, login).writes
 
 
-def gpu_gate(repo, *, trigger: str, untrusted: bool, actor: str | None) -> Gate:
+def gpu_gate(repo: Any, *, trigger: str, untrusted: bool, actor: str | None) -> Gate:
     """May this request's suites go to self-hosted runners?"""
     if trigger == "merge_group":
         return Gate(True, "")  # only code a writer queued reaches the merge queue

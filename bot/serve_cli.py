@@ -22,7 +22,8 @@ def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from bot.app import create_app
-    from bot.queue import SqliteJobStore
+    from bot.queue import SqliteJobStore, StoreError
+    from bot.server import uvicorn_config
     from bot.settings import SettingsError, load_settings
     from bot.worker import Service
 
@@ -33,18 +34,16 @@ def serve(args: argparse.Namespace) -> int:
         if args.workers is not None:
             settings.workers = args.workers
         settings.require_app()
-    except SettingsError as exc:
+        store = SqliteJobStore(settings.db)
+    except (SettingsError, StoreError) as exc:
         print(f"drift-audit serve: {exc}", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("drift_audit").info("settings: %s", settings.redacted())
-    store = SqliteJobStore(settings.db)
     service = Service(settings, store)
     service.start()
     try:
-        uvicorn.run(
-            create_app(settings, store, service), host=args.host, port=args.port, log_level="warning", access_log=False
-        )
+        uvicorn.Server(uvicorn_config(create_app(settings, store, service), settings, args.host, args.port)).run()
     finally:
         service.stop()
     return 0

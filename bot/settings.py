@@ -37,6 +37,7 @@ class BotSettings:
     retry_backoff: float = 5.0  # seconds, doubled per attempt
     audit_drafts: bool = False  # audit draft PRs too (else they wait for ready_for_review)
     check_name: str = "Drift Audit"
+    bot_login: str = ""  # the app's account, "<slug>[bot]"; empty: asked of GitHub (GET /app) once
     gpu_workflow: str = "drift-audit-gpu.yml"
     token_refresh_margin: float = 300.0  # refresh installation tokens this long before they expire
     http_retries: int = 6  # GithubRetry total, for 5xx and secondary rate limits
@@ -44,7 +45,11 @@ class BotSettings:
     max_rate_limit_wait: float = 120.0
     seconds_between_requests: float = 0.25  # PyGithub's pacing; GitHub asks integrators not to burst
     seconds_between_writes: float = 1.0
-    max_body_bytes: int = 25 * 1024 * 1024
+    max_body_bytes: int = 25 * 1024 * 1024  # GitHub caps webhook payloads at 25 MB
+    body_timeout: float = 5.0  # seconds to receive a whole body once its headers are in
+    header_timeout: float = 5.0  # seconds to receive a request's headers once its first byte is in
+    sweep_seconds: float = 60.0  # how often stale check runs are looked for (and once at start-up)
+    gpu_timeout: float = 6 * 3600.0  # an audit waiting longer than this for GPU results is concluded without them
     announce_wait: float = 30.0  # how long a worker waits for the queued check run being created for its job
 
     def __post_init__(self) -> None:

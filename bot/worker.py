@@ -1,40 +1,96 @@
 """Workers: lease a job, run it, publish, finish; a crash anywhere means the job runs again.
 
+Each kind of job has one handler; an audit goes job → ``AuditTask`` →
+``AuditRequest`` → plan/run → report → publish. A failure the user has to fix
+(a malformed base config, an unknown suite) is a typed result, ``Unrunnable``,
+published as a neutral check run; anything else is an exception and the job
+is retried with backoff, then failed with its reason on the check run and the
+details page.
+
 A job's lease is renewed by a heartbeat while it runs. If the process dies,
 the lease runs out and another worker (or the restarted service) takes the job
 over from the start; publishing is idempotent (see ``bot.publish``), so the
-re-run edits the same comment and check run instead of adding new ones.
+re-run edits the same comment and check run instead of adding new ones. Every
+check run a job opens is recorded first, and ``bot.sweeper`` concludes the
+ones whose job ended without doing so.
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import socket
 import threading
 import time
 import traceback
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from github import GithubException
 
-from bot.commands import HELP, parse_command
-from bot.events import Job, is_untrusted
+from bot.commands import HELP, Command, find_command, parse_command
+from bot.events import is_untrusted
 from bot.github import GitHubApp
 from bot.gpu import GpuDispatch, actions_module, failed_suites, merge_results
+from bot.jobs import AuditJob, CollectJob, CommandJob, InstallationJob, Job, RerunJob
 from bot.mirror import Mirrors
+from bot.payloads import Fields
 from bot.publish import Publisher, reply_marker, split_comment
 from bot.queue import DONE, FAILED, SUPERSEDED, AuditRecord, JobRow, JobStore
-from bot.security import details_url, gpu_gate, is_writer
+from bot.security import Gate, details_url, gpu_gate
 from bot.settings import BotSettings
-from checks.model import Audit, AuditRequest, Results, SuiteResult, from_json, to_json
+from bot.sweeper import Sweeper
+from checks.config import ConfigError
+from checks.model import Audit, AuditOptions, AuditRequest, Results, SuiteResult, from_json, to_json
+from runner.select import SelectionError
 
 log = logging.getLogger("drift_audit.worker")
 PERMANENT_HTTP = (400, 401, 404, 410, 422)
 
 
+def _user_errors() -> tuple[type[Exception], ...]:
+    """Errors that are the config owner's or the commenter's to fix: answered once, never retried."""
+    found: list[type[Exception]] = [ConfigError, SelectionError]
+    for module, name in (("checks.facts", "FactError"), ("checks.scope", "ScopeError"),
+                         ("runner.pipeline", "RequestError")):
+        try:
+            found.append(getattr(importlib.import_module(module), name))
+        except (ImportError, AttributeError):
+            continue
+    return tuple(found)
+
+
+USER_ERRORS = _user_errors()
+
+
 class LeaseLost(RuntimeError):
     """Another worker owns this job now; stop without publishing."""
+
+
+@dataclass
+class Unrunnable:
+    """The audit cannot run on this input (bad base config, unknown suite): answered, never retried."""
+
+    message: str
+
+
+@dataclass
+class AuditTask:
+    """One audit to run and publish, whatever job asked for it."""
+
+    head_sha: str
+    base_sha: str
+    pr: int | None
+    trigger: str
+    options: AuditOptions
+    gate: Gate
+    reuse_run: int | None = None  # a check run to conclude again instead of a new one
+    external_id: str = ""
+    reply_to: int | None = None  # the /audit comment to answer when the audit cannot run
+    command: str = ""
+    nonce: str = ""
+    outcome: Unrunnable | None = field(default=None, init=False)
 
 
 class _Heartbeat:
@@ -78,16 +134,18 @@ class Service:
         self._wake = threading.Event()
         self._announce = threading.Event()
         self.owner_prefix = f"{socket.gethostname()}:{os.getpid()}"
-        self._unrunnable: set[int] = set()  # job ids whose audit could not run (bad config, unknown suite)
+        self._login: str | None = settings.bot_login or None
+        self.sweeper = Sweeper(store, self._repo_of, settings.check_name, gpu_timeout=settings.gpu_timeout)
 
     # ------------------------------------------------------------------ pool
     def start(self, workers: int | None = None) -> None:
         """``workers=0`` runs intake only (jobs wait in the store for another replica)."""
         count = self.settings.workers if workers is None else workers
         if count:
-            t = threading.Thread(target=self._announce_loop, daemon=True, name="announcer")
-            t.start()
-            self._threads.append(t)
+            for target, name in ((self._announce_loop, "announcer"), (self._sweep_loop, "sweeper")):
+                t = threading.Thread(target=target, daemon=True, name=name)
+                t.start()
+                self._threads.append(t)
         for i in range(count):
             t = threading.Thread(target=self._loop, args=(f"{self.owner_prefix}:{i}",), daemon=True, name=f"worker-{i}")
             t.start()
@@ -103,6 +161,15 @@ class Service:
     def wake(self) -> None:
         self._wake.set()
         self._announce.set()
+
+    def _sweep_loop(self) -> None:
+        """Once at start-up, then every ``sweep_seconds``: check runs whose job ended unconcluded."""
+        while not self._stop.is_set():
+            try:
+                self.sweeper.sweep()
+            except Exception:
+                log.exception("sweeper: unexpected error")
+            self._stop.wait(self.settings.sweep_seconds)
 
     # ------------------------------------------------------------------ check runs at intake
     def _announce_loop(self) -> None:
@@ -120,12 +187,15 @@ class Service:
         """Give every queued audit its check run (status ``queued``) while it waits for a worker."""
         created = 0
         for row in self.store.unannounced():
-            if self._stop.is_set() or not self.store.claim_announce(row.id):
+            job = row.job
+            if self._stop.is_set() or not isinstance(job, AuditJob) or not self.store.claim_announce(row.id):
                 continue
+            external = self._external_id(row.id, job)
             try:
-                repo = self._repo(row.job)
-                run = Publisher(repo, self.settings.check_name).start_check(
-                    row.job.head_sha, self._external_id(row, row.job), self._details_url(row), status="queued")
+                repo = self._repo(job)
+                self.store.opening_run(row.id, external)
+                run = self._publisher(repo).start_check(
+                    job.head_sha, external, self._details_url(row.id), status="queued")
             except Exception as exc:
                 self.store.release_announce(row.id)  # the worker creates it instead
                 log.warning("job %s: could not create its queued check run: %s", row.id, exc)
@@ -178,7 +248,7 @@ class Service:
         text = f"{type(exc).__name__}: {exc}"
         log.warning("job %s attempt %s failed: %s", row.id, row.attempts, text)
         if permanent:
-            self.store.finish(row.id, owner, FAILED, text)
+            self.store.finish(row.id, owner, FAILED, error=text)
             status = FAILED
         else:
             delay = self.settings.retry_backoff * 2 ** max(row.attempts - 1, 0)
@@ -187,140 +257,171 @@ class Service:
             self._report_failure(row, text)
 
     def _report_failure(self, row: JobRow, text: str) -> None:
-        """Best effort: the check run and the command say the audit could not finish."""
+        """Best effort: the check run and the command say the audit could not finish. If this fails too
+        (or the process dies first), the sweeper concludes the check run."""
         job = row.job
+        if job is None:
+            return
         try:
             repo = self._repo(job)
-            pub = Publisher(repo, self.settings.check_name)
+            pub = self._publisher(repo)
             self._conclude_run_of(
                 repo, pub, row.id, "neutral", "The audit could not finish",
                 f"Drift Audit gave up after {row.attempts} attempt(s): {text[:2000]}",
             )
-            pub.react(job.comment_id, "confused")
+            if isinstance(job, CommandJob):
+                pub.react(job.comment_id, "confused")
         except Exception:
             log.exception("job %s: could not report its failure", row.id)
 
-    # ------------------------------------------------------------------ jobs
-    def _repo(self, job: Job):
-        inst = job.installation_id or self.app.installation_for(job.repo)
-        job.installation_id = inst
-        return self.app.client(inst).get_repo(job.repo)
+    # ------------------------------------------------------------------ GitHub
+    def _repo_of(self, repo: str, installation_id: int | None) -> Any:
+        inst = installation_id or self.app.installation_for(repo)
+        return self.app.client(inst).get_repo(repo)
 
+    def _repo(self, job: Job) -> Any:
+        if job.installation_id is None:
+            job.installation_id = self.app.installation_for(job.repo)
+        return self._repo_of(job.repo, job.installation_id)
+
+    def bot_login(self) -> str:
+        """The app's own account (``<slug>[bot]``): only its comments are ever edited."""
+        if self._login is None:
+            self._login = f"{self.app.integration().get_app().slug}[bot]"
+        return self._login
+
+    def _publisher(self, repo: Any) -> Publisher:
+        return Publisher(repo, self.settings.check_name, login=self.bot_login())
+
+    def _details_url(self, job_id: int) -> str:
+        return details_url(self.settings.public_url, self.settings.webhook_secret, job_id)
+
+    @staticmethod
+    def _external_id(job_id: int, job: AuditJob) -> str:
+        if job.cause == "merge_group":
+            return f"mg:{job.base_sha}:{job.key.split('@', 1)[1]}"
+        return f"job:{job_id}"
+
+    # ------------------------------------------------------------------ jobs
     def process(self, row: JobRow, beat: _Heartbeat) -> str:
         job = row.job
-        if job.kind == "installation":
+        if isinstance(job, InstallationJob):
             log.info("installation %s: %s", job.installation_id, job.note)
             return DONE
-        if job.kind == "audit" and row.check_run_id == 0:
-            row.check_run_id = self._await_announce(row.id)
-        if row.superseded_by and job.kind == "audit" and not row.check_run_id:
-            return SUPERSEDED  # never started: nothing on GitHub to close
+        if isinstance(job, AuditJob):
+            if row.check_run_id == 0:
+                row.check_run_id = self._await_announce(row.id)
+            if row.superseded_by and not row.check_run_id:
+                return SUPERSEDED  # never started: nothing on GitHub to close
+            return self._audit_job(row, job, beat)
+        if isinstance(job, CommandJob):
+            return self._command(row, job, beat)
+        if isinstance(job, RerunJob):
+            return self._rerun(row, job, beat)
+        if isinstance(job, CollectJob):
+            return self._collect(row, job, beat)
+        raise TypeError(f"job {row.id}: no handler for {type(job).__name__}")  # lease() only yields typed jobs
+
+    def _audit_job(self, row: JobRow, job: AuditJob, beat: _Heartbeat) -> str:
         repo = self._repo(job)
-        if job.kind == "collect":
-            return self._collect(row, repo, beat)
-        if job.kind == "command":
-            return self._command(row, repo, beat)
-        return self._audit(row, job, repo, beat)
-
-    def _details_url(self, row: JobRow) -> str:
-        return details_url(self.settings.public_url, self.settings.webhook_secret, row.id)
-
-    def _external_id(self, row: JobRow, job: Job) -> str:
-        if job.trigger == "merge_group":
-            return f"mg:{job.base_sha}:{job.key.split('@', 1)[1]}"
-        return f"job:{row.id}"
-
-    def _audit(self, row: JobRow, job: Job, repo, beat: _Heartbeat) -> str:
-        pub = Publisher(repo, self.settings.check_name)
-        details = self._details_url(row)
-        run = pub.start_check(
-            job.head_sha, self._external_id(row, job), details, existing_id=row.check_run_id or job.check_run_id
+        task = AuditTask(
+            head_sha=job.head_sha, base_sha=job.base_sha, pr=job.pr, trigger=job.cause, options=job.options,
+            gate=gpu_gate(repo, trigger=job.cause, untrusted=job.untrusted, actor=job.actor),
+            reuse_run=row.check_run_id or job.check_run_id, external_id=self._external_id(row.id, job),
         )
+        return self._audit(row, task, job, repo, beat)
+
+    def _audit(self, row: JobRow, task: AuditTask, job: Job, repo: Any, beat: _Heartbeat) -> str:
+        """task → request → plan/run → report → publish."""
+        pub = self._publisher(repo)
+        details = self._details_url(row.id)
+        if not task.reuse_run:
+            self.store.opening_run(row.id, task.external_id)
+        run = pub.start_check(task.head_sha, task.external_id, details, existing_id=task.reuse_run)
         if run.id != row.check_run_id:
             self.store.set_check_run(row.id, run.id)
-        if self._cancel_if_superseded(pub, run, row, job, "`{newer}` is audited instead of `{head}`."):
+        if self._cancel_if_superseded(pub, run, row, task, "`{newer}` is audited instead of `{head}`."):
             return SUPERSEDED
         beat.check()
 
-        token = self.app.installation_token(job.installation_id)
+        token = self.app.installation_token(job.installation_id) if job.installation_id else None
         clone = repo.clone_url or job.clone_url  # the API's answer, which also covers GHE hosts
-        mirror = self.mirrors.fetch(job.repo, clone, [job.base_sha, job.head_sha], token)
-        gate = gpu_gate(repo, trigger=job.trigger, untrusted=job.untrusted, actor=job.actor)
+        mirror = self.mirrors.fetch(job.repo, clone, [task.base_sha, task.head_sha], token)
         dispatch = GpuDispatch(
-            repo, gate=gate, head_sha=job.head_sha, workflow=self.settings.gpu_workflow, ref=repo.default_branch
+            repo, gate=task.gate, head_sha=task.head_sha, workflow=self.settings.gpu_workflow,
+            ref=repo.default_branch,
         )
         request = AuditRequest(
-            repo=mirror, base=job.base_sha, head=job.head_sha, pr=job.pr, trigger=job.trigger, options=job.options,
-            nonce=f"job-{row.id}",
+            repo=mirror, base=task.base_sha, head=task.head_sha, pr=task.pr, trigger=task.trigger,  # type: ignore[arg-type]
+            options=task.options, nonce=task.nonce or f"job-{row.id}",
         )
-        from bot.pipeline import run_audit  # heavy: git, tree-sitter, the checks
-
-        blob_url = f"{repo.html_url}/blob/{job.head_sha}" if getattr(repo, "html_url", None) else None
-        try:
-            audit = run_audit(request, blob_url=blob_url, details_url=details, dispatch=dispatch, render=False)
-            from bot.report import render
-
-            start = time.perf_counter()
-            audit.report = render(audit, blob_url=blob_url, details_url=details)
-            audit.timings["report"] = round(time.perf_counter() - start, 4)
-        except ValueError as exc:  # bad config on the base, unknown suite id: the user's to fix, not a retry
-            beat.check()
-            message = str(exc)[:3000]
-            pub.conclude(run, "neutral", "The audit could not run", message)
-            if job.comment_id and job.pr is not None:
-                marker = reply_marker(job.comment_id)
-                pub.upsert_comment(job.pr, f"{marker}\n`{(job.command or '/audit')[:200]}`: {message}", marker=marker)
-            self._unrunnable.add(row.id)
-            return DONE
+        blob_url = f"{repo.html_url}/blob/{task.head_sha}" if getattr(repo, "html_url", None) else None
+        audit = _plan_and_run(request, dispatch, blob_url=blob_url, details_url=details)
         beat.check()
+        if isinstance(audit, Unrunnable):
+            task.outcome = audit
+            pub.conclude(run, "neutral", "The audit could not run", audit.message[:3000])
+            self.store.close_run(row.id)
+            if task.reply_to and task.pr is not None:
+                marker = reply_marker(task.reply_to)
+                pub.upsert_comment(task.pr, f"{marker}\n`{(task.command or '/audit')[:200]}`: "
+                                            f"{audit.message[:3000]}", marker=marker)
+            return DONE
 
         ran = "The head moved to `{newer}` while this audit of `{head}` ran; that commit is audited instead."
-        if self._cancel_if_superseded(pub, run, row, job, ran):
-            self._save(row, job, audit, "superseded", [])
+        if self._cancel_if_superseded(pub, run, row, task, ran):
+            self._save(row, job, task, audit, "superseded", [])
             return SUPERSEDED
 
         pending = list(dispatch.pending)
-        self._save(row, job, audit, "awaiting-gpu" if pending else "done", pending)
-        self._publish(pub, run, job, audit, details, complete=not pending)
-        if job.pr is not None:
-            self._retire_older(repo, pub, job, audit)
+        self._save(row, job, task, audit, "awaiting-gpu" if pending else "done", pending)
+        self._publish(pub, run, row.id, task.pr, audit, details, complete=not pending)
+        if task.pr is not None:
+            self._retire_older(repo, pub, job.repo, task, audit)
         return DONE
 
-    def _cancel_if_superseded(self, pub: Publisher, run, row: JobRow, job: Job, summary: str) -> bool:
+    def _cancel_if_superseded(self, pub: Publisher, run: Any, row: JobRow, task: AuditTask, summary: str) -> bool:
         """A newer push of this PR is queued: close ``run`` as cancelled, ``summary`` naming ``{newer}`` and
         ``{head}``."""
         newer = self.store.superseded_by(row.id)
         if newer:
             pub.conclude(run, "cancelled", "Superseded by a newer push",
-                         summary.format(newer=newer[:12], head=job.head_sha[:12]))
+                         summary.format(newer=newer[:12], head=task.head_sha[:12]))
+            self.store.close_run(row.id)
         return bool(newer)
 
-    def _retire_older(self, repo, pub: Publisher, job: Job, audit: Audit) -> None:
+    def _retire_older(self, repo: Any, pub: Publisher, full_name: str, task: AuditTask, audit: Audit) -> None:
         """Audits of older heads of this PR still waiting for GPU results will never be shown: close them."""
         current = audit.plan.audit_id if audit.plan else None
-        for old in self.store.awaiting(job.repo, pr=job.pr):
-            if old.audit_id == current or old.head_sha == job.head_sha:
+        for old in self.store.awaiting(full_name, pr=task.pr):
+            if old.audit_id == current or old.head_sha == task.head_sha:
                 continue
             self._conclude_run_of(
                 repo, pub, old.job_id, "cancelled", "Superseded by a newer push",
-                f"`{job.head_sha[:12]}` is audited instead of `{old.head_sha[:12]}`.",
+                f"`{task.head_sha[:12]}` is audited instead of `{old.head_sha[:12]}`.",
             )
             self.store.save_audit(replace(old, status="superseded", pending=[]))
 
-    def _conclude_run_of(self, repo, pub: Publisher, job_id: int, conclusion: str, title: str, summary: str) -> None:
+    def _conclude_run_of(self, repo: Any, pub: Publisher, job_id: int, conclusion: str, title: str,
+                         summary: str) -> None:
         """Close the check run a stored job opened, if it opened one."""
         stored = self.store.get(job_id)
         if stored and stored.check_run_id:
             pub.conclude(repo.get_check_run(stored.check_run_id), conclusion, title, summary)
+            self.store.close_run(job_id)
 
-    def _publish(self, pub: Publisher, run, job: Job, audit: Audit, details: str, *, complete: bool) -> None:
+    def _publish(self, pub: Publisher, run: Any, owner_job: int, pr: int | None, audit: Audit, details: str, *,
+                 complete: bool) -> None:
         report = audit.report
+        assert report is not None  # _plan_and_run always renders
         comment, overflow = split_comment(report.markdown, details)
-        if job.pr is not None:
-            pub.upsert_comment(job.pr, comment)
+        if pr is not None:
+            pub.upsert_comment(pr, comment)
         pub.finish_check(run, report, overflow=overflow, complete=complete)
+        if complete:
+            self.store.close_run(owner_job)
 
-    def _save(self, row: JobRow, job: Job, audit: Audit, status: str, pending: list[str]) -> None:
+    def _save(self, row: JobRow, job: Job, task: AuditTask, audit: Audit, status: str, pending: list[str]) -> None:
         audit_id = audit.plan.audit_id if audit.plan else f"job-{row.id}"
         verdict = audit.report.verdict if audit.report else "neutral"
         self.store.save_audit(
@@ -328,8 +429,8 @@ class Service:
                 audit_id=audit_id,
                 job_id=row.id,
                 repo=job.repo,
-                pr=job.pr,
-                head_sha=job.head_sha or "",
+                pr=task.pr,
+                head_sha=task.head_sha,
                 status=status,
                 verdict=verdict,
                 audit_json=to_json(audit, indent=None),
@@ -338,60 +439,95 @@ class Service:
         )
 
     # ------------------------------------------------------------------ /audit commands
-    def _command(self, row: JobRow, repo, beat: _Heartbeat) -> str:
-        job = row.job
-        pub = Publisher(repo, self.settings.check_name)
+    def _reply(self, pub: Publisher, job: CommandJob, text: str) -> None:
+        marker = reply_marker(job.comment_id)
+        pub.upsert_comment(job.pr, f"{marker}\n{text}", marker=marker)
+
+    def _command(self, row: JobRow, job: CommandJob, beat: _Heartbeat) -> str:
+        """Parse the comment (here, never at intake); audit the head the command was pinned to."""
+        line = find_command(job.body)
+        if line is None:
+            return DONE  # "/audit" only in prose, a quote or code: not a command, nothing to answer
+        repo = self._repo(job)
+        pub = self._publisher(repo)
         pub.react(job.comment_id, "eyes")
-        cmd = parse_command(job.command or "/audit")
+        cmd = parse_command(line)
         if cmd.replies_with_help:
             lead = f"`{cmd.text[:200]}`: {cmd.error}.\n\n" if cmd.error else ""
-            marker = reply_marker(job.comment_id or 0)
-            pub.upsert_comment(job.pr, f"{marker}\n{lead}{HELP}", marker=marker)
+            self._reply(pub, job, f"{lead}{HELP}")
             pub.react(job.comment_id, "confused" if cmd.error else "rocket")
             return DONE
         pr = repo.get_pull(job.pr)
+        head = pr.head.sha
+        newer = row.superseded_by or (head if job.head_sha and head != job.head_sha else None)
+        if newer and job.head_sha:
+            self._reply(pub, job, f"`{cmd.text[:200]}` was for `{job.head_sha[:12]}`, but the pull request moved to "
+                                  f"`{newer[:12]}` before it ran. An approval covers one commit: say `/audit` again "
+                                  "to audit the new head.")
+            pub.react(job.comment_id, "confused")
+            return SUPERSEDED
         options = cmd.options
         if cmd.action == "retry":
             last = self.store.latest_audit(job.repo, job.pr)
             failed = failed_suites(from_json(Audit, last.audit_json).results) if last else []
             if not failed:
-                marker = reply_marker(job.comment_id or 0)
-                pub.upsert_comment(
-                    job.pr, f"{marker}\nNothing to retry: no suite failed in the last audit.", marker=marker
-                )
+                self._reply(pub, job, "Nothing to retry: no suite failed in the last audit.")
                 pub.react(job.comment_id, "confused")
                 return DONE
             options = replace(options, suites=failed)
-        self.store.mark_head(row.id, pr.head.sha)
-        # a re-run of a check run on an older head audits the PR's current head, in a new check run
-        reuse = job.check_run_id if job.head_sha in (None, pr.head.sha) else None
-        audit_job = replace(
-            job,
-            head_sha=pr.head.sha,
-            base_sha=pr.base.sha,
-            options=options,
-            untrusted=is_untrusted(pr.raw_data),
-            check_run_id=reuse,
+        if job.head_sha is None:
+            self.store.record_head(job.repo, job.pr, head)  # so the next /audit is pinned to it
+        self.store.mark_head(row.id, head)
+        untrusted = is_untrusted(Fields(pr.raw_data))
+        gate = self._command_gate(repo, job, cmd, untrusted, head)
+        task = AuditTask(
+            head_sha=head, base_sha=pr.base.sha, pr=job.pr, trigger="comment", options=options, gate=gate,
+            external_id=f"job:{row.id}", reply_to=job.comment_id, command=cmd.text,
         )
-        status = self._audit(row, audit_job, repo, beat)
-        if job.comment_id:
-            denied = cmd.wants_gpu and not is_writer(repo, job.actor)
-            failed = row.id in self._unrunnable
-            self._unrunnable.discard(row.id)
-            pub.react(job.comment_id, "confused" if denied or failed else "rocket")
+        status = self._audit(row, task, job, repo, beat)
+        denied = cmd.wants_gpu and not gate.allowed
+        pub.react(job.comment_id, "confused" if denied or task.outcome else "rocket")
         return status
 
+    def _command_gate(self, repo: Any, job: CommandJob, cmd: Command, untrusted: bool, head: str) -> Gate:
+        gate = gpu_gate(repo, trigger="comment", untrusted=untrusted, actor=job.actor)
+        if gate.allowed and untrusted and job.head_sha is None:
+            return Gate(False, f"the bot had not seen this pull request's head when `{cmd.text[:60]}` arrived, so it "
+                               f"approves no commit for GPU runners; say `/audit` again to approve `{head[:12]}`")
+        return gate
+
+    def _rerun(self, row: JobRow, job: RerunJob, beat: _Heartbeat) -> str:
+        """Re-run of a PR check run: that run's head, in that run. A run of an older head is closed instead:
+        the PR's current head has its own run, and re-running an old one never sends newer code anywhere."""
+        repo = self._repo(job)
+        pr = repo.get_pull(job.pr)
+        if pr.head.sha != job.head_sha or row.superseded_by:
+            newer = pr.head.sha if pr.head.sha != job.head_sha else (row.superseded_by or pr.head.sha)
+            pub = self._publisher(repo)
+            pub.conclude(repo.get_check_run(job.check_run_id), "cancelled", "Superseded by a newer push",
+                         f"`{job.head_sha[:12]}` is no longer the pull request's head; `{newer[:12]}` is audited "
+                         "in its own check run.")
+            return SUPERSEDED
+        task = AuditTask(
+            head_sha=job.head_sha, base_sha=pr.base.sha, pr=job.pr, trigger="check_run", options=AuditOptions(run=True),
+            gate=gpu_gate(repo, trigger="check_run", untrusted=is_untrusted(Fields(pr.raw_data)), actor=job.actor),
+            reuse_run=job.check_run_id, external_id=f"job:{row.id}",
+        )
+        return self._audit(row, task, job, repo, beat)
+
     # ------------------------------------------------------------------ GPU results
-    def _collect(self, row: JobRow, repo, beat: _Heartbeat) -> str:
+    def _collect(self, row: JobRow, job: CollectJob, beat: _Heartbeat) -> str:
         """A GPU workflow run finished: fold its Results into the audit it belongs to and publish again."""
-        job = row.job
-        record = self.store.audit(job.audit_id or "")
+        record = self.store.audit(job.audit_id)
         if record is None or job.label not in record.pending:
             log.info("workflow run %s: no audit %s waiting for %s", job.run_id, job.audit_id, job.label)
             return DONE
+        repo = self._repo(job)
         audit = from_json(Audit, record.audit_json)
         actions = actions_module()
         try:
+            if actions is None:
+                raise RuntimeError("no GPU results collector is installed on this bot")
             incoming = actions.Collector(repo).collect(job.run_id, record.audit_id, head_sha=record.head_sha)
         except Exception as exc:  # missing / malformed / oversized artifact: error rows, never a silent pass
             if isinstance(exc, GithubException) and exc.status >= 500:
@@ -409,10 +545,8 @@ class Service:
         audit.results = merge_results(audit.results, incoming, labels)
         pending = [lab for lab in record.pending if lab not in labels]
         origin = self.store.get(record.job_id)
-        details = details_url(self.settings.public_url, self.settings.webhook_secret, record.job_id)
-        from bot.report import render
-
-        audit.report = render(audit, blob_url=f"{repo.html_url}/blob/{record.head_sha}", details_url=details)
+        details = self._details_url(record.job_id)
+        audit.report = _render(audit, blob_url=f"{repo.html_url}/blob/{record.head_sha}", details_url=details)
         beat.check()
         latest = self.store.latest_audit(job.repo, record.pr) if record.pr is not None else None
         shown = latest is None or latest.audit_id == record.audit_id  # never overwrite a newer head's comment
@@ -425,12 +559,33 @@ class Service:
                 audit_json=to_json(audit, indent=None),
             )
         )
-        pub = Publisher(repo, self.settings.check_name)
-        origin_job = replace(origin.job if origin else job, pr=record.pr if shown else None)
+        pub = self._publisher(repo)
+        pr = record.pr if shown else None
         if origin and origin.check_run_id:
-            self._publish(
-                pub, repo.get_check_run(origin.check_run_id), origin_job, audit, details, complete=not pending
-            )
-        elif record.pr is not None and shown:
-            pub.upsert_comment(record.pr, split_comment(audit.report.markdown, details)[0])
+            self._publish(pub, repo.get_check_run(origin.check_run_id), origin.id, pr, audit, details,
+                          complete=not pending)
+        elif pr is not None:
+            pub.upsert_comment(pr, split_comment(audit.report.markdown, details)[0])
         return DONE
+
+
+# ---------------------------------------------------------------------- the GitHub-free pipeline
+
+
+def _plan_and_run(request: AuditRequest, dispatch: GpuDispatch, *, blob_url: str | None,
+                  details_url: str) -> Audit | Unrunnable:
+    """plan → run (suites go to ``dispatch``, never this host) → report; ``Unrunnable`` for the user's errors."""
+    from bot.pipeline import run_audit  # heavy: git, tree-sitter, the checks
+
+    try:
+        audit = run_audit(request, blob_url=blob_url, details_url=details_url, dispatch=dispatch, render=False)
+    except USER_ERRORS as exc:
+        return Unrunnable(str(exc))
+    audit.report = _render(audit, blob_url=blob_url, details_url=details_url)
+    return audit
+
+
+def _render(audit: Audit, *, blob_url: str | None, details_url: str | None) -> Any:
+    from bot.report import render
+
+    return render(audit, blob_url=blob_url, details_url=details_url)

@@ -23,6 +23,20 @@ def fixture_payload(name: str) -> dict:
     return json.loads((FIXTURES / f"{name}.json").read_text())
 
 
+def check_run_pr(number: int, head: str, base: str, repo: str = REPO) -> dict:
+    """One entry of ``check_run.pull_requests`` as GitHub sends it."""
+    ref = {"id": 1296269, "url": f"https://api.github.com/repos/{repo}", "name": repo.split("/")[1]}
+    return {
+        "url": f"https://api.github.com/repos/{repo}/pulls/{number}", "id": 1000 + number, "number": number,
+        "head": {"ref": "feature", "sha": head, "repo": ref}, "base": {"ref": "main", "sha": base, "repo": ref},
+    }
+
+
+def installation_lite(installation_id: int = 1) -> dict:
+    """The ``installation`` object GitHub puts in an app's webhook payloads (both fields are required)."""
+    return {"id": installation_id, "node_id": f"MDIzOkludGVncmF0aW9uSW5zdGFsbGF0aW9u{installation_id}"}
+
+
 @pytest.fixture
 def engine_repo(tmp_path):
     """A small engine-shaped repo: base on main, a PR head that touches the weight loader and the scheduler."""
@@ -71,10 +85,13 @@ def pr_payload(
     association: str = "MEMBER",
 ) -> dict:
     """The real pull_request fixture, re-pointed at our repo and commits."""
-    p = fixture_payload("pull_request.opened")
+    name = f"pull_request.{action}"
+    p = fixture_payload(name if (FIXTURES / f"{name}.json").exists() else "pull_request.opened")
     p["action"] = action
+    if action == "synchronize":
+        p["after"] = head
     p["number"] = number
-    p["installation"] = {"id": installation}
+    p["installation"] = installation_lite(installation)
     p["repository"].update(full_name=repo, name=repo.split("/")[1], clone_url=clone_url)
     pr = p["pull_request"]
     pr.update(number=number, draft=draft, author_association=association)
@@ -188,7 +205,7 @@ def gpu_repo(tmp_path):
 def workflow_run_payload(run: dict, *, repo: str = REPO, installation: int = 1) -> dict:
     """The real workflow_run fixture, re-pointed at a run the stand-in holds."""
     p = fixture_payload("workflow_run.completed")
-    p["installation"] = {"id": installation}
+    p["installation"] = installation_lite(installation)
     p["repository"]["full_name"] = repo
     p["workflow_run"].update({k: run[k] for k in ("id", "head_sha", "display_title", "path", "status", "conclusion")})
     return p

@@ -8,13 +8,13 @@ import re
 from bot.publish import COMMENT_MARKER, reply_marker
 from checks.model import DeviceFingerprint, Results, SuiteResult, to_json
 from runner.actions import artifact_name, run_title
-from tests.bot.conftest import REPO, fixture_payload, pr_payload, wait_for, workflow_run_payload
+from tests.bot.conftest import REPO, check_run_pr, fixture_payload, installation_lite, pr_payload, wait_for, workflow_run_payload
 from tests.gitrepo import commit, git
 
 
 def _comment_payload(number: int, body: str, user: str, comment_id: int) -> dict:
     p = fixture_payload("issue_comment.created")
-    p["installation"] = {"id": 1}
+    p["installation"] = installation_lite(1)
     p["repository"]["full_name"] = REPO
     p["issue"].update(number=number, pull_request={"url": f"https://api.github.com/repos/{REPO}/pulls/{number}"})
     p["comment"].update(id=comment_id, body=body)
@@ -171,7 +171,7 @@ def test_merge_queue_reports_on_the_queue_head(bot_factory, engine_repo):
     mq_head = git(repo_path, "rev-parse", "HEAD")
     state.add_repo(REPO, str(repo_path))
     payload = fixture_payload("merge_group.checks_requested")
-    payload["installation"] = {"id": 1}
+    payload["installation"] = installation_lite(1)
     payload["repository"]["full_name"] = REPO
     payload["merge_group"].update(head_sha=mq_head, base_sha=base)
     bot = make()
@@ -182,7 +182,7 @@ def test_merge_queue_reports_on_the_queue_head(bot_factory, engine_repo):
     assert state.comments == {}  # no PR to comment on
 
     rerun = fixture_payload("check_run.rerequested")
-    rerun["installation"] = {"id": 1}
+    rerun["installation"] = installation_lite(1)
     rerun["repository"]["full_name"] = REPO
     rerun["check_run"].update(id=run["id"], head_sha=mq_head, external_id=run["external_id"])
     rerun["check_run"]["app"]["id"] = state.app_id
@@ -304,13 +304,13 @@ def test_rerequested_pr_check_run_is_concluded_again_in_place(bot_factory, engin
     bot.settle()
     (run,) = state.check_runs_for(REPO, head)
     rerun = fixture_payload("check_run.rerequested")
-    rerun["installation"] = {"id": 1}
+    rerun["installation"] = installation_lite(1)
     rerun["repository"]["full_name"] = REPO
     rerun["check_run"].update(
         id=run["id"],
         head_sha=head,
         external_id=run["external_id"],
-        pull_requests=[{"number": 18, "head": {"sha": head}, "base": {"sha": base}}],
+        pull_requests=[check_run_pr(18, head, base)],
     )
     rerun["check_run"]["app"]["id"] = state.app_id
     patches = state.count("PATCH", f"/check-runs/{run['id']}")
@@ -325,10 +325,11 @@ def test_rerequested_pr_check_run_is_concluded_again_in_place(bot_factory, engin
 
     newer = commit(repo_path, {"README.md": "moved on\n"}, "newer")
     state.pulls[(REPO, 18)]["head"]["sha"] = newer
-    bot.deliver("check_run", rerun)  # re-running the old head's check audits the current head instead
+    bot.deliver("check_run", rerun)  # re-running the old head's check never audits (or dispatches) the new head
     bot.settle()
-    (fresh,) = state.check_runs_for(REPO, newer)
-    assert fresh["status"] == "completed" and state.check_runs[run["id"]]["status"] == "completed"
+    assert state.check_runs_for(REPO, newer) == []
+    assert state.check_runs[run["id"]]["conclusion"] == "cancelled"
+    assert newer[:12] in state.check_runs[run["id"]]["output"]["summary"]
 
 
 def test_a_new_push_closes_the_audit_waiting_for_gpu_results(bot_factory, gpu_repo):

@@ -7,10 +7,11 @@ import threading
 
 import httpx
 
-from bot.events import Ignored, Job, job_for
+from bot.events import Ignored, job_for, read_delivery
+from bot.jobs import Job
 from bot.security import signature_of, verify_signature
 from runner.actions import run_title
-from tests.bot.conftest import SECRET, fixture_payload, pr_payload, signed
+from tests.bot.conftest import SECRET, check_run_pr, fixture_payload, pr_payload, signed
 
 GITHUB_VECTOR = "sha256=757107ea0eb2509fc211221cce984b8a37570b6d7586c22c46f4379c8b043e17"
 
@@ -43,7 +44,7 @@ def test_webhook_rejects_bad_signatures_and_oversized_bodies(bot_factory):
     streamed = bot.http.post(
         "/webhook",
         content=chunks(),
-        headers={"X-GitHub-Event": "push", "X-GitHub-Delivery": "x", "X-Hub-Signature-256": "sha256=00"},
+        headers={"X-GitHub-Event": "push", "X-GitHub-Delivery": "x", "X-Hub-Signature-256": "sha256=" + "0" * 64},
     )
     assert streamed.status_code == 413
     assert bot.store.deliveries() == 0
@@ -82,6 +83,9 @@ def test_redelivered_and_concurrent_duplicates_enqueue_once(bot_factory):
 
 
 def test_every_fixture_maps_to_the_right_job():
+    def job_for(event, payload, **kw):  # the whole intake decision: decode, GitHub's schema, the typed job
+        return read_delivery(event, json.dumps(payload).encode(), **kw)
+
     pr = job_for("pull_request", fixture_payload("pull_request.opened"))
     assert isinstance(pr, Job) and pr.kind == "audit" and pr.pr == 2 and pr.installation_id == 1
     assert pr.head_sha == fixture_payload("pull_request.opened")["pull_request"]["head"]["sha"]
@@ -102,7 +106,7 @@ def test_every_fixture_maps_to_the_right_job():
     assert isinstance(job_for("issue_comment", on_pr), Ignored)  # no /audit in it
     on_pr["comment"]["body"] = "looks good\n/audit run parity-rmsnorm on sm90\n"
     cmd = job_for("issue_comment", on_pr)
-    assert cmd.kind == "command" and cmd.command == "/audit run parity-rmsnorm on sm90" and cmd.pr == 1
+    assert cmd.kind == "command" and cmd.body == on_pr["comment"]["body"] and cmd.pr == 1  # parsed by the worker
     assert isinstance(job_for("issue_comment", fixture_payload("issue_comment.edited")), Ignored)
 
     mg_payload = fixture_payload("merge_group.checks_requested")
@@ -112,9 +116,10 @@ def test_every_fixture_maps_to_the_right_job():
 
     rerun = fixture_payload("check_run.rerequested")
     assert isinstance(job_for("check_run", rerun), Ignored)  # no PR and not a merge-queue run of ours
-    rerun["check_run"]["pull_requests"] = [{"number": 5, "head": {"sha": "a" * 40}, "base": {"sha": "b" * 40}}]
+    rerun["check_run"]["pull_requests"] = [check_run_pr(5, "a" * 40, "b" * 40)]
     again = job_for("check_run", rerun)
-    assert again.kind == "command" and again.pr == 5 and again.check_run_id == rerun["check_run"]["id"]
+    assert again.kind == "rerun" and again.pr == 5 and again.check_run_id == rerun["check_run"]["id"]
+    assert again.head_sha == rerun["check_run"]["head_sha"]  # that run's head, never the PR's newer one
     assert isinstance(job_for("check_run", rerun, app_id=999), Ignored)  # another app's check run
 
     assert isinstance(job_for("workflow_run", fixture_payload("workflow_run.completed")), Ignored)  # not our workflow

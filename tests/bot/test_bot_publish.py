@@ -54,7 +54,7 @@ def _report(n_annotations: int = 0, markdown: str = f"{COMMENT_MARKER}\nok") -> 
 def test_comment_is_found_by_marker_and_edited(ghstub):
     repo, state = _repo(ghstub)
     state.add_comment("octo/eng", 4, f"quoting the bot: {COMMENT_MARKER}", user="someone")  # a human's comment
-    pub = Publisher(repo)
+    pub = Publisher(repo, login="drift-audit[bot]")
     first = pub.upsert_comment(4, f"{COMMENT_MARKER}\nv1")
     second = pub.upsert_comment(4, f"{COMMENT_MARKER}\nv2")
     assert first == second and state.comments[first]["body"].endswith("v2")
@@ -68,7 +68,7 @@ def test_overflow_goes_to_the_check_run(ghstub):
     comment, overflow = split_comment(big, "http://bot/audits/job-1")
     assert len(comment) <= COMMENT_LIMIT and comment + overflow != big and overflow.strip()
     assert "check run" in comment and big.startswith(comment[: len(comment) - 200])
-    pub = Publisher(repo)
+    pub = Publisher(repo, login="drift-audit[bot]")
     pub.upsert_comment(4, comment)
     run = pub.start_check(SHA, "job:1", "http://bot/audits/job-1")
     pub.finish_check(run, _report(markdown=big), overflow=overflow)
@@ -79,7 +79,7 @@ def test_overflow_goes_to_the_check_run(ghstub):
 
 def test_annotations_go_in_batches_of_50_and_resume_without_duplicates(ghstub):
     repo, state = _repo(ghstub)
-    pub = Publisher(repo)
+    pub = Publisher(repo, login="drift-audit[bot]")
     run = pub.start_check(SHA, "job:2", None)
     report = _report(130)
     pub._annotate(run, report.annotations[:50], {"title": "t", "summary": "s"})  # an attempt that died after 1 batch
@@ -151,7 +151,7 @@ def test_a_create_that_landed_before_failing_is_not_sent_twice(ghstub):
     state.fault = Fault(
         rate=1.0, kinds=(502,), methods=("POST",), paths=("/issues/4/comments", "/check-runs"), after_apply=True
     )
-    pub = Publisher(repo)
+    pub = Publisher(repo, login="drift-audit[bot]")
     cid = pub.upsert_comment(4, f"{COMMENT_MARKER}\nonce")
     run = pub.start_check(SHA, "job:9", None)
     assert [c["id"] for c in state.comments_on("octo/eng", 4)] == [cid]

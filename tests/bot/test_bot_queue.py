@@ -5,12 +5,16 @@ from __future__ import annotations
 import threading
 import time
 
-from bot.events import Job
+from bot.jobs import AuditJob, CommandJob
 from bot.queue import DONE, FAILED, LEASED, QUEUED, SUPERSEDED, SqliteJobStore
 
 
-def _job(pr: int = 1, head: str = "a" * 40) -> Job:
-    return Job("audit", "o/r", f"o/r#{pr}", pr=pr, head_sha=head, base_sha="b" * 40)
+def _job(pr: int = 1, head: str = "a" * 40) -> AuditJob:
+    return AuditJob(repo="o/r", key=f"o/r#{pr}", pr=pr, head_sha=head, base_sha="b" * 40)
+
+
+def _command(pr: int = 1) -> CommandJob:
+    return CommandJob(repo="o/r", key=f"o/r#{pr}", pr=pr, comment_id=7, body="/audit", actor="alice")
 
 
 def test_a_delivery_is_accepted_once_across_threads(tmp_path):
@@ -32,8 +36,8 @@ def test_a_delivery_is_accepted_once_across_threads(tmp_path):
 
 def test_one_lease_per_pr_and_fifo(tmp_path):
     store = SqliteJobStore(str(tmp_path / "q.db"))
-    store.accept("d1", "issue_comment", Job("command", "o/r", "o/r#1", pr=1))
-    store.accept("d2", "issue_comment", Job("command", "o/r", "o/r#1", pr=1))
+    store.accept("d1", "issue_comment", _command())
+    store.accept("d2", "issue_comment", _command())
     store.accept("d3", "pull_request", _job(pr=2))
     first = store.lease("w1", 30)
     second = store.lease("w2", 30)

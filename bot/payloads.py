@@ -1,0 +1,196 @@
+"""A webhook body → a validated payload, or a ``PayloadError`` that names the field (answered 400, never 500).
+
+Validation is GitHub's own: the JSON Schemas GitHub publishes for webhook
+payloads (octokit/webhooks, MIT), vendored in ``bot/schemas`` for every
+event and action the bot acts on, so the service never depends on a checkout
+or a fixtures folder. Two deliberate relaxations: ``additionalProperties:
+false`` is dropped, because GitHub adds fields to payloads over time and a new
+field must not turn deliveries into 400s; and string formats are not checked.
+Events the bot reads without a published schema (``installation_repositories``)
+and every field the bot reads are checked again by ``Fields``, the typed
+accessor ``bot.events`` builds jobs with; that is also the fallback should a
+schema be missing.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from importlib import resources
+from typing import Any
+
+MAX_DEPTH = 64  # GitHub's payloads nest about 8 deep; deeper is hostile and would recurse in validators
+_MISSING = object()
+
+
+class PayloadError(ValueError):
+    """A payload the bot refuses: ``field`` is a JSON path such as ``$.pull_request.number``."""
+
+    def __init__(self, field: str, problem: str):
+        super().__init__(f"{field}: {problem}")
+        self.field, self.problem = field, problem
+
+
+def decode(body: bytes) -> dict[str, Any]:
+    """JSON object, nesting capped at ``MAX_DEPTH``."""
+    try:
+        data = json.loads(body)
+    except RecursionError:
+        raise PayloadError("$", f"nested deeper than {MAX_DEPTH} levels") from None
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise PayloadError("$", f"not valid JSON ({str(exc)[:120]})") from None
+    if not isinstance(data, dict):
+        raise PayloadError("$", f"expected a JSON object, got {_type(data)}")
+    _check_depth(data)
+    return data
+
+
+def _check_depth(data: Any) -> None:
+    stack: list[tuple[Any, int]] = [(data, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise PayloadError("$", f"nested deeper than {MAX_DEPTH} levels")
+        if isinstance(value, dict):
+            stack.extend((v, depth + 1) for v in value.values() if isinstance(v, dict | list))
+        elif isinstance(value, list):
+            stack.extend((v, depth + 1) for v in value if isinstance(v, dict | list))
+
+
+def _type(value: Any) -> str:
+    if value is None:
+        return "null"
+    return {bool: "boolean", int: "integer", float: "number", str: "string", list: "array", dict: "object"}.get(
+        type(value), type(value).__name__
+    )
+
+
+# --------------------------------------------------------------------------- GitHub's schemas
+
+
+def _relaxed(node: Any) -> Any:
+    if isinstance(node, dict):
+        return {
+            k: _relaxed(v)
+            for k, v in node.items()
+            if not (k == "additionalProperties" and v is False) and k not in ("format", "tsAdditionalProperties")
+        }
+    if isinstance(node, list):
+        return [_relaxed(v) for v in node]
+    return node
+
+
+@lru_cache(maxsize=1)
+def _registry() -> tuple[Any, dict[str, dict]]:
+    from referencing import Registry, Resource
+    from referencing.jsonschema import DRAFT7
+
+    docs = {}
+    for entry in resources.files("bot.schemas").iterdir():
+        if entry.name.endswith(".schema.json"):
+            doc = _relaxed(json.loads(entry.read_text()))
+            docs[doc["$id"]] = doc
+    registry = Registry().with_resources(
+        (key, Resource.from_contents(doc, default_specification=DRAFT7)) for key, doc in docs.items()
+    )
+    return registry, docs
+
+
+@lru_cache(maxsize=64)
+def _validator(schema_id: str) -> Any:
+    from jsonschema import Draft7Validator
+
+    registry, docs = _registry()
+    doc = docs.get(schema_id)
+    return Draft7Validator(doc, registry=registry) if doc is not None else None
+
+
+def has_schema(event: str, action: str | None) -> bool:
+    return _schema_id(event, action) in _registry()[1]
+
+
+def _schema_id(event: str, action: str | None) -> str:
+    return f"{event}$event" if event == "ping" else f"{event}${action}"
+
+
+def validate(event: str, action: str | None, payload: dict[str, Any]) -> None:
+    """Raise ``PayloadError`` for the first violation of GitHub's schema for ``event.action``."""
+    validator = _validator(_schema_id(event, action))
+    if validator is None:
+        return
+    from jsonschema.exceptions import best_match
+
+    error = best_match(validator.iter_errors(payload))
+    if error is not None:
+        where = "$" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path)
+        raise PayloadError(where, _problem(error))
+
+
+def _problem(error: Any) -> str:
+    """jsonschema's message quotes the whole offending value; name its type instead."""
+    if error.validator == "type":
+        want = error.validator_value
+        want = " or ".join(want) if isinstance(want, list) else want
+        return f"expected {want}, got {_type(error.instance)}"
+    if error.validator == "required":
+        return str(error.message)[:200]
+    if error.validator == "enum":
+        return f"expected one of {', '.join(map(str, error.validator_value))[:200]}"
+    if error.validator in ("anyOf", "oneOf"):
+        return f"expected {_shapes(error.validator_value)}, got {_type(error.instance)}"
+    return f"fails '{error.validator}' of GitHub's schema"
+
+
+def _shapes(options: list[Any]) -> str:
+    names = [o.get("type") or o.get("$ref", "?").rsplit("/", 1)[-1].removesuffix(".schema.json") for o in options
+             if isinstance(o, dict)]
+    return " or ".join(str(n) for n in names)[:200] or "another shape"
+
+
+# --------------------------------------------------------------------------- typed access
+
+
+class Fields:
+    """Typed reads of a payload: each ``get`` checks the type and names the path when it is wrong."""
+
+    def __init__(self, payload: dict[str, Any], path: str = "$"):
+        self.payload, self.path = payload, path
+
+    def _walk(self, dotted: str) -> tuple[str, Any]:
+        node: Any = self.payload
+        where = self.path
+        for part in dotted.split("."):
+            if node is _MISSING or node is None:
+                node = _MISSING
+            elif not isinstance(node, dict):
+                raise PayloadError(where, f"expected object, got {_type(node)}")
+            else:
+                node = node.get(part, _MISSING)
+            where = f"{where}.{part}"
+        return where, node
+
+    def get(self, dotted: str, kind: type | tuple[type, ...], *, required: bool = True, default: Any = None) -> Any:
+        where, value = self._walk(dotted)
+        if value is _MISSING or value is None:
+            if required:
+                raise PayloadError(where, "required, missing or null")
+            return default
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
+            names = " or ".join(_type(k()) if k in (bool, int, float, str, list, dict) else k.__name__ for k in kinds)
+            raise PayloadError(where, f"expected {names}, got {_type(value)}")
+        return value
+
+    def obj(self, dotted: str, *, required: bool = True) -> Fields:
+        value = self.get(dotted, dict, required=required, default={})
+        return Fields(value, f"{self.path}.{dotted}")
+
+    def items(self, dotted: str) -> list[Fields]:
+        """Each object of an array (a missing array is empty)."""
+        values = self.get(dotted, list, required=False, default=[])
+        out = []
+        for i, v in enumerate(values):
+            if not isinstance(v, dict):
+                raise PayloadError(f"{self.path}.{dotted}[{i}]", f"expected object, got {_type(v)}")
+            out.append(Fields(v, f"{self.path}.{dotted}[{i}]"))
+        return out

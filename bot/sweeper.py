@@ -1,0 +1,93 @@
+"""Every check run the service opens reaches a conclusion, however the process that opened it died.
+
+A job records that it is about to open a check run before it creates it
+(``JobStore.opening_run``), and that it concluded it after GitHub accepted the
+PATCH (``close_run``). The sweeper runs at start-up and on a timer, and
+concludes the runs of jobs that ended without closing theirs: a job that failed
+after its last attempt (the failure report's PATCH failed, or the process died
+before sending it), a dead-lettered job, a superseded one, and an audit that
+waited for GPU results longer than ``gpu_timeout``. A run created just before a
+crash, whose id never reached the database, is found by its ``external_id``.
+Runs that are already completed on GitHub are only marked closed.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from bot.publish import cap
+from bot.queue import DONE, SUPERSEDED, JobRow, JobStore
+
+log = logging.getLogger("drift_audit.sweeper")
+
+
+@dataclass
+class Swept:
+    """What one sweep did, for logs and tests."""
+
+    expired: int = 0  # leases that ran out on a last attempt, failed now
+    concluded: list[int] = field(default_factory=list)  # check run ids concluded
+    already: int = 0  # stale records whose run GitHub already had completed
+    errors: list[str] = field(default_factory=list)
+
+
+class Sweeper:
+    def __init__(self, store: JobStore, repo_of: Callable[[str, int | None], Any], check_name: str, *,
+                 gpu_timeout: float):
+        self.store, self.repo_of, self.check_name, self.gpu_timeout = store, repo_of, check_name, gpu_timeout
+
+    def sweep(self) -> Swept:
+        out = Swept(expired=self.store.expire_leases())
+        for row in self.store.stale_runs(self.gpu_timeout):
+            try:
+                self._conclude(row, out)
+            except Exception as exc:  # GitHub down, token gone: the next sweep tries again
+                out.errors.append(f"job {row.id}: {type(exc).__name__}: {exc}"[:300])
+                log.warning("sweeper: job %s: %s", row.id, exc)
+        if out.concluded or out.expired:
+            log.info("sweeper: %s lease(s) expired, %s check run(s) concluded", out.expired, len(out.concluded))
+        return out
+
+    def _conclude(self, row: JobRow, out: Swept) -> None:
+        repo = self.repo_of(row.repo, row.installation_id)
+        run = self._find(repo, row)
+        if run is None:  # recorded as opening, never created
+            self.store.close_run(row.id)
+            return
+        if run.status == "completed":
+            out.already += 1
+            self.store.close_run(row.id)
+            return
+        conclusion, title, summary = self._verdict(row)
+        run.edit(status="completed", conclusion=conclusion, output={"title": title, "summary": cap(summary)})
+        self.store.close_run(row.id)
+        out.concluded.append(run.id)
+
+    def _find(self, repo: Any, row: JobRow) -> Any:
+        if row.check_run_id:
+            return repo.get_check_run(row.check_run_id)
+        if not row.head_sha or not row.external_id:
+            return None
+        for candidate in repo.get_commit(row.head_sha).get_check_runs(check_name=self.check_name):
+            if candidate.external_id == row.external_id:
+                return candidate
+        return None
+
+    def _verdict(self, row: JobRow) -> tuple[str, str, str]:
+        if row.status == SUPERSEDED:
+            newer = f" `{row.superseded_by[:12]}` is audited instead." if row.superseded_by else ""
+            return "cancelled", "Superseded by a newer push", f"A newer push replaced this audit.{newer}"
+        if row.status == DONE:  # an audit that waited for GPU results too long
+            record = self.store.audit_for_job(row.id)
+            if record is not None and record.status == "awaiting-gpu":
+                self.store.save_audit(replace(record, status="done", pending=[]))
+            hours = self.gpu_timeout / 3600
+            return ("neutral", "GPU results did not arrive",
+                    f"No results came back from the GPU runners within {hours:g} h; say `/audit` to try again.")
+        reason = (row.error or row.result or "no reason was recorded").strip()
+        return ("neutral", "The audit could not finish",
+                f"Drift Audit stopped working on this audit after {row.attempts} attempt(s) ({row.status}): "
+                f"{reason[:3000]}\n\nSay `/audit` to try again.")
