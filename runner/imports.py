@@ -14,6 +14,7 @@ file's own directory (pytest's rootdir-relative imports).
 from __future__ import annotations
 
 import ast
+import re
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -149,6 +150,7 @@ class ImportGraph:
     blob_sha: Callable[[str], str | None] | None = None  # enables the parse cache
     _index: dict[str, str] = field(default_factory=dict, init=False)
     _edges: dict[str, list[str]] = field(default_factory=dict, init=False)
+    _tops: set[str] | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         self.paths = set(self.paths)
@@ -181,6 +183,39 @@ class ImportGraph:
             if hit is not None and hit not in out:
                 out.append(hit)
         return out
+
+    def top_packages(self) -> set[str]:
+        if self._tops is None:
+            self._tops = {name.split(".", 1)[0] for name in self._index}
+        return self._tops
+
+    def extension(self, imp: Import, importer: str, declared: frozenset[str] = frozenset()) -> str | None:
+        """The compiled module ``imp`` loads, when it is one: below a package of the tree, no ``.py`` there."""
+        from runner.runnable import EXTENSION_NAME
+
+        candidates = [imp.module] + [f"{imp.module}.{n}" for n in imp.names if n != "*"]
+        top = imp.module.split(".", 1)[0]
+        if top in declared and self.module_file(top, importer) is None:
+            return top
+        if top not in self.top_packages() and self.module_file(imp.module, importer) is None:
+            return None  # a third-party module
+        for name in candidates:
+            if self.module_file(name, importer) is not None:
+                continue
+            leaf = name.rsplit(".", 1)[-1]
+            is_module = name == imp.module
+            if (is_module and self.module_file(name.rsplit(".", 1)[0], importer) is not None) \
+                    or leaf in declared or EXTENSION_NAME.search(leaf):
+                return name
+        return None
+
+    def module_file(self, name: str, importer: str) -> str | None:
+        """The file that ``name`` itself is (its ``__init__.py`` for a package), or None."""
+        hit = self._index.get(name)
+        local_dir = list(PurePosixPath(importer).parent.parts)
+        if hit is None and local_dir:
+            hit = self._index.get(".".join(local_dir + name.split(".")))
+        return hit
 
     def edges(self, path: str) -> list[str]:
         if path not in self._edges:
@@ -216,3 +251,58 @@ class ImportGraph:
                 if nxt.endswith(".py"):
                     queue.append(nxt)
         return None
+
+
+# --------------------------------------------------------------------------- what a test needs to run
+
+# Importing any of these means the test runs its code on a GPU (triton: unless run by its interpreter).
+GPU_MODULES = ("torch.cuda", "triton", "cupy", "pycuda", "cuda", "numba.cuda", "cutlass", "tilelang", "tensorrt",
+               "flash_attn", "nvidia")
+_CUDA_USE = re.compile(rb"\btorch\.cuda\.|\.cuda\(\)|device\s*=\s*['\"]cuda|['\"]cuda:\d['\"]")
+
+
+def _gpu_module(imp: Import) -> str | None:
+    full = [imp.module] + [f"{imp.module}.{n}" for n in imp.names]
+    for name in full:
+        for gpu in GPU_MODULES:
+            if name == gpu or name.startswith(gpu + "."):
+                return name
+    return None
+
+
+def gpu_need(graph: ImportGraph, test_file: str, extensions: frozenset[str] = frozenset()) -> str | None:
+    """Why ``test_file`` needs a GPU, from the imports of everything it reaches; None when it does not.
+
+    A compiled extension of the repo counts (an import below one of the tree's
+    packages that is no ``.py`` there, or a module the build files declare),
+    since it only exists where it was built for the GPU. ``triton`` alone does
+    not count when something on the way sets ``TRITON_INTERPRET``.
+    """
+    seen = {test_file}
+    queue = deque([test_file])
+    triton_via: str | None = None
+    interpreted = False
+    own = graph.read(test_file) or b""
+    if _CUDA_USE.search(own):
+        return f"{test_file} uses CUDA tensors"
+    while queue:
+        cur = queue.popleft()
+        blob = graph.blob_sha(cur) if graph.blob_sha else None
+        data = own if cur == test_file else (graph.read(cur) or b"")
+        if b"TRITON_INTERPRET" in data:
+            interpreted = True
+        for imp in imports_of(cur, blob, graph.read):
+            gpu = _gpu_module(imp)
+            if gpu is not None:
+                if gpu.split(".", 1)[0] != "triton":
+                    return f"{cur} imports {gpu}"
+                triton_via = triton_via or f"{cur} imports {gpu}"
+                continue
+            ext = graph.extension(imp, cur, extensions)
+            if ext is not None:
+                return f"{cur} imports {ext}, a compiled extension"
+        for nxt in graph.edges(cur):
+            if nxt not in seen and nxt.endswith(".py"):
+                seen.add(nxt)
+                queue.append(nxt)
+    return None if interpreted else triton_via

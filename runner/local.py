@@ -73,6 +73,9 @@ def run_plan(
     root = Path(repo_dir)
     if not root.is_dir():
         raise ValueError(f"{repo_dir}: not a directory; pass the directory holding the head tree")
+    suites = [s for s in plan.suites if labels is None or s.runner in labels]
+    if not suites:  # nothing to run costs nothing: no GPU probe (importing torch alone takes seconds)
+        return m.Results(audit_id=plan.audit_id, head_sha=plan.head_sha)
     gpu = _resolve_gpu(capability)
     cap = gpu.capability if gpu else None
     asked = labels[0] if labels and len(labels) == 1 else None
@@ -80,7 +83,6 @@ def run_plan(
         asked = None  # say what this machine is, not what it was asked to be
     fp = device.fingerprint(asked, gpu)
     results = m.Results(audit_id=plan.audit_id, head_sha=plan.head_sha, devices=[fp])
-    suites = [s for s in plan.suites if labels is None or s.runner in labels]
     for i, suite in enumerate(suites, 1):
         unmet = device.label_unmet(suite.runner, cap, gpu.name if gpu else None) or device.requires_unmet(
             suite.requires, cap

@@ -65,9 +65,15 @@ def declared_extensions(repo_dir: str) -> frozenset[str]:
                 text = fh.read(512 * 1024)
         except OSError:
             continue
-        for pattern in _BUILD_DECL:
-            names.update(m.group(1).rsplit(".", 1)[-1] for m in pattern.finditer(text))
+        names |= extension_names(text)
     return frozenset(names)
+
+
+def extension_names(build_file_text: str) -> frozenset[str]:
+    """Leaf names of the compiled modules a setup.py / CMakeLists.txt declares."""
+    return frozenset(
+        m.group(1).rsplit(".", 1)[-1] for pattern in _BUILD_DECL for m in pattern.finditer(build_file_text)
+    )
 
 
 def _in_tree(repo_dir: str, dotted: str) -> bool:

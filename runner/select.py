@@ -23,9 +23,12 @@ import pathspec
 
 from checks.config import CONFIG_PATH, Config, Suite
 from checks.model import AuditOptions, ChangeSet, Findings, PillarMap, PlannedSuite, TestPlan
-from runner.imports import ImportGraph
+from runner.impact import ALL, Changed, Impact, info_of
+from runner.imports import ImportGraph, gpu_need
+from runner.runnable import extension_names
 
 PYTEST_PREFIX = "pytest:"
+DEFAULT_GPU_RUNNER = "sm90"
 
 
 class SelectionError(ValueError):
@@ -132,15 +135,24 @@ def _planned(suite: Suite, runner: str, reasons: list[str]) -> PlannedSuite:
     )
 
 
-def pytest_suite(test_file: str, reasons: list[str], timeout: float = 900.0) -> PlannedSuite:
+def pytest_suite(test_file: str, reasons: list[str], timeout: float = 900.0, runner: str = "cpu") -> PlannedSuite:
     return PlannedSuite(
         id=f"{PYTEST_PREFIX}{test_file}",
         kind="unit",
         command=f"python -m pytest -q {shlex.quote(test_file)}",
-        runner="cpu",
+        runner=runner,
         timeout=timeout,
         reasons=list(reasons),
     )
+
+
+def gpu_runner(config: Config) -> str:
+    """The label implicit GPU test files run on: ``[settings] gpu_runner``, else the repo's first GPU label."""
+    configured = getattr(config.settings, "gpu_runner", None)
+    if isinstance(configured, str) and configured:
+        return configured
+    labels = [lbl for s in config.suites for lbl in s.runners if lbl != "cpu"]
+    return labels[0] if labels else DEFAULT_GPU_RUNNER
 
 
 def select_tests(
@@ -169,8 +181,10 @@ def select_tests(
                 f"unknown suite '{sid}'; known suites: {known} (or pytest:<test file> for a test file in the head tree)"
             )
 
+    needs: dict[str, str] = {}
     if not options.suites:  # asking for suites by id runs just those
-        _automatic(config, changes, paths, pillars, findings, options, head, head_paths, picks)
+        needs = _automatic(config, changes, paths, pillars, findings, options, head, head_paths, picks)
+    label = gpu_runner(config)
 
     planned: list[PlannedSuite] = []
     for sid, reasons in picks.reasons.items():
@@ -179,7 +193,14 @@ def select_tests(
             for runner in s.runners:
                 planned.append(_planned(s, runner, reasons))
         else:
-            planned.append(pytest_suite(sid[len(PYTEST_PREFIX) :], reasons))
+            test_file = sid[len(PYTEST_PREFIX) :]
+            need = needs.get(test_file)
+            if need is None and sid in options.suites:  # asked for by id: it still runs where its imports say
+                need = _need_of(head, head_paths, test_file)
+            if need:
+                planned.append(pytest_suite(test_file, [*reasons, f"runs on {label}: {need}"], runner=label))
+            else:
+                planned.append(pytest_suite(test_file, reasons))
     if options.runner:
         planned = [p for p in planned if p.runner == options.runner]
     not_affected = [s.id for s in config.suites if s.id not in picks.reasons]
@@ -187,7 +208,7 @@ def select_tests(
 
 
 def _automatic(config: Config, changes: ChangeSet, paths: list[str], pillars: PillarMap, findings: Findings,
-               options: AuditOptions, head, head_paths: set[str], picks: _Picks) -> None:
+               options: AuditOptions, head, head_paths: set[str], picks: _Picks) -> dict[str, str]:
     run_all = []
     if options.all_suites:
         run_all.append("every suite requested (--all)")
@@ -201,27 +222,50 @@ def _automatic(config: Config, changes: ChangeSet, paths: list[str], pillars: Pi
         for s in config.suites:
             picks.add(s.id, reason)
 
+    by_name = getattr(config.settings, "symbol_selection", True)
+    changed: dict[str, Changed] = (
+        changed_names(changes, head) if by_name else {p: ALL for p in paths if p.endswith(".py")}
+    )
+    inert = inert_files(changes, head, head_paths, changed) if by_name else {}
+    if inert:  # a change no code can observe selects no suite by path, pillar or symbol
+        paths = [p for p in paths if p not in inert]
+        pillars = PillarMap(pillars=[h for h in pillars.pillars if any(f not in inert for f in h.files)],
+                            hunks=[h for h in pillars.hunks if h.path not in inert])
     for s in config.suites:
         _declared_reasons(s, paths, pillars, findings, picks)
 
     if config.settings.import_graph and config.settings.test_paths:
-        _import_graph(config, changes, head, head_paths, picks)
+        return _import_graph(config, changes, head, head_paths, picks, changed)
+    return {}
 
 
-def _import_graph(config: Config, changes: ChangeSet, head, head_paths: set[str], picks: _Picks) -> None:
+def _need_of(head, head_paths: set[str], test_file: str) -> str | None:
+    graph = ImportGraph(paths=head_paths, read=head.read, blob_sha=getattr(head, "blob_sha", None))
+    return gpu_need(graph, test_file, _declared_extensions(head, head_paths))
+
+
+def _import_graph(config: Config, changes: ChangeSet, head, head_paths: set[str], picks: _Picks,
+                  changed: dict[str, Changed]) -> dict[str, str]:
+    """Select the test files a change reaches; returns {implicit test file: why it needs a GPU}."""
     changed_py = {f.path for f in changes.files if f.path.endswith(".py")}
     changed_py |= {f.old_path for f in changes.files if f.old_path and f.old_path.endswith(".py")}
     if not changed_py:
-        return
+        return {}
     tests = spec(tuple(config.settings.test_paths))
     test_files = sorted(p for p in head_paths if p.endswith(".py") and tests.match_file(p))
     if not test_files:
-        return
+        return {}
     gone = [p for p in changed_py if p not in head_paths]
-    graph = ImportGraph(paths=head_paths, read=head.read, extra_paths=gone, blob_sha=getattr(head, "blob_sha", None))
+    blob_sha = getattr(head, "blob_sha", None)
+    graph = ImportGraph(paths=head_paths, read=head.read, extra_paths=gone, blob_sha=blob_sha)
+    impact = Impact(graph, lambda p: info_of(p, blob_sha(p) if blob_sha else None, head.read),
+                    {**{p: ALL for p in gone}, **changed})
+    impact.run([t for t in test_files if t not in changed_py])
     covering = [(s, _command_paths(s.command)) for s in config.suites]
+    extensions = _declared_extensions(head, head_paths)
+    needs: dict[str, str] = {}
     for test_file in test_files:
-        chain = graph.chain_to(test_file, changed_py)
+        chain = [test_file] if test_file in changed_py else impact.chain(test_file)
         if chain is None:
             continue
         reason = "changed test file" if len(chain) == 1 else "imports: " + " → ".join(chain)
@@ -231,3 +275,101 @@ def _import_graph(config: Config, changes: ChangeSet, head, head_paths: set[str]
                 picks.add(s.id, reason)
         else:
             picks.add(f"{PYTEST_PREFIX}{test_file}", reason)
+            need = gpu_need(graph, test_file, extensions)
+            if need:
+                needs[test_file] = need
+    return needs
+
+
+def changed_names(changes: ChangeSet, head) -> dict[str, Changed]:
+    """Changed Python module → the top-level names its hunks touch (head side, and base side for removals)."""
+    repo_path = getattr(head, "repo_path", None)
+    out: dict[str, Changed] = {}
+    for fc in changes.files:
+        if fc.status != "modified" or fc.binary:
+            for p in (fc.path, fc.old_path):
+                if p and p.endswith(".py"):
+                    out[p] = ALL  # added, deleted, renamed, copied: importers start or stop working
+            continue
+        if not fc.path.endswith(".py") or not fc.hunks:
+            continue
+        added = [n for h in fc.hunks for n in h.added]
+        removed = [n for h in fc.hunks for n in h.removed]
+        head_info = info_of(fc.path, fc.new_blob, head.read)
+        base_info = _base_info(repo_path, fc)
+        if head_info.opaque or base_info is None or base_info.opaque:
+            out[fc.path] = ALL
+            continue
+        touched: list[Changed] = [head_info.changed_at(added), base_info.changed_at(removed)]
+        if ALL in touched:
+            out[fc.path] = ALL
+            continue
+        names = frozenset().union(*touched)
+        if names:
+            out[fc.path] = head_info.close(names)
+    return out
+
+
+def _base_info(repo_path: str | None, fc):
+    if repo_path is None or not fc.old_blob:
+        return None
+    from checks.workspace import read_blob
+
+    try:
+        return info_of(fc.path, fc.old_blob, lambda _p: read_blob(repo_path, fc.old_blob))
+    except ValueError:
+        return None
+
+
+def inert_files(changes: ChangeSet, head, head_paths: set[str], changed: dict[str, Changed]) -> dict[str, str]:
+    """Changed modules whose change cannot reach any code: comments only, or removed names nothing uses.
+
+    A removed name is unused when the module itself no longer refers to it and
+    no importer anywhere in the head tree takes it (``from m import name``, or
+    ``m.name`` after importing ``m``).
+    """
+    out: dict[str, str] = {}
+    removed: dict[str, frozenset[str]] = {}
+    blob_sha = getattr(head, "blob_sha", None)
+    for fc in changes.files:
+        if fc.status != "modified" or fc.binary or not fc.path.endswith(".py") or not fc.hunks:
+            continue
+        names = changed.get(fc.path, frozenset())
+        if names == ALL:
+            continue
+        if not names:
+            out[fc.path] = "only comments or blank lines change"
+            continue
+        info = info_of(fc.path, fc.new_blob, head.read)
+        if names & frozenset().union(*(st.names for st in info.stmts)):
+            continue
+        removed[fc.path] = names
+    if not removed:
+        return out
+    graph = ImportGraph(paths=head_paths, read=head.read, blob_sha=blob_sha)
+    impact = Impact(graph, lambda p: info_of(p, blob_sha(p) if blob_sha else None, head.read), {})
+    impact.state.update(removed)
+    for user in sorted(head_paths):
+        if not removed or not user.endswith(".py"):
+            continue
+        info = impact.info(user)
+        for mod in list(removed):
+            if user == mod:
+                continue
+            if info.opaque or info.may_load(mod, removed[mod]) \
+                    or any(impact._binding_hit(user, b, mod, removed[mod], info) for b in info.bindings):
+                del removed[mod]
+    for mod, names in removed.items():
+        out[mod] = "only removes " + ", ".join(sorted(names)) + ", which nothing in the tree uses"
+    return out
+
+
+BUILD_FILES = ("setup.py", "CMakeLists.txt", "csrc/CMakeLists.txt", "build.sh")
+
+
+def _declared_extensions(head, head_paths: set[str]) -> frozenset[str]:
+    names: set[str] = set()
+    for path in BUILD_FILES:
+        if path in head_paths:
+            names |= extension_names((head.read(path) or b"").decode("utf-8", "replace"))
+    return frozenset(names)

@@ -77,7 +77,7 @@ BASE = {
     "tests/unit/test_helper_user.py": "from helpers import VALUE\n\ndef test_v():\n    assert VALUE\n",
     "tests/unit/test_gone.py": "from engine.gone import X\n\ndef test_x():\n    assert X\n",
     "tests/unit/test_broken.py": "import engine.consts\ndef test_(:\n",
-    "tests/engine/test_engine.py": "import engine.model\n\ndef test_e():\n    pass\n",
+    "tests/engine/test_engine.py": "import engine.model\n\ndef test_e():\n    assert engine.model.Attention\n",
     "tests/kernels/test_rmsnorm.py": "from kernels.rmsnorm import rms\n\ndef test_r():\n    pass\n",
     "tests/conftest.py": "",
     "tests/fast/conftest.py": "from engine.consts import K\n",
@@ -139,9 +139,11 @@ def test_symbol_and_pillar_reasons(repo):
 def test_symbol_outside_pattern_does_not_select(repo):
     text = BASE["engine/model.py"].replace("return 2", "return 3")
     plan = plan_of(repo, repo.base, repo.commit_files({"engine/model.py": text}))
-    reasons = by_id(plan)["engine-unit"][0].reasons
-    assert not any(r.startswith("symbol") for r in reasons)
-    assert any(r.startswith("imports: tests/engine/test_engine.py") for r in reasons)
+    # helper() is neither in the suite's symbols nor used by any test: importing engine.model is not using it
+    assert "engine-unit" not in by_id(plan)
+    text = BASE["engine/model.py"].replace("return 1", "return 5")  # inside Attention, which the test uses
+    reasons = by_id(plan_of(repo, repo.base, repo.commit_files({"engine/model.py": text})))["engine-unit"][0].reasons
+    assert "imports: tests/engine/test_engine.py → engine/model.py" in reasons
 
 
 def test_relative_and_local_imports_reach_changed_module(repo):

@@ -1,0 +1,351 @@
+"""Which test files a change reaches, name by name, not just module by module.
+
+Importing a module is not using what changed in it: a test that imports
+``engine.model`` for ``Attention`` is not affected by an edit inside
+``param_count``, and deleting a helper nobody calls affects no test at all.
+So a change is first turned into the top-level names it touches in each
+module (the function, class, constant or import binding around each changed
+line, old side for removed lines), then followed along import edges:
+
+* ``from m import f``: the importer is affected when ``f`` changed; its own
+  top-level statements that use ``f`` change in turn;
+* ``import m`` / ``from pkg import m``: affected when the importer references
+  a changed name as an attribute or name anywhere, or passes ``m`` to
+  ``getattr``;
+* inside a module, a statement that references a changed name changes too
+  (``OPS = {"rms": rms}``, ``class B(A)``), to a fixpoint.
+
+Whatever cannot be told apart by name counts as the whole module ("all"):
+module-level code with effects (a call, a registry write), a changed
+definition under a decorator that may register it, a file that does not parse,
+an added, deleted or renamed module, and the use of ``importlib`` /
+``__import__``. A module that is "all" makes every importer "all". Pytest's
+conftest.py files are used without imports (fixtures by parameter name,
+autouse), so any change that reaches one reaches every test below it.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Literal
+
+from runner.imports import ImportGraph, _absolute, _statements
+
+ALL: Literal["all"] = "all"
+Changed = frozenset[str] | Literal["all"]
+
+# Decorators that neither register nor wrap a definition into something found by other means.
+PURE_DECORATORS = {
+    "staticmethod", "classmethod", "property", "cached_property", "dataclass", "cache", "lru_cache", "wraps",
+    "fixture", "parametrize", "skip", "skipif", "xfail", "no_grad", "inference_mode", "jit", "autotune",
+    "heuristics", "compile", "abstractmethod", "overload", "contextmanager", "final", "setter", "getter",
+    "total_ordering", "njit", "override", "unique",
+}
+_DYNAMIC_CALLS = {"getattr", "hasattr", "vars", "dir", "getmembers"}
+
+
+@dataclass(frozen=True)
+class Stmt:
+    """One top-level statement: the names it binds and every name it references."""
+
+    start: int
+    end: int
+    names: frozenset[str]
+    refs: frozenset[str]
+    effect: bool  # module-level code whose effect is not captured by the names it binds
+
+
+@dataclass(frozen=True)
+class Binding:
+    module: str  # absolute dotted module of the import
+    name: str | None  # "from module import name"; None for "import module"
+    local: str  # the name it binds in the importer
+    stmt: int
+
+
+@dataclass(frozen=True)
+class ModuleInfo:
+    stmts: tuple[Stmt, ...] = ()
+    bindings: tuple[Binding, ...] = ()
+    refs: frozenset[str] = frozenset()
+    dynamic: frozenset[str] = frozenset()  # names passed to getattr & co.
+    opaque: bool = False  # unparsable: every use is possible
+    imports_by_name: bool = False  # importlib.import_module / __import__: modules picked at run time
+    text: bytes = b""
+    trivial: frozenset[int] = frozenset()  # blank and comment-only lines
+
+
+    def changed_at(self, lines: Iterable[int]) -> Changed:
+        """Top-level names bound by the statements that hold ``lines``."""
+        names: set[str] = set()
+        for line in lines:
+            if line in self.trivial:
+                continue
+            for s in self.stmts:
+                if s.start <= line <= s.end:
+                    if s.effect:
+                        return ALL
+                    names |= s.names
+                    break
+        return frozenset(names)
+
+    def close(self, seeds: Iterable[str]) -> Changed:
+        """Seeds plus every name whose statement references a changed one, to a fixpoint."""
+        changed = set(seeds)
+        grew = True
+        while grew:
+            grew = False
+            for s in self.stmts:
+                if s.refs & changed and not s.names <= changed:
+                    if s.effect:
+                        return ALL
+                    changed |= s.names
+                    grew = True
+                elif s.effect and s.refs & changed:
+                    return ALL
+        return frozenset(changed)
+
+    def may_load(self, module_path: str, names: Changed) -> bool:
+        """Whether a run-time import here (``import_module(OPS[op])`` + ``getattr``) could reach ``names``.
+
+        Only when the module's stem and one of the names appear somewhere in this file's text:
+        registries spell both out as strings, however they are put together.
+        """
+        if not self.imports_by_name:
+            return False
+        stem = module_path.rsplit("/", 1)[-1].removesuffix(".py")
+        if stem == "__init__":
+            stem = module_path.rsplit("/", 2)[-2] if "/" in module_path else stem
+        if stem.encode() not in self.text:
+            return False
+        return names == ALL or any(n.encode() in self.text for n in names)
+
+
+def _refs(node: ast.AST) -> set[str]:
+    out: set[str] = set()
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Name):
+            out.add(sub.id)
+        elif isinstance(sub, ast.Attribute):
+            out.add(sub.attr)
+        elif isinstance(sub, ast.arg):
+            out.add(sub.arg)  # pytest fixtures arrive by parameter name
+        elif isinstance(sub, ast.alias):
+            out.add((sub.asname or sub.name).split(".", 1)[0])
+    return out
+
+
+def _decorator_name(node: ast.expr) -> str:
+    while isinstance(node, ast.Call):
+        node = node.func
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    return node.id if isinstance(node, ast.Name) else ""
+
+
+def _bound(node: ast.stmt, imported: set[str]) -> tuple[set[str], bool]:
+    """(names a top-level statement binds, whether it has an effect beyond binding them)."""
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        effect = any(_decorator_name(d) not in PURE_DECORATORS for d in node.decorator_list)
+        return {node.name}, effect
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+        return {(a.asname or a.name).split(".", 1)[0] for a in node.names if a.name != "*"}, False
+    if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        names: set[str] = set()
+        for t in targets:
+            for sub in ast.walk(t):
+                if isinstance(sub, ast.Name):
+                    names.add(sub.id)
+            base = t
+            while isinstance(base, (ast.Attribute, ast.Subscript)):
+                base = base.value
+            if base is not t and isinstance(base, ast.Name) and base.id in imported:
+                return names, True  # os.environ[...] = ..., module.attr = ...: a global effect
+        return names, False
+    if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+        return set(), False  # a docstring
+    if isinstance(node, (ast.If, ast.Try)) or node.__class__.__name__ == "TryStar":
+        names, effect = set(), False  # "if TYPE_CHECKING:", "try: import x / except ImportError: x = None"
+        for inner in _block_statements(node):
+            got, eff = _bound(inner, imported)
+            names |= got
+            effect = effect or eff
+        return names, effect
+    if isinstance(node, ast.Pass):
+        return set(), False
+    return set(), True
+
+
+def _block_statements(node: ast.stmt) -> list[ast.stmt]:
+    """The statements directly inside an if/try (handlers included), not inside the defs among them."""
+    out: list[ast.stmt] = []
+    for name in ("body", "orelse", "finalbody"):
+        out += getattr(node, name, None) or []
+    for handler in getattr(node, "handlers", None) or []:
+        out += handler.body
+    return out
+
+
+def module_info(path: str, data: bytes | None) -> ModuleInfo:
+    if data is None:
+        return ModuleInfo(opaque=True)
+    try:
+        tree = ast.parse(data, filename=path)
+    except (SyntaxError, ValueError):
+        return ModuleInfo(opaque=True)
+    imported = {
+        (a.asname or a.name).split(".", 1)[0]
+        for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom)) for a in node.names
+    }
+    stmts: list[Stmt] = []
+    bindings: list[Binding] = []
+    by_name = False
+    dynamic: set[str] = set()
+    for index, node in enumerate(tree.body):
+        names, effect = _bound(node, imported)
+        if index == 0 and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) \
+                and isinstance(node.value.value, str):
+            names = {"__doc__"}  # argparse descriptions and --help read it
+        start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+        stmts.append(Stmt(start, node.end_lineno or node.lineno, frozenset(names), frozenset(_refs(node)), effect))
+        for inner in _statements([node]):
+            if isinstance(inner, ast.Import):
+                for a in inner.names:
+                    bindings.append(Binding(a.name, None, a.asname or a.name.split(".", 1)[0], index))
+            elif isinstance(inner, ast.ImportFrom):
+                base = _absolute(path, inner.module, inner.level)
+                if base is not None:
+                    bindings += [Binding(base, a.name, a.asname or a.name, index) for a in inner.names]
+        for sub in ast.walk(node):
+            if isinstance(sub, ast.Call):
+                fn = _decorator_name(sub.func)
+                if fn in ("import_module", "__import__"):
+                    by_name = True
+                elif fn in _DYNAMIC_CALLS and sub.args and isinstance(sub.args[0], ast.Name):
+                    dynamic.add(sub.args[0].id)
+    refs = frozenset().union(*(s.refs for s in stmts)) if stmts else frozenset()
+    trivial = frozenset(
+        n for n, line in enumerate(data.splitlines(), 1) if not line.strip() or line.lstrip().startswith(b"#")
+    )
+    return ModuleInfo(tuple(stmts), tuple(bindings), refs, frozenset(dynamic), False, by_name,
+                      data if by_name else b"", trivial)
+
+
+_INFO: dict[tuple[str, str], ModuleInfo] = {}
+
+
+def info_of(path: str, blob: str | None, read: Callable[[str], bytes | None]) -> ModuleInfo:
+    """ModuleInfo cached by (path, blob): replaying a history re-parses only what changed."""
+    if blob is not None and (path, blob) in _INFO:
+        return _INFO[(path, blob)]
+    got = module_info(path, read(path))
+    if blob is not None:
+        if len(_INFO) > 50_000:
+            _INFO.clear()
+        _INFO[(path, blob)] = got
+    return got
+
+
+@dataclass
+class Impact:
+    """Propagates changed names from changed modules to the test files that use them."""
+
+    graph: ImportGraph
+    info: Callable[[str], ModuleInfo]
+    changed: dict[str, Changed]  # changed module → its changed names (ALL for the whole module)
+    state: dict[str, Changed] = field(default_factory=dict, init=False)
+    parent: dict[str, str | None] = field(default_factory=dict, init=False)
+
+    def run(self, tests: list[str]) -> None:
+        users: dict[str, list[str]] = {}  # module → files that import it (among those the tests reach)
+        seen = set(tests)
+        queue = deque(tests)
+        while queue:
+            cur = queue.popleft()
+            for nxt in self.graph.edges(cur):
+                users.setdefault(nxt, []).append(cur)
+                if nxt not in seen and nxt.endswith(".py"):
+                    seen.add(nxt)
+                    queue.append(nxt)
+        work: deque[str] = deque()
+        for path, names in self.changed.items():
+            if names == ALL or names:
+                self.state[path] = names
+                self.parent[path] = None
+                work.append(path)
+        while work:
+            mod = work.popleft()
+            for user in users.get(mod, []):
+                got = self._through(user, mod)
+                if not got:
+                    continue
+                old = self.state.get(user, frozenset())
+                new = ALL if ALL in (old, got) else frozenset(old | got)  # type: ignore[operator]
+                if new != old:
+                    self.state[user] = new
+                    self.parent.setdefault(user, mod)
+                    work.append(user)
+
+    def _through(self, user: str, mod: str) -> Changed:
+        """What of ``user`` changes because ``mod`` changed as ``self.state[mod]`` says."""
+        names = self.state[mod]
+        if mod in self.graph.conftests(user):
+            return ALL  # fixtures by name and autouse: any change in a conftest reaches its tests
+        info = self.info(user)
+        if info.opaque or info.may_load(mod, names):
+            return ALL
+        seeds: set[str] = set()
+        for b in info.bindings:
+            hit = self._binding_hit(user, b, mod, names, info)
+            if hit == ALL:
+                return ALL
+            if hit:
+                seeds |= hit
+        return info.close(seeds) if seeds else frozenset()
+
+    def _binding_hit(self, user: str, b: Binding, mod: str, names: Changed, info: ModuleInfo) -> Changed:
+        full = self.graph.module_file(b.module, user)
+        if b.name is not None and b.name != "*":
+            sub = self.graph.module_file(f"{b.module}.{b.name}", user)
+            if sub == mod:  # "from pkg import submodule": a module object
+                return self._module_use(b, names, info)
+        if full == mod:
+            if b.name is None:
+                return self._module_use(b, names, info)
+            if names == ALL:
+                return ALL
+            if b.name == "*":
+                return ALL if names else frozenset()
+            return frozenset({b.local}) if b.name in names else frozenset()
+        if mod in self.graph.resolve(b.module, user):  # a package __init__ run on the way
+            if names == ALL:
+                return ALL
+            if b.name is None and b.local == b.module.split(".", 1)[0]:
+                return self._module_use(b, names, info)
+        return frozenset()
+
+    @staticmethod
+    def _module_use(b: Binding, names: Changed, info: ModuleInfo) -> Changed:
+        if names == ALL:
+            return ALL
+        if b.local in info.dynamic:
+            return frozenset(s_name for s in info.stmts if b.local in s.refs for s_name in s.names) or ALL
+        used = names & info.refs
+        if not used:
+            return frozenset()
+        users = [s for s in info.stmts if s.refs & used]
+        if any(s.effect for s in users):
+            return ALL
+        return frozenset(n for s in users for n in s.names) or frozenset(used)
+
+    def chain(self, test: str) -> list[str] | None:
+        if test not in self.state:
+            return None
+        out = [test]
+        while self.parent.get(out[-1]) is not None and len(out) < 64:
+            out.append(self.parent[out[-1]])  # type: ignore[arg-type]
+        return out

@@ -1,0 +1,82 @@
+"""Implicit test files run where their imports say: triton, torch.cuda or a compiled extension need a GPU label."""
+
+from __future__ import annotations
+
+import time
+
+from checks.config import load_config
+from checks.diff import build_changeset
+from checks.model import AuditOptions, AuditRequest, Findings
+from checks.model import TestPlan as Plan
+from checks.pillars import map_pillars
+from checks.workspace import Tree, checkout, open_repo
+from runner.local import run_plan
+from runner.select import select_tests
+
+BASE = {
+    "setup.py": "from torch.utils.cpp_extension import CUDAExtension\n"
+                "ext = [CUDAExtension(name='fastops', sources=['csrc/ops.cu'])]\n",
+    "csrc/ops.cu": "__global__ void k() {}\n",
+    "pkg/__init__.py": "",
+    "pkg/util.py": "def value():\n    return 1\n",
+    "pkg/kern.py": "import triton\n\nfrom pkg.util import value\n\n\ndef launch():\n    return value()\n",
+    "ext/__init__.py": "from ext import _C\nfrom pkg.util import value\n",
+    "tests/test_plain.py": "from pkg.util import value\n\n\ndef test_v():\n    assert value() == 1\n",
+    "tests/test_triton.py": "from pkg.kern import launch\n\n\ndef test_l():\n    assert launch()\n",
+    "tests/interp/conftest.py": "import os\n\nos.environ['TRITON_INTERPRET'] = '1'\n",
+    "tests/interp/test_interp.py": "from pkg.kern import launch\n\n\ndef test_l():\n    assert launch()\n",
+    "tests/test_ext.py": "import ext\n\n\ndef test_e():\n    assert ext.value()\n",
+    "tests/test_declared.py": "import fastops\nfrom pkg.util import value\n\n\ndef test_d():\n    assert value()\n",
+    "tests/test_cuda.py": "import torch\nfrom pkg.util import value\n\n\ndef test_c():\n"
+                          "    assert torch.ones(1).cuda().sum() == value()\n",
+}
+SM120_ONLY = '''
+[[suite]]
+id = "p"
+kind = "parity"
+command = "python -m p"
+runners = ["sm120"]
+paths = ["csrc/**"]
+'''
+
+
+def plan_of(git_repo, extra=None):
+    base = git_repo.commit_files({**BASE, **(extra or {})}, "base")
+    head = git_repo.commit_files({"pkg/util.py": "def value():\n    return 2\n"})
+    co = checkout(AuditRequest(repo=str(git_repo.path), base=base, head=head))
+    config = load_config(open_repo(co.repo), co.base_sha)
+    changes = build_changeset(co)
+    return select_tests(config, changes, map_pillars(co, config, changes), Findings(), AuditOptions(),
+                        Tree(co.repo, co.head_sha), "aid")
+
+
+def test_imports_decide_the_runner_label(git_repo):
+    plan = plan_of(git_repo)
+    got = {s.id.removeprefix("pytest:"): (s.runner, s.reasons[-1]) for s in plan.suites}
+    assert got == {
+        "tests/interp/test_interp.py": ("cpu", "imports: tests/interp/test_interp.py → pkg/kern.py → pkg/util.py"),
+        "tests/test_cuda.py": ("sm90", "runs on sm90: tests/test_cuda.py uses CUDA tensors"),
+        "tests/test_declared.py": ("sm90", "runs on sm90: tests/test_declared.py imports fastops, a compiled extension"),
+        "tests/test_ext.py": ("sm90", "runs on sm90: ext/__init__.py imports ext._C, a compiled extension"),
+        "tests/test_plain.py": ("cpu", "imports: tests/test_plain.py → pkg/util.py"),
+        "tests/test_triton.py": ("sm90", "runs on sm90: pkg/kern.py imports triton"),
+    }
+
+
+def test_the_gpu_label_follows_the_repo_suites(git_repo):
+    plan = plan_of(git_repo, {".github/drift-audit.toml": SM120_ONLY})
+    assert {s.runner for s in plan.suites if s.id.startswith("pytest:")} == {"cpu", "sm120"}
+
+
+def test_on_a_cpu_box_gpu_test_files_are_skipped_not_failed(git_repo, tmp_path):
+    plan = plan_of(git_repo)
+    results = run_plan(Plan(plan.audit_id, plan.head_sha, [s for s in plan.suites if s.runner == "sm90"]),
+                       str(tmp_path), capability="cpu")
+    assert {(r.outcome, r.reason) for r in results.suites} == {("skipped", "needs sm90")}
+
+
+def test_an_empty_plan_costs_nothing(tmp_path):
+    start = time.perf_counter()
+    results = run_plan(Plan("a", "h", []), str(tmp_path))  # capability None would probe the GPU
+    assert results.suites == [] and results.devices == []
+    assert time.perf_counter() - start < 0.5

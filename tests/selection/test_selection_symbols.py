@@ -1,0 +1,115 @@
+"""Name-level selection on real git repos: a change reaches the tests that use what changed, not every importer."""
+
+from __future__ import annotations
+
+import pytest
+
+from checks.config import load_config
+from checks.diff import build_changeset
+from checks.model import AuditOptions, AuditRequest, Findings
+from checks.pillars import map_pillars
+from checks.workspace import Tree, checkout, open_repo
+from runner.select import select_tests
+
+CONFIG = '''
+[[pillar]]
+id = "kernels"
+title = "Kernels"
+paths = ["pkg/**"]
+
+[[suite]]
+id = "parity"
+kind = "parity"
+command = "python -m pkg.parity"
+runners = ["sm90"]
+paths = ["pkg/norm.py"]
+'''
+
+BASE = {
+    ".github/drift-audit.toml": CONFIG,
+    "pkg/__init__.py": "",
+    "pkg/norm.py": (
+        '"""Norms."""\n\nimport math\n\nEPS = 1e-6\n\n\ndef rms(x):\n    return x / math.sqrt(EPS + 1)\n\n\n'
+        "def unused_helper(x):\n    return x * 2\n\n\ndef scale(x):\n    # a comment\n    return x * 3\n"
+    ),
+    "pkg/ops.py": "from pkg.norm import rms\n\nOPS = {'rms': rms}\n\n\ndef other():\n    return 1\n",
+    "pkg/registry.py": "REG = {}\n\n\ndef register(fn):\n    REG[fn.__name__] = fn\n    return fn\n",
+    "pkg/plugins.py": "from pkg.registry import register\n\n\n@register\ndef plug(x):\n    return x + 1\n",
+    "tests/test_rms.py": "from pkg.norm import rms\n\n\ndef test_rms():\n    assert rms(1.0)\n",
+    "tests/test_scale.py": "import pkg.norm\n\n\ndef test_scale():\n    assert pkg.norm.scale(1) == 3\n",
+    "tests/test_ops.py": "from pkg.ops import OPS\n\n\ndef test_ops():\n    assert 'rms' in OPS\n",
+    "tests/test_other.py": "from pkg.ops import other\n\n\ndef test_other():\n    assert other() == 1\n",
+    "tests/test_registry.py": "import pkg.plugins\nfrom pkg.registry import REG\n\n\ndef test_reg():\n    assert REG\n",
+    "tests/fix/conftest.py": "import pytest\nfrom pkg.ops import other\n\n\n@pytest.fixture(autouse=True)\ndef o():\n"
+                             "    return other()\n",
+    "tests/fix/test_fix.py": "def test_f():\n    pass\n",
+}
+
+
+@pytest.fixture
+def repo(git_repo):
+    git_repo.base = git_repo.commit_files(BASE, "base")
+    return git_repo
+
+
+def plan(repo, files):
+    head = repo.commit_files(files)
+    co = checkout(AuditRequest(repo=str(repo.path), base=repo.base, head=head))
+    config = load_config(open_repo(co.repo), co.base_sha)
+    changes = build_changeset(co)
+    return select_tests(config, changes, map_pillars(co, config, changes), Findings(), AuditOptions(),
+                        Tree(co.repo, co.head_sha), "aid")
+
+
+def ids(p):
+    return sorted({s.id.removeprefix("pytest:") for s in p.suites})
+
+
+def norm(old, new):
+    return {"pkg/norm.py": BASE["pkg/norm.py"].replace(old, new)}
+
+
+def test_function_change_selects_its_users_only(repo):
+    got = plan(repo, norm("return x / math.sqrt(EPS + 1)", "return x / math.sqrt(EPS + 2)"))
+    # rms → OPS (module-level dict) → test_ops; not test_scale (imports the module, never touches rms)
+    assert ids(got) == ["parity", "tests/test_ops.py", "tests/test_rms.py"]
+    reasons = {s.id: s.reasons for s in got.suites}
+    assert reasons["pytest:tests/test_ops.py"] == ["imports: tests/test_ops.py → pkg/ops.py → pkg/norm.py"]
+
+
+def test_module_attribute_use_counts(repo):
+    assert ids(plan(repo, norm("return x * 3", "return x * 4"))) == ["parity", "tests/test_scale.py"]
+
+
+def test_constant_change_reaches_the_functions_that_read_it(repo):
+    assert ids(plan(repo, norm("EPS = 1e-6", "EPS = 1e-5"))) == ["parity", "tests/test_ops.py", "tests/test_rms.py"]
+
+
+def test_comment_only_change_selects_nothing(repo):
+    assert ids(plan(repo, norm("# a comment", "# another comment"))) == []
+
+
+def test_removing_an_unused_helper_selects_nothing_not_even_by_path(repo):
+    text = BASE["pkg/norm.py"].replace("def unused_helper(x):\n    return x * 2\n\n\n", "")
+    assert ids(plan(repo, {"pkg/norm.py": text})) == []
+
+
+def test_removing_a_used_name_selects_its_users(repo):
+    text = BASE["pkg/norm.py"].replace("def rms(x):\n    return x / math.sqrt(EPS + 1)\n\n\n", "")
+    assert ids(plan(repo, {"pkg/norm.py": text})) == ["parity", "tests/test_ops.py", "tests/test_rms.py"]
+
+
+def test_deleted_module_with_no_importers_selects_nothing(repo):
+    assert ids(plan(repo, {"pkg/registry_unused.py": "X = 1\n"})) == []
+    repo.base = repo.commit_files({}, "noop")
+    assert ids(plan(repo, {"pkg/registry_unused.py": None})) == []
+
+
+def test_registering_decorator_makes_the_whole_module_changed(repo):
+    got = plan(repo, {"pkg/plugins.py": BASE["pkg/plugins.py"].replace("x + 1", "x + 2")})
+    assert ids(got) == ["tests/test_registry.py"]  # it reads REG, never names plug
+
+
+def test_conftest_users_are_reached(repo):
+    got = plan(repo, {"pkg/ops.py": BASE["pkg/ops.py"].replace("return 1", "return 2")})
+    assert ids(got) == ["tests/fix/test_fix.py", "tests/test_other.py"]
