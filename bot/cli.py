@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 # Packages that contribute subcommands through ``register(subparsers)`` in their cli module.
@@ -27,14 +28,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+EXIT_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a writer whose reader went away
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return int(args.handler(args) or 0)
+        code = int(args.handler(args) or 0)
+        sys.stdout.flush()  # a closed pipe shows here, inside the handler below, not at interpreter exit
+        return code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # `drift-audit facts … | head`: the reader has all it wanted. Point stdout at /dev/null so the
+        # interpreter's final flush cannot raise again, and say nothing.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_PIPE
 
 
 if __name__ == "__main__":

@@ -112,7 +112,7 @@ def run_review(path: str, base: str | None, head: str, fmt: str, output: str | N
     from checks.scope import ScopeError
     from checks.workspace import WorkspaceError
     from runner import pipeline
-    from runner.report import render
+    from runner.report import context_for, render
     from runner.report.markdown import verdict_of
     from runner.select import SelectionError
     from runner.worktree import WorktreeError
@@ -131,7 +131,7 @@ def run_review(path: str, base: str | None, head: str, fmt: str, output: str | N
         if status:
             status.stop()
     try:
-        _emit(render(audit, fmt), output)
+        _emit(render(audit, fmt, context_for(audit)), output)
     except OSError as exc:
         return _fail(f"--output {output}: {exc.strerror or exc}")
     return EXIT_FAIL if verdict_of(audit)[0] == "fail" else 0

@@ -8,11 +8,11 @@ import sys
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="run the GitHub App webhook service")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8080)
-    p.add_argument("--db", help="job database path (default: settings 'db', drift-audit.db)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
+    p.add_argument("--port", type=int, default=8080, help="port to listen on (default: %(default)s)")
+    p.add_argument("--db", help="job database path (default: the settings' 'db', else drift-audit.db)")
     p.add_argument("--settings", metavar="FILE", help="TOML settings file (DRIFT_AUDIT_* variables override it)")
-    p.add_argument("--workers", type=int, help="worker threads (default: settings 'workers'; 0 = intake only)")
+    p.add_argument("--workers", type=int, help="worker threads (default: the settings' 'workers', else 2; 0 = intake only)")
     p.set_defaults(handler=serve)
 
 

@@ -8,11 +8,13 @@ the same ``Context``, so the CLI, the Action and the bot render the same way.
 
 from __future__ import annotations
 
+import os
+import re
 import time
 from dataclasses import dataclass
 from typing import Protocol
 
-from checks.model import Audit, Report
+from checks.model import Audit, Checkout, Report
 
 
 @dataclass(frozen=True)
@@ -22,6 +24,37 @@ class Context:
     blob_url: str | None = None  # https://github.com/o/r/blob/<head sha>: file:line links
     details_url: str | None = None  # the check run's details page
     json_hint: str = "the full JSON (`drift-audit review --format json`)"
+
+
+_REMOTE = re.compile(r"^(?:https?://(?:[^@/]+@)?(?P<host>[^/:]+)(?::\d+)?/|git@(?P<ssh>[^:]+):)(?P<slug>[\w.-]+/[\w.-]+?)(?:\.git)?/?$")
+
+
+def repo_web_url(checkout: Checkout) -> str | None:
+    """The repository's web URL, for file:line links: the Actions environment's when it is set, else
+    the ``origin`` remote's when it points at a GitHub host; None for a repo with no such remote."""
+    server, slug = os.environ.get("GITHUB_SERVER_URL"), os.environ.get("GITHUB_REPOSITORY")
+    if server and slug:
+        return f"{server.rstrip('/')}/{slug}"
+    repo = checkout.git
+    try:
+        if repo is None:
+            import git
+
+            repo = git.Repo(checkout.repo)
+        url = repo.remotes.origin.url if "origin" in [r.name for r in repo.remotes] else ""
+    except Exception:  # no remote, an odd config: links are a nicety, never a failure
+        return None
+    m = _REMOTE.match(url)
+    if not m:
+        return None
+    host = m.group("host") or m.group("ssh")
+    return f"https://{host}/{m.group('slug')}" if "github" in host else None
+
+
+def context_for(audit: Audit, details_url: str | None = None) -> Context:
+    """The Context a local review renders with: head-blob links when the repo's web URL is known."""
+    web = repo_web_url(audit.checkout)
+    return Context(blob_url=f"{web}/blob/{audit.checkout.head_sha}" if web else None, details_url=details_url)
 
 
 class Reporter(Protocol):
