@@ -26,7 +26,7 @@ import tree_sitter as ts
 from checks import syntax
 from checks.facts import read_blobs
 
-VERSION = 3  # bump when a pattern changes: cached rows of an older pattern set are not reused
+VERSION = 4  # bump when a pattern changes: cached rows of an older pattern set are not reused
 MAX_BYTES = 400_000  # generated tables and vendored amalgamations say nothing about the code's intent
 
 
@@ -41,6 +41,7 @@ class Kind:
     repo_wide: bool = False  # members spread over many files (registrations): one family per context
     ctx_filter: str | None = None  # a regex the context must match (registration-like callees)
     values: bool = False  # the pattern captures @value too (tables)
+    affixed: bool = False  # a family only when its members share an affix (``*_layer`` methods, not every method)
 
 
 _REGISTER = r"(^|\.)(register\w*|\w+_register|def|impl|define|custom_op|register_fake|add_\w*op\w*)$"
@@ -64,6 +65,12 @@ KINDS: tuple[Kind, ...] = (
         ctx_filter=_REGISTER,
     ),
     Kind(
+        "c-map",
+        _C,
+        "(assignment_expression left: (subscript_expression argument: [(identifier) (field_expression)] @_ctx "
+        "indices: (subscript_argument_list [(identifier) (qualified_identifier) (string_literal)] @key)){pred})",
+    ),
+    Kind(
         "py-enum",
         ("python",),
         "(class_definition name: (identifier) @_ctx superclasses: (argument_list [(identifier) (attribute)] @_base) "
@@ -80,11 +87,17 @@ KINDS: tuple[Kind, ...] = (
         ("python",),
         "(assignment left: [(identifier) (attribute)] @_ctx right: [(list (string) @key) (tuple (string) @key) (set (string) @key)]{pred})",
     ),
+    Kind(
+        "py-methods",
+        ("python",),
+        "(class_definition name: (identifier) @_ctx body: (block (function_definition name: (identifier) @key)){pred})",
+        affixed=True,
+    ),
     Kind("compare", ("python",), "(comparison_operator [(identifier) (attribute)] @_ctx (string) @key{pred})"),
     Kind(
         "py-register",
         ("python",),
-        "(call function: [(identifier) (attribute)] @_ctx arguments: (argument_list . (string) @key){pred})",
+        "(call function: [(identifier) (attribute)] @_ctx arguments: (argument_list (string) @key){pred})",
         repo_wide=True,
         ctx_filter=_REGISTER,
     ),
@@ -96,7 +109,9 @@ def query_text(kind: Kind, ctx: str | None, lang: str) -> str:
     """The kind's pattern for ``lang``, restricted to one context when ``ctx`` is given (the fact's query)."""
     pred = "" if ctx is None or kind.scope else f' (#eq? @_ctx "{_escape(ctx)}")'
     text = kind.pattern.replace("{pred}", pred)
-    return text.replace(" (qualified_identifier)", "") if lang == "c" else text  # C has no qualified names
+    if lang == "c":  # C has no qualified names, and one subscript index
+        text = text.replace(" (qualified_identifier)", "").replace("indices: (subscript_argument_list ", "index: (")
+    return text
 
 
 def _escape(s: str) -> str:

@@ -25,7 +25,9 @@ NAME = re.compile(r"^[A-Za-z_][\w.:]*$")
 AFFIXES = r"(?i:^(?:register_|task_|op_))|(?i:(?:_task|_op|_kernel|_impl|_fn)$)"
 CUT = r"[\s(<].*$"
 # Members a family may hold and its partner lack: sentinels, not names.
-SENTINEL = re.compile(r"^(count|num\w*|n|max\w*|min|last|first|end|begin|invalid|unknown|none|size|all|default|total)$")
+SENTINEL = re.compile(
+    r"(?i)(^|_)(count|begin|end|first|last|max|min|num|size|total|invalid|unknown|none|all|default)$|^(num|max|n)_"
+)
 
 
 @dataclass
@@ -37,6 +39,7 @@ class Family:
     lang: str
     paths: list[str]  # one path, or the files of a repo-wide (registration) family
     prefix: str
+    suffix: str = ""
     names: dict[str, tuple[str, str, int]] = field(default_factory=dict)  # norm → (raw, path, line)
     values: dict[str, str] = field(default_factory=dict)  # norm → value text (tables)
 
@@ -53,7 +56,7 @@ class Family:
         what = {
             "enum": "enum", "case": "case labels in", "array": "array", "c-register": "registrations via",
             "py-enum": "enum class", "dict": "dict keys of", "list": "list", "compare": "names compared with",
-            "py-register": "registrations via",
+            "py-register": "registrations via", "c-map": "map entries of", "py-methods": "methods of class",
         }[self.kind]
         where = self.paths[0] if len(self.paths) == 1 else f"{len(self.paths)} files"
         return f"{what} {self.ctx} ({where})"
@@ -64,6 +67,8 @@ class Family:
         parts = [CUT]
         if self.prefix:
             parts.append("^" + re.escape(self.prefix))
+        if self.suffix:
+            parts.append(re.escape(self.suffix) + "$")
         parts += [AFFIXES, "[_-]"]
         return "|".join(parts)
 
@@ -95,9 +100,30 @@ def normalise(raw: str, sub: re.Pattern) -> str:
 
 
 def _prefix(raws: list[str]) -> str:
-    """The upper-case, ``_``-ended prefix every member shares (``GGML_OP_``), or ""."""
+    """The ``_``-ended prefix every member shares (``GGML_OP_``, ``register_``), or ""."""
     if len(raws) < 3:
         return ""
+    common = raws[0][: len(_common(raws))]
+    cut = common.rfind("_")
+    if cut <= 0:
+        return ""
+    common = common[: cut + 1]
+    return "" if any(len(r) == len(common) for r in raws) else common
+
+
+def _suffix(raws: list[str]) -> str:
+    """The ``_``-started suffix every member shares (``_layer``, ``_TASK``), or ""."""
+    if len(raws) < 3:
+        return ""
+    common = _common([r[::-1] for r in raws])[::-1]
+    cut = common.find("_")
+    if cut < 0:
+        return ""
+    common = common[cut:]
+    return "" if any(len(r) == len(common) for r in raws) else common
+
+
+def _common(raws: list[str]) -> str:
     first = raws[0]
     n = 0
     for i, ch in enumerate(first):
@@ -105,14 +131,7 @@ def _prefix(raws: list[str]) -> str:
             n = i + 1
         else:
             break
-    common = first[:n]
-    cut = common.rfind("_")
-    if cut <= 0:
-        return ""
-    common = common[: cut + 1]
-    if not re.fullmatch(r"[A-Z][A-Z0-9_]*_", common) or any(len(r) == len(common) for r in raws):
-        return ""
-    return common
+    return first[:n]
 
 
 def build_families(files: list[FileMembers], min_size: int) -> list[Family]:
@@ -132,9 +151,12 @@ def build_families(files: list[FileMembers], min_size: int) -> list[Family]:
             continue
         if any(ch in ctx for ch in '"\\*?[') or any(ch in p for _, p, _, _ in rows for ch in "*?[!"):
             continue
-        prefix = _prefix(sorted(set(cut)))
+        names = sorted(set(cut))
+        prefix, suffix = _prefix(names), _suffix(names)
+        if KIND_BY_NAME[kind].affixed and not (prefix or suffix):
+            continue
         paths = sorted({p for _, p, _, _ in rows})
-        fam = Family(kind, ctx, langs[key], paths, prefix)
+        fam = Family(kind, ctx, langs[key], paths, prefix, suffix)
         sub = re.compile(fam.sub)
         for raw, path, line, value in rows:
             name = normalise(raw, sub)
@@ -194,7 +216,7 @@ def mine(families: list[Family], min_support: int, min_ratio: float = 0.5, max_r
         universe = set().union(*(f.names for f in core))
         for f in core:
             lack = sorted(n for n in universe if n not in f.names)
-            if lack and all(SENTINEL.match(n) for n in lack):
+            if lack and all(any(_sentinel(g, n) for g in core if n in g.names) for n in lack):
                 inv.exceptions[f.id] = lack
             elif lack:
                 break
@@ -211,6 +233,12 @@ def mine(families: list[Family], min_support: int, min_ratio: float = 0.5, max_r
     return out[:max_rules]
 
 
+def _sentinel(family: Family, name: str) -> bool:
+    """A ``COUNT``/``*_BEGIN``-style member: bounds and markers, which the family's partners may lack."""
+    raw = family.names[name][0] if name in family.names else name
+    return bool(SENTINEL.search(re.sub(CUT, "", raw)))
+
+
 def _inside(small: int, big: int, contained: dict[int, dict[int, list[str]]], classes: dict[int, list[int]]) -> bool:
     """Whether class ``small`` is inside class ``big`` (so ``big`` is not a minimal superset)."""
     return any(b in contained.get(a, {}) for a in classes[small] for b in classes[big])
@@ -224,7 +252,7 @@ def _containment(families: list[Family], min_support: int, min_ratio: float) -> 
             index[name].append(i)
     out: dict[int, dict[int, list[str]]] = {}
     for a, fa in enumerate(families):
-        real = [n for n in fa.names if not SENTINEL.match(n)]
+        real = [n for n in fa.names if not _sentinel(fa, n)]
         if len(real) < min_support:
             continue
         rarest = min(real, key=lambda n: len(index[n]))
@@ -234,7 +262,7 @@ def _containment(families: list[Family], min_support: int, min_ratio: float) -> 
             if b == a or set(fa.paths) & set(fb.paths) or len(fa.names) < min_ratio * len(fb.names):
                 continue
             missing = [n for n in fa.names if n not in fb.names]
-            if len(missing) > 2 or any(not SENTINEL.match(n) for n in missing):
+            if len(missing) > 4 or any(not _sentinel(fa, n) for n in missing):
                 continue
             found[b] = missing
         if found:
