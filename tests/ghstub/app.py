@@ -805,6 +805,7 @@ def build_app(state: StubState, prefix: str = "") -> Starlette:
                 raise not_found()
             with state.lock:
                 state.arrivals.append((method, api_path))
+                state.timeline.append((time.monotonic(), method, api_path))
                 stall = max(
                     (
                         sec

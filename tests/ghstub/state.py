@@ -166,6 +166,7 @@ class StubState:
     blobs: dict[str, int] = field(default_factory=dict)  # signed download key -> artifact id
     requests: list[tuple[str, str, int]] = field(default_factory=list)  # (method, path, status) served
     arrivals: list[tuple[str, str]] = field(default_factory=list)  # (method, path) as each request arrives
+    timeline: list[tuple[float, str, str]] = field(default_factory=list)  # (monotonic time, method, path) on arrival
     delays: dict[str, float] = field(default_factory=dict)  # "METHOD path-substring" -> seconds to stall first
     fault: Fault = field(default_factory=Fault)
     faults_injected: int = 0
