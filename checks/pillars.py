@@ -111,14 +111,24 @@ def symbols_in(lang: str, data: bytes, key: str | None = None,
 
 
 class PillarMatcher:
-    """Compiled globs for each pillar; pathspec gives gitignore-style ``**``."""
+    """Compiled globs for each pillar; pathspec gives gitignore-style ``**``.
+
+    A ``paths`` entry starting with ``!`` excludes: a file it matches is not in
+    that pillar, whichever glob or symbol pattern would have put it there
+    (the built-in default keeps test code out of the four checklist pillars).
+    """
 
     def __init__(self, pillars: list[Pillar]):
         self.pillars = pillars
         self.paths = {
-            p.id: [(pat, compile_globs(pat)) for pat in p.paths]
+            p.id: [(pat, compile_globs(pat)) for pat in p.paths if not pat.startswith("!")]
             for p in pillars
-            if p.paths
+            if any(not pat.startswith("!") for pat in p.paths)
+        }
+        self.excluded = {
+            p.id: compile_globs([pat[1:] for pat in p.paths if pat.startswith("!")])
+            for p in pillars
+            if any(pat.startswith("!") for pat in p.paths)
         }
         self.symbols = {
             p.id: [(pat, compile_globs(pat.split("::", 1)[0]),
@@ -127,20 +137,25 @@ class PillarMatcher:
             if p.symbols
         }
 
+    def _excludes(self, pid: str, path: str) -> bool:
+        spec = self.excluded.get(pid)
+        return spec is not None and spec.match_file(path)
+
     def by_path(self, path: str) -> list[tuple[str, str]]:
         """(pillar id, first matching glob) for each pillar whose paths match."""
         hits = []
         for pid, patterns in self.paths.items():
             for pattern, spec in patterns:
                 if spec.match_file(path):
-                    hits.append((pid, pattern))
+                    if not self._excludes(pid, path):
+                        hits.append((pid, pattern))
                     break
         return hits
 
     def symbol_patterns(self, path: str) -> list[tuple[str, str, re.Pattern]]:
         """(pillar id, raw pattern, compiled name pattern) whose path glob matches ``path``."""
         return [(pid, raw, name_re) for pid, patterns in self.symbols.items()
-                for raw, spec, name_re in patterns if spec.match_file(path)]
+                for raw, spec, name_re in patterns if spec.match_file(path) and not self._excludes(pid, path)]
 
 
 def touched_symbols(symbols: list[Symbol] | tuple[Symbol, ...], lines: list[int]) -> list[tuple[str, int]]:

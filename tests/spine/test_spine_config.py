@@ -12,9 +12,9 @@ def error_of(text: str) -> str:
     return str(info.value)
 
 
-def test_default_has_the_four_checklist_pillars_and_other():
+def test_default_has_the_four_checklist_pillars_tests_and_other():
     ids = [p.id for p in default_config().pillars]
-    assert ids == ["weights", "topology", "wiring", "runtime", "other"]
+    assert ids == ["weights", "topology", "wiring", "runtime", "tests", "other"]
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,8 @@
 """Hunks → pillars by path glob and by enclosing symbol, with tree-sitter on each side."""
 
-from checks.config import parse_config
+import pytest
+
+from checks.config import default_config, parse_config
 from checks.diff import build_changeset
 from checks.model import AuditRequest
 from checks.pillars import map_pillars, symbols_in, touched_symbols
@@ -117,3 +119,124 @@ def test_binary_and_rename_only_changes_map_by_path(repo):
     repo.commit("head")
     wiring = audit_pillars(repo, base).get("wiring")
     assert sorted(wiring.files) == ["include/mk/tasks/a.h", "src/kernel/table.bin"]
+
+
+# --------------------------------------------------------------------------- the built-in default on real layouts
+
+# Paths as they are laid out in public kernel and engine repos (a CUDA-extension GEMM library with a
+# JIT, an MLA attention library, an expert-parallel comm library, a small paged-KV engine, a large
+# engine's loader); each file → the pillars the built-in default must give it. File contents are
+# synthetic one-liners, so only the path decides.
+LAYOUTS = {
+    "gemm-library": {
+        "deep_gemm/include/deep_gemm/scheduler/gemm.cuh": {"wiring"},  # a tile scheduler is kernel code
+        "deep_gemm/include/deep_gemm/scheduler/sm90_paged_mqa_logits.cuh": {"wiring"},
+        "deep_gemm/include/deep_gemm/impls/sm90_fp8_gemm_1d2d.cuh": {"wiring"},
+        "csrc/jit_kernels/impls/sm90_fp8_gemm_1d2d.hpp": {"wiring"},
+        "csrc/jit_kernels/heuristics/runtime.hpp": {"wiring"},
+        "csrc/jit/kernel_runtime.hpp": {"wiring"},
+        "csrc/apis/gemm.hpp": {"wiring"},
+        "setup.py": {"wiring"},
+        "tests/test_fp8_fp4.py": {"tests"},
+        "tests/test_attention.py": {"tests"},
+        "deep_gemm/testing/numeric.py": {"tests"},
+        "README.md": {"other"},
+    },
+    "mla-library": {
+        "csrc/sm100/prefill/dense/kernel/fmha_tile_scheduler.hpp": {"wiring"},
+        "csrc/smxx/decode/get_decoding_sched_meta/get_decoding_sched_meta.cu": {"wiring"},
+        "csrc/sm90/decode/sparse_fp8/components/dequant.h": {"wiring"},
+        "flash_mla/flash_mla_interface.py": {"wiring"},
+        "tests/quant.py": {"tests"},
+        "tests/test_flash_mla_dense_decoding.py": {"tests"},
+        "benchmark/bench_flash_mla.py": {"other"},
+    },
+    "ep-library": {
+        "csrc/kernels/legacy/internode_ll.cu": {"wiring"},
+        "deep_ep/include/deep_ep/impls/dispatch.cuh": {"wiring"},
+        "csrc/kernels/CMakeLists.txt": {"wiring"},
+        "tests/legacy/test_low_latency.py": {"tests"},
+        "deep_ep/utils/envs.py": {"other"},
+    },
+    "paged-kv-engine": {
+        "nanovllm/engine/scheduler.py": {"runtime"},
+        "nanovllm/engine/llm_engine.py": {"runtime"},
+        "nanovllm/engine/model_runner.py": {"runtime"},
+        "nanovllm/engine/sequence.py": {"runtime"},
+        "nanovllm/engine/block_manager.py": {"topology"},  # paged-KV blocks are the KV-cache layout
+        "nanovllm/layers/attention.py": {"topology"},
+        "nanovllm/models/qwen3.py": {"topology"},
+        "nanovllm/utils/loader.py": {"weights"},
+        "nanovllm/llm.py": {"runtime"},
+    },
+    "engine-loader": {
+        "vllm/model_executor/model_loader/weight_utils.py": {"weights"},
+        "vllm/v1/worker/gpu_model_runner.py": {"runtime"},
+        "vllm/v1/core/sched/scheduler.py": {"runtime"},
+        "vllm/worker/cache_engine.py": {"topology"},
+        "python/pkg/jit/compiler.py": {"wiring"},
+        "csrc/kernels/weight_norm.cu": {"wiring"},  # a *weight* name alone is not the weight pipeline
+        "pkg/ops/weight_update.py": {"wiring"},
+        "tests/kernels/test_weight_loader.py": {"tests"},
+    },
+}
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_default_pillars_fit_real_layouts(repo, layout):
+    files = LAYOUTS[layout]
+    for path in files:
+        repo.write(path, "X = 1\n")
+    base = repo.commit("base")
+    for path in files:
+        repo.write(path, "X = 2\n")
+    repo.commit("head")
+    co = checkout(AuditRequest(repo=str(repo.root), base=base, head="HEAD"))
+    pm = map_pillars(co, default_config(), build_changeset(co))
+    got = {path: {p.id for p in pm.pillars if path in p.files} for path in files}
+    assert got == files
+
+
+RUNNER = '''class ModelRunner:
+    def allocate_kv_cache(self):
+        return 1
+
+    def capture_cudagraph(self):
+        return 2
+
+    def helper(self):
+        return 3
+'''
+
+
+def test_default_symbols_put_kv_cache_and_cuda_graphs_where_they_belong(repo):
+    repo.write("pkg/runner_impl.py", RUNNER)
+    repo.write("tests/test_decode.py", "def test_decode_step():\n    return 1\n")
+    base = repo.commit("base")
+    repo.write("pkg/runner_impl.py", RUNNER.replace("return 1", "return 10").replace("return 2", "return 20")
+               .replace("return 3", "return 30"))
+    repo.write("tests/test_decode.py", "def test_decode_step():\n    return 2\n")
+    repo.commit("head")
+    co = checkout(AuditRequest(repo=str(repo.root), base=base, head="HEAD"))
+    pm = map_pillars(co, default_config(), build_changeset(co))
+    rows = {(r.path, r.symbol): r.pillars for r in pm.hunks}
+    assert rows[("pkg/runner_impl.py", "ModelRunner.allocate_kv_cache")] == ["topology"]
+    assert rows[("pkg/runner_impl.py", "ModelRunner.capture_cudagraph")] == ["runtime"]
+    assert rows[("pkg/runner_impl.py", "ModelRunner.helper")] == ["other"]
+    # a test named like a decode step is a test, not topology: "!" globs exclude symbol matches too
+    assert rows[("tests/test_decode.py", "test_decode_step")] == ["tests"]
+
+
+def test_exclusion_globs_in_a_repo_pillar(repo):
+    config = parse_config('[[pillar]]\nid = "k"\ntitle = "K"\npaths = ["src/**", "!src/vendor/**"]\n'
+                          'symbols = ["**/*.py::*kernel*"]\n')
+    repo.write("src/a.py", "def kernel():\n    return 1\n")
+    repo.write("src/vendor/b.py", "def kernel():\n    return 1\n")
+    base = repo.commit("base")
+    repo.write("src/a.py", "def kernel():\n    return 2\n")
+    repo.write("src/vendor/b.py", "def kernel():\n    return 2\n")
+    repo.commit("head")
+    co = checkout(AuditRequest(repo=str(repo.root), base=base, head="HEAD"))
+    pm = map_pillars(co, config, build_changeset(co))
+    assert pm.get("k").files == ["src/a.py"]
+    assert pm.get("other").files == ["src/vendor/b.py"]
