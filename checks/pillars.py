@@ -15,6 +15,7 @@ import re
 import threading
 from dataclasses import dataclass
 from functools import cache
+from typing import Literal
 
 from checks import syntax
 from checks.config import Config, Pillar
@@ -83,7 +84,7 @@ def symbols_in(lang: str, data: bytes, key: str | None = None,
     if spans is None:
         captures = ts.QueryCursor(_query(lang)).captures(tree.root_node).get("d", [])
     else:
-        found: dict[tuple[int, int], object] = {}
+        found: dict[tuple[int, int], ts.Node] = {}
         cursor = ts.QueryCursor(_query(lang))
         for first, last in spans:
             cursor.set_point_range((max(first - 1, 0), 0), (last, 0))
@@ -228,7 +229,9 @@ def _run_uncached(jobs: list[_HunkJob]) -> list[list[list[tuple[str, int]]]]:
         _query(lang)
 
     order = sorted(range(len(jobs)), key=lambda i: -len(jobs[i][1]))
-    mine, theirs, load = [], [], [0, 0]
+    mine: list[int] = []
+    theirs: list[int] = []
+    load = [0, 0]
     for i in order:  # greedy split by bytes
         side = 0 if load[0] <= load[1] else 1
         (mine if side == 0 else theirs).append(i)
@@ -264,7 +267,9 @@ def _file_job(checkout: Checkout, fc: FileChange) -> tuple[list[_HunkJob], list[
         bucket = sides.setdefault(blob, [])
         where.append((list(sides).index(blob), len(bucket), first))
         bucket.append(lines)
-    jobs = []
+    jobs: list[_HunkJob] = []
+    if lang is None:
+        return jobs, where
     for blob, hunk_lines in sides.items():
         try:
             data = read_blob(checkout.repo, blob)
@@ -283,7 +288,8 @@ def map_pillars(checkout: Checkout, config: Config, changes: ChangeSet) -> Pilla
     seen_symbols: set[tuple[str, str]] = set()
     touches: dict[tuple[str, str, str, str], Touch] = {}
 
-    def touch(pid: str, fc: FileChange, reason: str, pattern: str, symbol: str | None, line: int | None) -> None:
+    def touch(pid: str, fc: FileChange, reason: Literal["path", "symbol", "fallback"], pattern: str,
+              symbol: str | None, line: int | None) -> None:
         hit = hits[pid]
         if (pid, fc.path) not in seen_files:
             seen_files.add((pid, fc.path))
@@ -341,8 +347,9 @@ def map_pillars(checkout: Checkout, config: Config, changes: ChangeSet) -> Pilla
                         pillars.append(pid)
                     touch(pid, fc, "symbol", pattern, symbol, line)
             if not pillars:
-                for symbol, line in symbols or [(None, first)]:
-                    touch("other", fc, "fallback", "", symbol, line)
+                fallback: list[tuple[str | None, int]] = list(symbols) or [(None, first)]
+                for fsymbol, fline in fallback:
+                    touch("other", fc, "fallback", "", fsymbol, fline)
                 pillars.append("other")
             names = [name for name, _ in symbols]
             hunk_rows.append(HunkPillars(path=fc.path, hunk=index, symbol=names[0] if names else None,

@@ -66,7 +66,7 @@ def structure(data: Any, tp: Any) -> Any:
             raise ValueError(f"expected an object, got {type(data).__name__}")
         _, inner = typing.get_args(tp) or (str, Any)
         return {k: structure(v, inner) for k, v in data.items()}
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if not isinstance(data, dict):
             raise ValueError(f"expected an object for {tp.__name__}, got {type(data).__name__}")
         hints = _hints(tp)
