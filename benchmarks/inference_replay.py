@@ -1,0 +1,349 @@
+"""Recall and noise of zero-config inference on real engine and kernel repos, replayed from their history.
+
+    python benchmarks/inference_replay.py [--repos DIR] [--ordinary N] [--out FILE]
+    python benchmarks/inference_replay.py --smoke
+
+Sections (each one's failure makes the run exit non-zero):
+- timings: inference over each repo's HEAD, cold (empty caches, fresh process) and warm (same cache dir,
+  fresh process), against an anchor measured in the same run: reading every source blob of the tree
+  with one ``git cat-file --batch`` (the I/O floor any tree-wide analysis pays).
+- recall: each real historical commit that fixed cross-file drift (benchmarks/inference_commits.toml) is
+  replayed as the reverse PR: base = the fixed tree, head = its buggy parent. Caught = a new finding whose
+  locations or message name a file the fix touched. Two configs: zero config (inferred rules), and the
+  config ``drift-audit init`` proposes from the fixed tree, unedited.
+- noise: the last N ordinary commits of each repo replayed forward (base = parent) with zero config; every
+  new inferred finding is looked up in benchmarks/inference_commits_judged.toml (read by a person: true
+  drift or noise); co-change notes are counted apart (warnings that never fail).
+
+Repos come from the mirrors the search tool's fetch brings (/work/.mirror/OWNER+NAME/repo), cloned to
+--repos at run time; their code is never committed here. ``--smoke`` runs every section on the synthetic
+persistent-kernel repo of checks/packs/sample.py in a few seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from checks.audit import run_checks  # noqa: E402
+from checks.config import default_config, parse_config  # noqa: E402
+from checks.diff import build_changeset  # noqa: E402
+from checks.model import Checkout, Finding  # noqa: E402
+
+COMMITS = ROOT / "benchmarks" / "inference_commits.toml"
+JUDGED = ROOT / "benchmarks" / "inference_commits_judged.toml"
+MIRRORS = Path("/work/.mirror")
+TARGETS = {"recall": 0.5, "false_per_100": 2.0, "cold_s": 5.0, "warm_s": 0.3}
+
+
+# --------------------------------------------------------------------------- repos
+
+
+def clone(name: str, into: Path) -> Path:
+    """A no-checkout clone of a fetched mirror (objects only; the audit reads git objects)."""
+    dest = into / name.replace("/", "+")
+    if (dest / ".git").is_dir() or (dest / "HEAD").is_file():
+        return dest
+    mirror = MIRRORS / name.replace("/", "+") / "repo"
+    if not mirror.exists():
+        raise SystemExit(f"{name}: no mirror at {mirror}; fetch github:{name} with the search tool first")
+    into.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["git", "-c", "safe.directory=*", "clone", "-q", "--no-checkout", str(mirror), str(dest)], check=True)
+    return dest
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, check=True).stdout
+
+
+def audit(repo: Path, base: str, head: str, config_text: str | None = None):
+    """The checks stage with base as the merge base (a reverse PR's base is a descendant of its head)."""
+    co = Checkout(repo=str(repo), base_sha=base, head_sha=head, merge_base_sha=base)
+    config = parse_config(config_text) if config_text else default_config()
+    return run_checks(co, config, build_changeset(co)), config
+
+
+def touched(repo: Path, a: str, b: str) -> set[str]:
+    return set(git(repo, "diff", "--name-only", a, b).split())
+
+
+def relevant(f: Finding, files: set[str], reads: dict[str, list[str]]) -> bool:
+    """The finding is about the fix: it points at a file the fix touched, or its rule reads one."""
+    from checks.globs import matches
+
+    if any(loc.path in files for loc in f.locations) or any(p in f.message for p in files):
+        return True
+    return any(matches(reads.get(f.rule, []), p) for p in files) if reads.get(f.rule) else False
+
+
+def rule_reads(found_config) -> dict[str, list[str]]:
+    facts = {x.id: x.files for x in found_config.facts}
+    return {r.id: [g for fid in r.facts for g in facts.get(fid, [])] for r in found_config.rules}
+
+
+# --------------------------------------------------------------------------- timings
+
+
+TIMER = r"""
+import json, sys, time
+sys.path.insert(0, {root!r})
+from checks.infer import infer
+from checks.workspace import Tree
+from pathlib import Path
+t0 = time.perf_counter()
+out = infer(Tree({repo!r}, {sha!r}), cache_dir=Path({cache!r}))
+print(json.dumps({{"s": time.perf_counter() - t0, "rules": len(out.rules), "cached": out.cached, **out.timings}}))
+"""
+
+
+def time_inference(repo: Path, cache: Path) -> dict:
+    sha = git(repo, "rev-parse", "HEAD").strip()
+    env = {**os.environ, "DRIFT_AUDIT_CACHE": str(cache)}
+    runs = []
+    for _ in range(2):  # cold, then warm: each a fresh process, sharing only the cache dir
+        code = TIMER.format(root=str(ROOT), repo=str(repo), sha=sha, cache=str(cache))
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+        runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    from checks.infer.families import source_files
+    from checks.workspace import Tree
+
+    files = source_files(Tree(str(repo), sha))
+    t0 = time.perf_counter()
+    blobs = subprocess.run(["git", "cat-file", "--batch"], cwd=repo, input="\n".join(b for _, _, b in files).encode() + b"\n",
+                           capture_output=True, check=True).stdout
+    anchor = time.perf_counter() - t0
+    return {"files": len(files), "bytes": len(blobs), "anchor": anchor, "cold": runs[0], "warm": runs[1]}
+
+
+# --------------------------------------------------------------------------- recall and noise
+
+
+@dataclass
+class Replay:
+    repo: str
+    sha: str
+    subject: str
+    zero: list[str] = field(default_factory=list)  # relevant new inferred findings, zero config
+    init: list[str] = field(default_factory=list)  # relevant new findings, init's config
+    error: str = ""
+
+
+def recall(repos: dict[str, Path], fixes: list[dict], with_init: bool = True) -> list[Replay]:
+    from checks.infer_cli import propose
+    from checks.workspace import Tree
+
+    out = []
+    for fx in fixes:
+        repo = repos[fx["repo"]]
+        sha = git(repo, "rev-parse", fx["sha"]).strip()
+        parent = git(repo, "rev-parse", f"{sha}^").strip()
+        r = Replay(fx["repo"], sha, fx["subject"])
+        try:
+            files = touched(repo, parent, sha)
+            found, _ = audit(repo, sha, parent)
+            r.zero = [f.message for f in found.with_status("new") if f.source == "inferred" and relevant(f, files, {})]
+            if with_init:
+                text, _ = propose(Tree(str(repo), sha))
+                found, config = audit(repo, sha, parent, text)
+                reads = rule_reads(config)
+                r.init = [f.message for f in found.with_status("new") if f.source == "declared" and relevant(f, files, reads)]
+        except Exception as exc:  # one replay's failure is reported in the table, the others still run
+            r.error = f"{type(exc).__name__}: {exc}"
+        out.append(r)
+    return out
+
+
+@dataclass
+class Forward:
+    repo: str
+    sha: str
+    subject: str
+    inferred: list[Finding] = field(default_factory=list)
+    cochange: int = 0
+    seconds: float = 0.0
+
+
+def ordinary(repo: Path, n: int, skip: set[str]) -> list[tuple[str, str]]:
+    """The last ``n`` non-merge commits that change a source file, the drift fixes left out."""
+    out = []
+    for line in git(repo, "log", "--no-merges", "--format=%H\t%s", "-n", str(n * 4)).splitlines():
+        sha, _, subject = line.partition("\t")
+        if sha in skip:
+            continue
+        files = git(repo, "diff-tree", "--no-commit-id", "--name-only", "-r", sha).split()
+        if any(f.endswith((".py", ".c", ".h", ".cpp", ".cc", ".cu", ".cuh", ".hpp")) for f in files) and len(files) <= 40:
+            out.append((sha, subject))
+        if len(out) == n:
+            break
+    return out
+
+
+def noise(repos: dict[str, Path], n: int, skip: set[str]) -> list[Forward]:
+    out = []
+    for name, repo in repos.items():
+        for sha, subject in ordinary(repo, n, skip):
+            t0 = time.perf_counter()
+            found, _ = audit(repo, git(repo, "rev-parse", f"{sha}^").strip(), sha)
+            fw = Forward(name, sha, subject, seconds=time.perf_counter() - t0)
+            fw.inferred = [f for f in found.with_status("new") if f.source == "inferred"]
+            fw.cochange = sum(1 for f in found.findings if f.source == "cochange")
+            out.append(fw)
+    return out
+
+
+def judged() -> dict[tuple[str, str], dict]:
+    if not JUDGED.is_file():
+        return {}
+    data = tomllib.loads(JUDGED.read_text())
+    return {(j["sha"][:12], j["fingerprint"]): j for j in data.get("judged", [])}
+
+
+# --------------------------------------------------------------------------- report
+
+
+def report(repos, times, replays, forwards, verdicts, started) -> tuple[str, list[str]]:
+    lines = [f"# Inference replay, {started:%Y-%m-%d %H:%M} UTC", ""]
+    lines += ["Repos: " + ", ".join(f"{n} ({git(p, 'rev-parse', 'HEAD')[:12]})" for n, p in repos.items()), ""]
+    problems: list[str] = []
+    lines += ["## Timings (inference over HEAD; fresh process each; anchor = one git cat-file --batch of every source blob)",
+              "", "| repo | source files | MB | anchor s | cold s | cold/anchor | warm s | warm/anchor | rules |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for name, t in times.items():
+        a = t["anchor"] or 1e-9
+        lines.append(f"| {name} | {t['files']} | {t['bytes'] / 1e6:.1f} | {t['anchor']:.3f} | {t['cold']['s']:.2f} | "
+                     f"{t['cold']['s'] / a:.0f}x | {t['warm']['s']:.3f} | {t['warm']['s'] / a:.1f}x | {t['cold']['rules']} |")
+    lines.append("")
+    if replays:
+        zero = sum(1 for r in replays if r.zero)
+        init = sum(1 for r in replays if r.init)
+        n = len(replays)
+        lines += ["## Recall on real cross-file drift fixes (reverse PR: base = fix, head = its parent)", "",
+                  f"zero config: **{zero}/{n} = {zero / n:.0%}** (target ≥ {TARGETS['recall']:.0%}); "
+                  f"`drift-audit init` config unedited: **{init}/{n} = {init / n:.0%}**", "",
+                  "| repo | fix | subject | zero config | init config |", "|---|---|---|---|---|"]
+        for r in replays:
+            z = "caught" if r.zero else ("error: " + r.error if r.error else "missed")
+            i = "caught" if r.init else ("—" if r.error else "missed")
+            lines.append(f"| {r.repo} | {r.sha[:10]} | {r.subject[:70]} | {z} | {i} |")
+        lines += ["", "Caught findings (first per fix):", ""]
+        lines += [f"- {r.sha[:10]}: {(r.zero or r.init)[0][:300]}" for r in replays if r.zero or r.init]
+        lines.append("")
+        problems += [f"recall replay {r.sha[:10]}: {r.error}" for r in replays if r.error]
+    if forwards:
+        total = len(forwards)
+        found = [(fw, f) for fw in forwards for f in fw.inferred]
+        false = [(fw, f) for fw, f in found if verdicts.get((fw.sha[:12], f.fingerprint), {}).get("verdict") == "noise"]
+        true = [(fw, f) for fw, f in found if verdicts.get((fw.sha[:12], f.fingerprint), {}).get("verdict") == "drift"]
+        unjudged = [(fw, f) for fw, f in found if (fw.sha[:12], f.fingerprint) not in verdicts]
+        co = sum(fw.cochange for fw in forwards)
+        per = {name: sum(1 for fw in forwards if fw.repo == name) for name in repos}
+        lines += ["## Noise on ordinary commits (forward: base = parent, zero config)", "",
+                  "Commits replayed: " + ", ".join(f"{k} {v}" for k, v in per.items()) + f" (total {total})", "",
+                  f"new inferred findings: {len(found)} = {100 * len(found) / total:.1f} per 100 commits; "
+                  f"judged noise: **{len(false)} = {100 * len(false) / total:.1f} per 100** "
+                  f"(target ≤ {TARGETS['false_per_100']:.0f}); judged true drift: {len(true)}; unjudged: {len(unjudged)}",
+                  "",
+                  f"co-change notes (warnings, never failing): {co} = {100 * co / total:.1f} per 100 commits "
+                  "(not judged one by one)", "",
+                  f"median audit time per commit: {sorted(fw.seconds for fw in forwards)[total // 2]:.2f} s", "",
+                  "| repo | commit | subject | finding | verdict | note |", "|---|---|---|---|---|---|"]
+        for fw, f in found:
+            v = verdicts.get((fw.sha[:12], f.fingerprint), {})
+            lines.append(f"| {fw.repo} | {fw.sha[:10]} | {fw.subject[:50]} | {f.message[:160]} | "
+                         f"{v.get('verdict', 'UNJUDGED')} | {v.get('note', '')} |")
+        lines += ["", "Commits replayed:", ""]
+        lines += [f"- {fw.repo} {fw.sha[:10]} {fw.subject[:80]}" for fw in forwards]
+        lines.append("")
+        for fw, f in unjudged:
+            print(f"UNJUDGED {fw.repo} {fw.sha[:12]} {f.fingerprint} {f.message[:200]}", file=sys.stderr)
+    return "\n".join(lines) + "\n", problems
+
+
+# --------------------------------------------------------------------------- smoke
+
+
+def smoke() -> int:
+    """Every section on the synthetic persistent-kernel repo (seeded drifts as the fixes)."""
+    from checks.packs import sample as shape
+
+    started = dt.datetime.now(dt.UTC)
+    with tempfile.TemporaryDirectory() as tmp:
+        os.environ["DRIFT_AUDIT_CACHE"] = str(Path(tmp) / "cache")
+        repo = shape.init_repo(Path(tmp) / "engine")
+        files = shape.base_files()
+        base = shape.commit(repo, files, "Engine with five tasks")
+        fixes = []
+        for kind in ("missing-name-map-entry", "shard-tables-differ"):
+            shape.git(repo, "checkout", "-q", "--detach", base)
+            buggy = shape.commit(repo, shape.DRIFTS[kind][1](files), f"Seed {kind}")
+            fixed = shape.commit(repo, files, f"Fix {kind}")
+            fixes.append({"repo": "synthetic/engine", "sha": fixed, "subject": f"Fix {kind}", "buggy": buggy})
+        shape.git(repo, "checkout", "-q", "main")
+        shape.commit(repo, shape.clean_change(files), "Add the topk_softmax task")
+        repos = {"synthetic/engine": repo}
+        times = {"synthetic/engine": time_inference(repo, Path(tmp) / "timing-cache")}
+        replays = recall(repos, fixes)
+        forwards = noise(repos, 2, {f["sha"] for f in fixes})
+        text, problems = report(repos, times, replays, forwards, judged(), started)
+        print(text)
+        if sum(1 for r in replays if r.zero) < 1:
+            problems.append("smoke: zero-config inference caught none of the seeded drifts")
+        if any(fw.inferred for fw in forwards):
+            problems.append("smoke: a clean change gave an inferred finding")
+    for p in problems:
+        print(f"ERROR {p}", file=sys.stderr)
+    return 1 if problems else 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--smoke", action="store_true", help="every section on a synthetic repo, in seconds")
+    ap.add_argument("--repos", default="/tmp/inference-replay", help="where to clone the fetched mirrors")
+    ap.add_argument("--ordinary", type=int, default=35, help="ordinary commits per repo to replay forward")
+    ap.add_argument("--timing", action="append", help="extra repo (OWNER/NAME) timed only, e.g. a 2,000-file one")
+    ap.add_argument("--skip", action="append", default=[], help="section to leave out: timings, recall, init, noise")
+    ap.add_argument("--out", help="write the markdown table here (default benchmarks/results/inference_replay_DATE.md)")
+    args = ap.parse_args()
+    if args.smoke:
+        return smoke()
+    started = dt.datetime.now(dt.UTC)
+    data = tomllib.loads(COMMITS.read_text())
+    fixes = data["fix"]
+    names = sorted({f["repo"] for f in fixes} | set(data.get("noise_repos", [])))
+    root = Path(args.repos)
+    repos = {n: clone(n, root) for n in names}
+    os.environ.setdefault("DRIFT_AUDIT_CACHE", str(root / "cache"))
+    times = {}
+    if "timings" not in args.skip:
+        for n in [*names, *(args.timing or [])]:
+            times[n] = time_inference(clone(n, root), Path(tempfile.mkdtemp(prefix="infer-timing-")))
+    replays = recall(repos, fixes, with_init="init" not in args.skip) if "recall" not in args.skip else []
+    skip = set()
+    for f in fixes:
+        skip.add(git(repos[f["repo"]], "rev-parse", f["sha"]).strip())
+    noise_repos = {n: repos[n] for n in data.get("noise_repos", names)}
+    forwards = noise(noise_repos, args.ordinary, skip) if "noise" not in args.skip else []
+    text, problems = report(repos, times, replays, forwards, judged(), started)
+    out = Path(args.out) if args.out else ROOT / "benchmarks" / "results" / f"inference_replay_{started:%Y-%m-%d}.md"
+    out.write_text(text)
+    print(text)
+    print(f"wrote {out}", file=sys.stderr)
+    for p in problems:
+        print(f"ERROR {p}", file=sys.stderr)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
