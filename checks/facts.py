@@ -22,6 +22,8 @@ Options a ``[[fact]]`` accepts besides ``id``/``lang``/``files``/``query``/``reg
 ``case``     ``{field = "upper" | "lower"}``, or a bare string for the key.
 ``ignore``   key globs to drop, e.g. ``["*_BEGIN", "*_END"]``.
 ``unquote``  strip string-literal quotes from values; default true.
+``preprocess`` C/C++/CUDA: blank attribute macros and ``#if`` branches before parsing
+             (checks/preprocess.py); default true.
 ``optional`` true: selecting no file is not a problem (a layout some eras lack); the
              fact's rules are skipped quietly.
 
@@ -45,8 +47,9 @@ import tree_sitter as ts
 from checks import syntax
 from checks.config import Fact
 from checks.globs import compile_globs
+from checks.preprocess import preprocess
 
-OPTIONS = ("key", "scope", "count", "len", "sub", "case", "ignore", "unquote", "optional")
+OPTIONS = ("key", "scope", "count", "len", "sub", "case", "ignore", "unquote", "optional", "preprocess")
 SCOPE_KINDS = ("function", "enum", "class", "if-chain")
 
 
@@ -197,7 +200,7 @@ def validate_options(fact: Fact) -> None:
             raise FactError(f"{describe(fact)}: '{name}' must be a list of strings")
     if "count" in opts and not isinstance(opts["count"], str):
         raise FactError(f"{describe(fact)}: 'count' must name a capture")
-    for name in ("optional", "unquote"):
+    for name in ("optional", "unquote", "preprocess"):
         if name in opts and not isinstance(opts[name], bool):
             raise FactError(f"{describe(fact)}: '{name}' must be true or false")
     if "key" in opts and not isinstance(opts["key"], str):
@@ -526,13 +529,19 @@ def _query_rows(c: _Compiled, path: str, data: bytes, blob: str | None) -> tuple
     if not c.may_match(data):
         return [], None  # no parse for a file that cannot hold a row
     fact = c.fact
-    tree = syntax.parse(fact.lang, data, key=blob)
+    if fact.lang in ("c", "cpp", "cuda") and fact.options.get("preprocess", True):
+        data = preprocess(data)  # same length and lines: rows keep their places
+        tree = syntax.parse(fact.lang, data, key=f"{blob}:pp" if blob else None)
+    else:
+        tree = syntax.parse(fact.lang, data, key=blob)
     root = tree.root_node
     problem = None
     if root.has_error:
         err = _first_error(root)
         line = err.start_point[0] + 1 if err is not None else 1
-        problem = f"{path}:{line}: {fact.lang} syntax error; rows near it may be missing"
+        # Only where a row could sit near the error: the code around it holds a literal every row needs.
+        if c.may_match(_around(data, err)):
+            problem = f"{path}:{line}: {fact.lang} syntax error; rows near it may be missing"
     opts = fact.options
     key_name = opts.get("key", "key")
     count_name = opts.get("count")
@@ -643,6 +652,18 @@ def _unquote(s: str) -> str:
 
 def _length(node: ts.Node) -> int:
     return sum(1 for ch in node.named_children if ch.type not in ("comment",))
+
+
+def _around(data: bytes, err: ts.Node | None, lines: int = 20) -> bytes:
+    """The error's text and ``lines`` lines either side: where rows may have been lost."""
+    if err is None:
+        return data
+    start, end = err.start_byte, err.end_byte
+    for _ in range(lines):
+        start = max(0, data.rfind(b"\n", 0, max(0, start - 1)))
+        nxt = data.find(b"\n", end + 1)
+        end = len(data) if nxt == -1 else nxt
+    return data[start:end]
 
 
 def _first_error(node: ts.Node) -> ts.Node | None:

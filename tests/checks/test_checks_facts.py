@@ -121,7 +121,9 @@ def test_files_without_a_required_literal_are_not_parsed():
     f = Fact("lit", "python", ["*.py"], query='(call function: (identifier) @_f (#eq? @_f "register_task") arguments: (argument_list (string) @key))')
     broken = b"def f(:\n    pass\n"
     assert extract_text(f, "a.py", broken) == ([], None)  # no "register_task": never parsed
-    rows, problem = extract_text(f, "b.py", broken + b'register_task("x")\n')
+    rows, problem = extract_text(f, "b.py", broken + b"x = 1\n" * 30 + b'register_task("x")\n')
+    assert [r.key for r in rows] == ["x"] and problem is None  # no row's literal near the error: nothing missing
+    rows, problem = extract_text(f, "b.py", b'def f(:\n    register_task("x")\n')
     assert problem is not None and problem.startswith("b.py:1")
     # A predicate on an optional capture holds when the capture is absent, so it must not filter.
     optional = Fact("opt", "python", ["*.py"], query='(argument_list (identifier)? @_f . (string) @key (#eq? @_f "nope"))')
