@@ -271,3 +271,16 @@ def test_primary_rate_limit_answers_403_until_the_reset(ghstub):
     assert 0 < reset - state.now() <= 3600
     state.advance(reset - state.now() + 1)
     assert repo.get_pull(7).number == 7
+
+
+def test_custom_repository_roles_come_back_in_role_name(ghstub):
+    base, state = ghstub
+    seeded(state)
+    state.set_permission(REPO, "sec", "security-engineer", base="write")
+    state.set_permission(REPO, "tri", "triage")
+    g = client(base, state)
+    _, sec = g.requester.requestJsonAndCheck("GET", f"/repos/{REPO}/collaborators/sec/permission")
+    assert (sec["permission"], sec["role_name"], sec["user"]["permissions"]["push"]) == (
+        "write", "security-engineer", True)
+    _, tri = g.requester.requestJsonAndCheck("GET", f"/repos/{REPO}/collaborators/tri/permission")
+    assert (tri["permission"], tri["role_name"], tri["user"]["permissions"]["push"]) == ("read", "triage", False)

@@ -303,8 +303,13 @@ class StubState:
             self.pull_diffs[(repo, number)] = diff
             return pr
 
-    def set_permission(self, repo: str, login: str, permission: str, role_name: str | None = None) -> None:
-        """``permission``: admin|maintain|write|triage|read|none; ``role_name`` a custom role built on it."""
+    def set_permission(
+        self, repo: str, login: str, permission: str, role_name: str | None = None, *, base: str | None = None
+    ) -> None:
+        """``permission``: admin|maintain|write|triage|read|none; ``role_name`` a custom role built on it.
+        ``set_permission(repo, u, "security-engineer", base="write")`` says the same the other way round."""
+        if base is not None:
+            permission, role_name = base, permission
         with self.lock:
             self.permissions[(repo, login)] = permission
             if role_name:
