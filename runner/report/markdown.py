@@ -19,7 +19,7 @@ import jinja2
 
 from checks.model import Annotation, Audit, Finding, Location, PillarHit, PlannedSuite, Report, SuiteResult, Unchecked
 from runner.report import Context
-from runner.report.safe import blob_link, clip, code, text
+from runner.report.safe import blob_link, clip, code, html_text, text
 
 COMMENT_MARKER = "<!-- drift-audit:comment -->"
 COMMENT_LIMIT = 65_536
@@ -69,6 +69,7 @@ def environment() -> jinja2.Environment:
         undefined=jinja2.StrictUndefined,
     )
     env.filters["md"] = text
+    env.filters["html"] = html_text
     env.filters["code"] = code
     env.filters["cell"] = lambda v: code(v, table=True)
     env.filters["clip"] = clip

@@ -3,11 +3,13 @@
 Paths, symbol names, messages, suite reasons and test output come from the
 PR's code. On GitHub that text must never become a link, an image, raw HTML,
 an @mention that pings someone, or a #123 reference. Two helpers cover every
-use: ``code()`` for a literal code span and ``text()`` for prose.
+use: ``code()`` for a literal code span and ``text()`` for prose; ``html_text()`` is
+``text()`` for the few places that are raw HTML (``<summary>`` lines).
 """
 
 from __future__ import annotations
 
+import html
 import re
 from urllib.parse import quote
 
@@ -38,6 +40,12 @@ def text(value: object) -> str:
     return _SPECIAL.sub(r"\\\1", broken)
 
 
+def html_text(value: object) -> str:
+    """Text inside raw HTML (a ``<summary>`` line is an HTML block, where markdown escapes do not
+    apply): entity-escaped, with mentions, references and autolinks broken as in ``text()``."""
+    return html.escape(_BREAKS.sub(lambda m: m.group(0) + ZWSP, _flat(value)), quote=False)
+
+
 def code(value: object, *, table: bool = False) -> str:
     """A literal code span of ``value``: fenced by a backtick run longer than any run inside it, padded
     when the value starts or ends with a backtick or a space (CommonMark strips one pad each side).
@@ -49,7 +57,7 @@ def code(value: object, *, table: bool = False) -> str:
         return "` `"
     longest = max((len(run) for run in _BACKTICKS.findall(body)), default=0)
     fence = "`" * (longest + 1)
-    pad = " " if body[0] in "` " or body[-1] in "` " else ""
+    pad = " " if body.strip(" ") and (body[0] in "` " or body[-1] in "` ") else ""  # all-space spans keep theirs
     return f"{fence}{pad}{body}{pad}{fence}"
 
 
