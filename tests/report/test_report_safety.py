@@ -30,9 +30,11 @@ from checks.model import (
     PlannedSuite,
     Results,
     SuiteResult,
-    TestPlan as Plan,
     Touch,
     Unchecked,
+)
+from checks.model import (
+    TestPlan as Plan,
 )
 from runner.report import Context, report
 from runner.report.safe import ZWSP, code, html_text, text
