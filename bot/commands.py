@@ -77,7 +77,8 @@ def find_command(body: str) -> str | None:
         elif token.type == "inline" and not quoted:
             for line in _paragraph_lines(token):
                 if _is_command(line):
-                    return line.strip(" \t")[: MAX_LINE + 1]
+                    text = line.strip(" \t")
+                    return text if len(text) <= MAX_LINE else text[:MAX_LINE] + "…"  # parse_command refuses it
     return None
 
 

@@ -36,6 +36,14 @@ def _check(job: Any, name: str, kind: type | tuple[type, ...], *, optional: bool
                            f"got {type(value).__name__}")
 
 
+def _id(job: Any, name: str, *, optional: bool = False) -> None:
+    """GitHub ids and numbers: positive and JSON-safe (below 2**53), so they fit every store's integer."""
+    _check(job, name, int, optional=optional)
+    value = getattr(job, name)
+    if value is not None and not 0 < value < 2**53:
+        raise JobLoadError(f"{type(job).__name__}.{name}: {value} is not a GitHub id")
+
+
 def _sha(job: Any, name: str, *, optional: bool = False) -> None:
     _check(job, name, str, optional=optional)
     value = getattr(job, name)
@@ -62,7 +70,7 @@ class _Job:
         if self.kind != "installation" and not REPO.match(self.repo):
             raise JobLoadError(f"{type(self).__name__}.repo: not owner/name: {self.repo[:200]!r}")
         _check(self, "key", str)
-        _check(self, "installation_id", int, optional=True)
+        _id(self, "installation_id", optional=True)
         _check(self, "clone_url", str)
 
     @property
@@ -107,13 +115,13 @@ class AuditJob(_Job):
         super().validate()
         _sha(self, "head_sha")
         _sha(self, "base_sha")
-        _check(self, "pr", int, optional=True)
+        _id(self, "pr", optional=True)
         if self.cause not in ("pull_request", "merge_group"):
             raise JobLoadError(f"AuditJob.cause: unknown trigger {self.cause!r}")
         _check(self, "options", AuditOptions)
         _check(self, "untrusted", bool)
         _check(self, "actor", str, optional=True)
-        _check(self, "check_run_id", int, optional=True)
+        _id(self, "check_run_id", optional=True)
         _check(self, "note", str)
 
 
@@ -143,8 +151,8 @@ class CommandJob(_Job):
 
     def validate(self) -> None:
         super().validate()
-        _check(self, "pr", int)
-        _check(self, "comment_id", int)
+        _id(self, "pr")
+        _id(self, "comment_id")
         _check(self, "body", str)
         _check(self, "actor", str)
         _sha(self, "head_sha", optional=True)
@@ -171,8 +179,8 @@ class RerunJob(_Job):
 
     def validate(self) -> None:
         super().validate()
-        _check(self, "pr", int)
-        _check(self, "check_run_id", int)
+        _id(self, "pr")
+        _id(self, "check_run_id")
         _sha(self, "head_sha")
         _check(self, "actor", str, optional=True)
 
@@ -194,7 +202,7 @@ class CollectJob(_Job):
 
     def validate(self) -> None:
         super().validate()
-        _check(self, "run_id", int)
+        _id(self, "run_id")
         _check(self, "audit_id", str)
         _check(self, "label", str)
         _sha(self, "head_sha", optional=True)

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import socket
+import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -101,6 +104,31 @@ def pr_payload(
     return p
 
 
+def serve_deployed(app, settings) -> tuple[str, Callable[[], None]]:
+    """``app`` on a free loopback port with the server settings ``drift-audit serve`` uses (bot.server)."""
+    import uvicorn
+
+    from bot.server import uvicorn_config
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn_config(app, settings, "127.0.0.1", port))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True, name=f"bot:{port}")
+    thread.start()
+    wait_for(lambda: server.started or not thread.is_alive(), timeout=10, interval=0.01)
+    if not server.started:
+        raise RuntimeError("the bot's HTTP server did not start")
+
+    def stop() -> None:
+        server.should_exit = True
+        thread.join(timeout=5)
+        sock.close()
+
+    return f"http://127.0.0.1:{port}", stop
+
+
 def wait_for(predicate, timeout: float = 30.0, interval: float = 0.05):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -121,7 +149,6 @@ class Bot:
         from bot.queue import SqliteJobStore
         from bot.settings import BotSettings
         from bot.worker import Service
-        from tests.ghstub.server import serve_in_thread
 
         self.state = state
         values = dict(
@@ -142,7 +169,7 @@ class Bot:
         self.settings = BotSettings(**values)
         self.store = SqliteJobStore(self.settings.db)
         self.service = Service(self.settings, self.store)
-        self.url, self._stop_http = serve_in_thread(create_app(self.settings, self.store, self.service))
+        self.url, self._stop_http = serve_deployed(create_app(self.settings, self.store, self.service), self.settings)
         self.settings.public_url = self.url
         if start_workers:
             self.service.start()

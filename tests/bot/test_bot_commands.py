@@ -43,3 +43,58 @@ def test_find_command_skips_quotes_and_code():
     assert find_command("```\n/audit full\n```") is None
     assert find_command("please\n  /audit retry  \n") == "/audit retry"
     assert find_command("see /audit docs") is None  # only a line that starts with /audit
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "~~~\n/audit full\n~~~",
+        "```\n/audit full\n```",
+        "intro\n\n    /audit full\n",  # indented code
+        "<!--\n/audit full\n-->",
+        "text <!-- \n/audit full\n --> more",  # an HTML comment inside a paragraph
+        "> quoted\n/audit full",  # a lazy continuation line belongs to the quote
+        "> > nested\n> /audit full",
+        "- item\n\n      /audit full",  # code inside a list item
+        "`/audit full`",
+        "[/audit full](https://example.com)",
+        "<details>\n/audit full\n</details>",
+    ],
+)
+def test_commands_inside_code_quotes_comments_and_html_are_not_commands(body):
+    assert find_command(body) is None
+
+
+@pytest.mark.parametrize("separator", ["\x0b", "\x0c", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029"])
+def test_only_commonmark_line_endings_split_lines(separator):
+    assert find_command(f"thanks{separator}/audit full") is None  # one line that does not start with /audit
+    assert find_command("thanks\r\n/audit full") == "/audit full"
+    assert find_command("thanks\r/audit full") == "/audit full"
+
+
+def test_paragraph_text_is_acted_on():
+    assert find_command("LGTM\n\n/audit run parity-loader on sm90") == "/audit run parity-loader on sm90"
+    assert find_command("- /audit full") == "/audit full"  # a list item's paragraph
+    assert find_command("first line\n/audit retry") == "/audit retry"
+    assert parse_command(find_command("/audit run `parity-loader`")).error  # code spans are never arguments
+
+
+def test_parsing_is_linear_and_capped():
+    import time
+
+    redos = "/audit x" + " " * 65_000 + "y"
+    start = time.perf_counter()
+    line = find_command(redos)
+    cmd = parse_command(line)
+    assert time.perf_counter() - start < 0.5
+    assert cmd.replies_with_help and "longer than 256" in cmd.error
+    for hostile in ("/audit " + "[" * 60_000, "/audit " + "*a_" * 20_000, "> " * 30_000 + "/audit", "/audit\n" * 9000):
+        start = time.perf_counter()
+        found = find_command(hostile)
+        assert time.perf_counter() - start < 3.0, hostile[:20]  # markdown-it is linear; 65 KB at most
+        if found:
+            parse_command(found)
+    megabyte = "/audit full\n" + "x" * (1 << 20)
+    start = time.perf_counter()
+    assert find_command(megabyte) is None  # over GitHub's own 65,536-character limit: not a comment GitHub sends
+    assert time.perf_counter() - start < 0.1

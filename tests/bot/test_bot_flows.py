@@ -8,7 +8,15 @@ import re
 from bot.publish import COMMENT_MARKER, reply_marker
 from checks.model import DeviceFingerprint, Results, SuiteResult, to_json
 from runner.actions import artifact_name, run_title
-from tests.bot.conftest import REPO, check_run_pr, fixture_payload, installation_lite, pr_payload, wait_for, workflow_run_payload
+from tests.bot.conftest import (
+    REPO,
+    check_run_pr,
+    fixture_payload,
+    installation_lite,
+    pr_payload,
+    wait_for,
+    workflow_run_payload,
+)
 from tests.gitrepo import commit, git
 
 

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import sqlite3
 import threading
 import time
 
-from bot.jobs import AuditJob, CommandJob
-from bot.queue import DONE, FAILED, LEASED, QUEUED, SUPERSEDED, SqliteJobStore
+import pytest
+
+from bot.jobs import JOB_SCHEMA, AuditJob, CommandJob
+from bot.queue import DEAD, DONE, FAILED, LEASED, QUEUED, SUPERSEDED, SqliteJobStore, StoreError
 
 
 def _job(pr: int = 1, head: str = "a" * 40) -> AuditJob:
@@ -100,3 +104,81 @@ def test_announce_claims_are_exclusive_and_superseding_keeps_announced_jobs_for_
     old = store.get(row.id)
     assert old.status == QUEUED and old.superseded_by == "2" * 40  # its worker closes check run 77
     assert [r.job.head_sha[0] for r in store.unannounced()] == ["2"]
+
+
+def test_a_row_that_does_not_load_is_dead_lettered_and_the_queue_moves_on(tmp_path):
+    store = SqliteJobStore(str(tmp_path / "q.db"))
+    store.accept("d1", "pull_request", _job(pr=1))
+    store.accept("d2", "pull_request", _job(pr=2))
+    db = sqlite3.connect(store.path)
+    broken = json.loads(db.execute("SELECT payload FROM jobs WHERE id = 1").fetchone()[0]) | {"pr": "2a"}
+    db.execute("UPDATE jobs SET payload = ? WHERE id = 1", (json.dumps(broken),))
+    db.execute("UPDATE jobs SET payload = '{not json' WHERE id = 2")
+    db.commit()
+    store.accept("d3", "pull_request", _job(pr=3))
+    row = store.lease("w", 30)
+    assert row.job.pr == 3  # the valid job behind two poison rows runs
+    dead = {r.id: r for r in store.jobs(DEAD)}
+    assert set(dead) == {1, 2} and all(r.job is None for r in dead.values())
+    assert "AuditJob" in dead[1].error or "'2a'" in dead[1].error
+    assert "not JSON" in dead[2].error
+    assert store.lease("w2", 30) is None
+
+
+def test_rows_of_the_previous_job_schema_are_upgraded_and_newer_ones_refused(tmp_path):
+    store = SqliteJobStore(str(tmp_path / "q.db"))
+    db = sqlite3.connect(store.path)
+    legacy = {  # a version-1 row: one Job type with every field, as the previous build wrote it
+        "kind": "command", "repo": "o/r", "key": "o/r#4", "installation_id": 1, "pr": 4, "head_sha": None,
+        "base_sha": None, "trigger": "comment", "options": {}, "clone_url": "", "untrusted": False, "actor": "al",
+        "comment_id": 9, "command": "/audit full", "run_id": None, "check_run_id": None, "audit_id": None,
+        "label": None, "note": "",
+    }
+    now = time.time()
+    for version, payload in ((1, legacy), (JOB_SCHEMA + 1, {"repo": "o/r"})):
+        db.execute(
+            "INSERT INTO jobs(key, kind, payload, status, max_attempts, created, updated, version)"
+            " VALUES (?, 'command', ?, 'queued', 5, ?, ?, ?)",
+            (f"o/r#{version}", json.dumps(payload), now, now, version),
+        )
+    db.commit()
+    row = store.lease("w", 30)
+    assert isinstance(row.job, CommandJob) and row.job.body == "/audit full" and row.job.head_sha is None
+    assert store.lease("w2", 30) is None  # the row from a newer build is set aside, not run, not looped on
+    (dead,) = store.jobs(DEAD)
+    assert "newer build" in dead.error
+    db.execute("UPDATE meta SET value = '99' WHERE name = 'schema'")
+    db.commit()
+    with pytest.raises(StoreError, match="newer drift-audit"):
+        SqliteJobStore(store.path)
+
+
+def test_a_database_of_the_first_layout_is_migrated_in_place(tmp_path):
+    path = str(tmp_path / "old.db")
+    db = sqlite3.connect(path)
+    db.executescript(
+        "CREATE TABLE jobs (id INTEGER PRIMARY KEY AUTOINCREMENT, delivery TEXT, key TEXT NOT NULL, kind TEXT NOT"
+        " NULL, head_sha TEXT, payload TEXT NOT NULL, status TEXT NOT NULL, attempts INTEGER NOT NULL DEFAULT 0,"
+        " max_attempts INTEGER NOT NULL, not_before REAL NOT NULL DEFAULT 0, lease_owner TEXT, lease_until REAL"
+        " NOT NULL DEFAULT 0, check_run_id INTEGER, superseded_by TEXT, error TEXT NOT NULL DEFAULT '', result"
+        " TEXT NOT NULL DEFAULT '', created REAL NOT NULL, updated REAL NOT NULL);"
+    )
+    old = {"kind": "audit", "repo": "o/r", "key": "o/r#1", "pr": 1, "head_sha": "a" * 40, "base_sha": "b" * 40,
+           "trigger": "pull_request", "options": {"run": True}, "untrusted": True}
+    db.execute("INSERT INTO jobs(key, kind, head_sha, payload, status, max_attempts, created, updated)"
+               " VALUES ('o/r#1', 'audit', ?, ?, 'queued', 5, 0, 0)", ("a" * 40, json.dumps(old)))
+    db.commit()
+    row = SqliteJobStore(path).lease("w", 30)
+    assert row.job.untrusted and row.job.head_sha == "a" * 40 and row.job.options.run
+
+
+def test_a_command_is_pinned_to_the_head_known_when_it_arrives(tmp_path):
+    store = SqliteJobStore(str(tmp_path / "q.db"))
+    store.accept("c0", "issue_comment", _command(pr=1))  # no push seen yet: pinned to nothing
+    store.accept("p1", "pull_request", _job(pr=1, head="1" * 40))
+    store.accept("c1", "issue_comment", _command(pr=1))
+    rows = store.jobs()
+    assert rows[0].job.head_sha is None and rows[2].job.head_sha == "1" * 40
+    store.accept("p2", "pull_request", _job(pr=1, head="2" * 40))  # the fork pushes again
+    assert store.get(rows[2].id).superseded_by == "2" * 40  # the approval of 111… does not carry over
+    assert store.get(rows[2].id).status == QUEUED  # its worker answers the comment
