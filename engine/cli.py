@@ -125,6 +125,12 @@ def cmd_compare(args) -> int:
 def cmd_tiny(args) -> int:
     from engine.tiny import write_tiny
 
+    if args.arch == "deepseek_v4":
+        from engine.v4.cli import cmd_tiny_v4
+
+        return cmd_tiny_v4(args)
+    if args.mxfp4:
+        raise ValueError("--mxfp4 needs --arch deepseek_v4 (DeepSeek-V3 checkpoints have no MXFP4 experts)")
     overrides = json.loads(args.set) if args.set else {}
     out = write_tiny(args.out, preset=args.preset, seed=args.seed, fp8=args.fp8, **overrides)
     print(out)
@@ -171,5 +177,7 @@ def register(subparsers) -> None:
     p.add_argument("--preset", choices=("tiny", "small"), default="tiny")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--fp8", action="store_true", help="store projections as e4m3 with 128x128 weight_scale_inv")
+    p.add_argument("--arch", choices=("deepseek_v3", "deepseek_v4"), default="deepseek_v3")
+    p.add_argument("--mxfp4", action="store_true", help="deepseek_v4: routed experts as MXFP4 (e2m1 + UE8M0 per 32)")
     p.add_argument("--set", help='config overrides as JSON, e.g. \'{"num_hidden_layers": 3}\'')
     p.set_defaults(handler=_guard(cmd_tiny))

@@ -16,16 +16,14 @@ ATOL = 1e-4
 STEPS = 32
 
 
-def hf_greedy(hf, prompt: list[int], steps: int) -> list[int]:
-    """HF greedy decode, recomputing the whole sequence each step (its stateless compressor path)."""
-    ids = torch.tensor([prompt])
-    out = []
+def hf_agrees_greedily(hf, prompt: list[int], tokens: list[int]) -> list[int]:
+    """Steps where HF's argmax, given the prompt and our tokens so far, is not our next token. One forward
+    over the whole sequence checks every step, and no mismatch at any step means HF's own greedy decode
+    produces exactly ``tokens`` (by induction on the prefix)."""
+    seq = torch.tensor([prompt + tokens])
     with torch.no_grad():
-        for _ in range(steps):
-            nxt = int(hf(ids, use_cache=False).logits[0, -1].float().argmax())
-            out.append(nxt)
-            ids = torch.cat([ids, torch.tensor([[nxt]])], dim=1)
-    return out
+        pred = hf(seq, use_cache=False).logits[0, len(prompt) - 1: -1].float().argmax(-1).tolist()
+    return [i for i, (a, b) in enumerate(zip(pred, tokens, strict=True)) if a != b]
 
 
 def test_prefill_logits_match_hf(v4_model, hf_v4):
@@ -43,7 +41,8 @@ def test_greedy_ragged_batch_of_three_matches_hf_for_32_steps(v4_model, hf_v4, v
     ours = generate(v4_model, v4_prompts, STEPS)  # one ragged batch: prefill, then one token per step
     for g, p in zip(ours, v4_prompts, strict=True):
         assert len(g.tokens) == STEPS
-        assert g.tokens == hf_greedy(hf_v4, p, STEPS), f"prompt {p}: greedy decode differs from HF"
+        bad = hf_agrees_greedily(hf_v4, p, g.tokens)
+        assert not bad, f"prompt {p}: HF's greedy choice differs at steps {bad}"
     assert all(len(set(g.tokens)) > 8 for g in ours)  # not a trivially repetitive decode
 
 

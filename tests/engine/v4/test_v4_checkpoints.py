@@ -1,0 +1,138 @@
+"""V4 config and checkpoint loading: quantised layouts (fp8 blocks, MXFP4 experts), and errors that name
+the field or tensor."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from engine.config import ConfigError
+from engine.loader import CheckpointError
+from engine.v4.config import parse_v4_config
+from engine.v4.generate import generate, prefill_logits
+from engine.v4.loader import load_v4
+from engine.v4.tiny import TINY, write_tiny
+
+
+def test_config_reads_every_v4_field():
+    c = parse_v4_config(TINY)
+    assert c.layer_types[1] == "compressed_sparse_attention" and c.compress_rate(2) == 8 and c.compress_rate(0) == 0
+    assert c.mlp_layer_types[:2] == ("hash_moe", "hash_moe") and c.qk_rope_head_dim == 8
+    assert c.yarn is not None and c.yarn.factor == 4.0 and c.compress_rope_theta == 160000.0
+    assert (c.hc_mult, c.hc_sinkhorn_iters, c.o_groups, c.index_topk) == (4, 20, 2, 3)
+
+
+def test_config_folds_legacy_fields_like_hf():
+    d = {k: v for k, v in TINY.items() if k not in ("layer_types", "mlp_layer_types", "compress_rates",
+                                                     "partial_rotary_factor")}
+    c = parse_v4_config(dict(d, compress_ratios=[0, 4, 128, 4], num_hash_layers=1, qk_rope_head_dim=8,
+                             compress_rate_hca=16))
+    assert c.layer_types == ("sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention",
+                             "compressed_sparse_attention")
+    assert c.mlp_layer_types == ("hash_moe", "moe", "moe", "moe") and c.compress_rate(2) == 16
+    assert c.qk_rope_head_dim == 8
+
+
+@pytest.mark.parametrize("field,value,needle", [
+    ("layer_types", ["sliding_attention", "dense"], "layer_types"),
+    ("mlp_layer_types", ["moe"], "mlp_layer_types"),
+    ("scoring_func", "relu", "scoring_func"),
+    ("o_groups", 3, "o_groups"),
+    ("index_head_dim", 4, "index_head_dim"),
+    ("hc_mult", "four", "hc_mult"),
+    ("model_type", "deepseek_v3", "model_type"),
+])
+def test_config_errors_name_the_field(field, value, needle):
+    with pytest.raises(ConfigError, match=needle):
+        parse_v4_config(dict(TINY, **{field: value}), "ckpt/config.json")
+
+
+@pytest.fixture(scope="module")
+def quant_dirs(tmp_path_factory):
+    base = tmp_path_factory.mktemp("v4q")
+    return {"fp32": write_tiny(base / "fp32", seed=0), "mx": write_tiny(base / "mx", seed=0, mxfp4=True),
+            "fp8mx": write_tiny(base / "fp8mx", seed=0, fp8=True, mxfp4=True)}
+
+
+def test_mxfp4_checkpoint_dequantised_and_kept_agree(quant_dirs):
+    tokens = torch.randint(2, 256, (2, 24), generator=torch.Generator().manual_seed(5))
+    deq = load_v4(quant_dirs["mx"], dtype=torch.float32)
+    kept = load_v4(quant_dirs["mx"], dtype=torch.float32, mxfp4="keep")
+    ex = kept.model.layers[0].mlp.experts
+    assert ex.gate_up_proj.dtype == torch.int8 and ex.gate_up_proj_scale_inv.dtype == torch.float8_e8m0fnu
+    a, b = prefill_logits(deq, tokens), prefill_logits(kept, tokens)
+    assert (a - b).abs().max().item() < 1e-4
+    dense = prefill_logits(load_v4(quant_dirs["fp32"], dtype=torch.float32), tokens)
+    assert 1e-3 < (a - dense).abs().max().item()  # the checkpoint really is quantised
+
+
+def test_fp8_checkpoint_keep_and_qat_paths(quant_dirs):
+    deq = load_v4(quant_dirs["fp8mx"], dtype=torch.float32)
+    kept = load_v4(quant_dirs["fp8mx"], dtype=torch.float32, fp8="keep", mxfp4="keep")
+    attn = kept.model.layers[1].self_attn
+    assert attn.q_a_proj.weight.dtype == torch.float8_e4m3fn and attn.q_a_proj.weight_scale_inv is not None
+    assert attn.compressor.kv_proj.weight.dtype == torch.float32  # V4 ships compressor projections in bf16
+    tokens = torch.randint(2, 256, (1, 20), generator=torch.Generator().manual_seed(6))
+    a, b = prefill_logits(deq, tokens), prefill_logits(kept, tokens)
+    assert (a - b).abs().max().item() < 1e-4
+    kept.set_qat(True)
+    q = prefill_logits(kept, tokens)
+    rel = ((q - a).norm() / a.norm()).item()  # e4m3 activations: ~2-3% per GEMM, a few % after 4 layers
+    assert 1e-3 < rel < 0.15, rel
+
+
+def _edit(src, dst, fn):
+    from safetensors.torch import load_file, save_file
+
+    dst.mkdir()
+    (dst / "config.json").write_text((src / "config.json").read_text())
+    tensors = {}
+    for f in src.glob("*.safetensors"):
+        tensors.update(load_file(str(f)))
+    fn(tensors)
+    save_file(tensors, str(dst / "model.safetensors"))
+
+
+def test_checkpoint_errors_name_the_tensor(quant_dirs, tmp_path):
+    src = quant_dirs["mx"]
+    name = "model.layers.1.self_attn.compressor.indexer.q_b_proj.weight"
+    _edit(src, tmp_path / "a", lambda t: t.__setitem__(name, t[name][:, :-1].clone()))
+    with pytest.raises(CheckpointError, match=r"q_b_proj\.weight.*expected"):
+        load_v4(tmp_path / "a", dtype=torch.float32)
+    _edit(src, tmp_path / "b", lambda t: t.pop("model.layers.2.mlp.gate.e_score_correction_bias"))
+    with pytest.raises(CheckpointError, match="missing tensor 'model.layers.2.mlp.gate.e_score_correction_bias'"):
+        load_v4(tmp_path / "b", dtype=torch.float32)
+    sname = "model.layers.0.mlp.experts.down_proj_scale_inv"
+    _edit(src, tmp_path / "c", lambda t: t.__setitem__(sname, t[sname][..., :-1].clone()))
+    with pytest.raises(CheckpointError, match="down_proj_scale_inv.*one per 32"):
+        load_v4(tmp_path / "c", dtype=torch.float32)
+    _edit(src, tmp_path / "d", lambda t: t.__setitem__("model.layers.9.extra", torch.zeros(1)))
+    with pytest.raises(CheckpointError, match="unexpected tensor.*layers.9.extra"):
+        load_v4(tmp_path / "d", dtype=torch.float32)
+
+
+def test_ragged_batch_equals_one_prompt_at_a_time(v4_model):
+    model = v4_model
+    prompts = [[5, 9, 77], list(range(20, 41)), [3] * 10]
+    batch = generate(model, prompts, 8)
+    for g, p in zip(batch, prompts, strict=True):
+        assert generate(model, [p], 8)[0].tokens == g.tokens
+
+
+def test_cli_tiny_arch_v4(tmp_path):
+    out = tmp_path / "t"
+    r = subprocess.run([sys.executable, "-m", "bot.cli", "engine", "tiny", str(out), "--arch", "deepseek_v4",
+                        "--mxfp4", "--set", '{"num_hidden_layers": 2, "layer_types": ["sliding_attention", '
+                        '"compressed_sparse_attention"], "mlp_layer_types": ["hash_moe", "moe"]}'],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["model_type"] == "deepseek_v4" and cfg["quantization_config"]["expert_dtype"] == "fp4"
+    assert load_v4(out, dtype=torch.float32, mxfp4="keep").cfg.num_hidden_layers == 2
+    bad = subprocess.run([sys.executable, "-m", "bot.cli", "engine", "tiny", str(tmp_path / "u"), "--arch",
+                          "deepseek_v4", "--set", '{"o_groups": 3}'], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "o_groups" in bad.stderr and "Traceback" not in bad.stderr
