@@ -108,6 +108,8 @@ def verdict_of(audit: Audit) -> tuple[str, str]:
     bits = [f"{_plural(len(touched), 'pillar')} touched"]
     if not rules_configured(audit):
         bits.append("no drift rules configured")
+    elif not audit.findings.rules_run and not audit.findings.findings:
+        bits.append("drift rules could not run")
     else:
         new = [f for f in audit.findings.findings if f.status in ("new", "changed")]
         bits.append(_plural(len(new), "new warning") if new else "no new drift")
@@ -129,12 +131,10 @@ def warnings_of(audit: Audit) -> list[str]:
     if not rules_configured(audit):
         out.append(f"No drift rules configured: nothing was checked for drift. {code('drift-audit init')} "
                    "proposes rules from this repository's code.")
-    notes = audit.findings.unchecked
+    notes = dedupe_notes(audit.findings.unchecked)
     if notes:
-        first = notes[0]
-        more = f" (and {len(dedupe_notes(notes)) - 1} more, folded below)" if len(dedupe_notes(notes)) > 1 else ""
-        out.append(f"The config could not be fully checked: {text(first.entry)}: {text(clip(first.reason, 200))}"
-                   f"{more}.")
+        more = f" (and {len(notes) - 1} more, folded below)" if len(notes) > 1 else ""
+        out.append(f"The config could not be fully checked: {notes[0]}{more}.")
     return out
 
 
@@ -148,7 +148,7 @@ def dedupe_notes(notes: list[Unchecked]) -> list[str]:
             fact_reasons.setdefault(m.group(1), n.reason)
     seen: dict[tuple[str, str], int] = {}
     for n in notes:
-        reason = n.reason
+        reason = _own_prefix(n.entry).sub("", n.reason, count=1)  # "fact 'a' (…): fact 'a' (line 1): …"
         if not n.entry.startswith("fact "):
             for fid, why in fact_reasons.items():
                 reason = reason.replace(f"fact '{fid}' {why}", f"fact '{fid}' (see its entry)")
@@ -156,6 +156,13 @@ def dedupe_notes(notes: list[Unchecked]) -> list[str]:
         seen[key] = seen.get(key, 0) + 1
     return [f"{text(entry)}: {text(clip(reason, 400))}" + (f" (×{count})" if count > 1 else "")
             for (entry, reason), count in seen.items()]
+
+
+def _own_prefix(entry: str) -> re.Pattern[str]:
+    m = re.match(r"(fact|rule|suite|pillar) '([^']*)'", entry)
+    if not m:
+        return re.compile(r"(?!)")
+    return re.compile(rf"^{re.escape(m.group(0))}(?: \([^)]*\))?: ")
 
 
 def fenced(body: str) -> str:

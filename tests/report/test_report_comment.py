@@ -1,0 +1,120 @@
+"""The comment as a reviewer meets it: findings first, honest states, notes said once, caps on every list."""
+
+from __future__ import annotations
+
+import re
+
+from bot.demo import build_demo_repo
+from checks.model import AuditRequest, Finding, Location, Results, SuiteResult
+from runner import pipeline
+from runner.report import Context, report
+
+BAD_QUERY_CONFIG = """
+[[fact]]
+id = "a"
+lang = "python"
+files = ["*.py"]
+query = "(oops @key"
+
+[[fact]]
+id = "b"
+lang = "regex"
+files = ["*.py"]
+regex = '(?P<key>\\w+) = 1'
+
+[[rule]]
+id = "r1"
+kind = "same-set"
+facts = ["a", "b"]
+
+[[rule]]
+id = "r2"
+kind = "same-set"
+facts = ["b", "a"]
+"""
+
+
+def demo_audit(tmp_path):
+    base, head = build_demo_repo(tmp_path / "demo")
+    audit = pipeline.plan(AuditRequest(repo=str(tmp_path / "demo"), base=base, head=head))
+    assert audit.plan is not None
+    suites = [SuiteResult(audit.plan.suites[0].id, audit.plan.suites[0].runner, "passed", 1.5),
+              SuiteResult("ext", "cpu", "not-runnable", reason="cannot import name '_C' (extension not built)")]
+    audit.results = Results(audit.plan.audit_id, audit.plan.head_sha, suites)
+    audit.findings.findings.append(Finding("shrinking-gap", "wiring", "error", "2 of 3 places fixed",
+                                           [Location("src/graph.cc", 3)], status="improved"))
+    return audit
+
+
+def test_sections_come_in_reading_order(tmp_path):
+    text = report(demo_audit(tmp_path)).markdown
+    marks = ["### ❌ Drift Audit", "#### Findings", "**1 new finding", "#### Tests", "#### Pillars",
+             "pre-existing finding", "1 improved by this PR", "#### Not run", "\n---\n<sub>base"]
+    at = [text.index(m) for m in marks]
+    assert at == sorted(at), list(zip(marks, at, strict=True))
+    assert "`ext` on cpu: not runnable here: cannot import name '\\_C' \\(extension not built\\)" in text
+    assert "❌ 1 failed" not in text and "1 not runnable here" in text
+
+
+def test_findings_link_to_the_head_blob(tmp_path):
+    audit = demo_audit(tmp_path)
+    blob = f"https://github.com/o/r/blob/{audit.checkout.head_sha}"
+    text = report(audit, Context(blob_url=blob)).markdown
+    new_part = text.split("#### Tests")[0]
+    assert re.search(rf"\[src/graph\.cc:\d+\]\({re.escape(blob)}/src/graph\.cc#L\d+\)", new_part)
+
+
+def test_no_rules_is_said_never_a_check_mark(repo):
+    repo.write("a.py", "x = 1\n")
+    base = repo.commit("base")
+    repo.write("a.py", "x = 2\n")
+    repo.commit("head")
+    audit = pipeline.plan(AuditRequest(repo=str(repo.root), base=base, head="HEAD"))
+    rep = report(audit)
+    headline = rep.markdown.splitlines()[1]
+    assert headline.startswith("### ⚠️ Drift Audit:") and "no drift rules configured" in headline
+    assert "✅" not in rep.markdown
+    assert "No drift rules configured" in rep.markdown and "`drift-audit init`" in rep.markdown
+    assert rep.verdict == "pass"  # a warning, not a failure
+
+
+def test_a_query_that_does_not_compile_warns_in_the_headline_once(repo):
+    repo.write(".github/drift-audit.toml", BAD_QUERY_CONFIG)
+    repo.write("m.py", "x = 1\n")
+    base = repo.commit("base")
+    repo.write("m.py", "x = 1\ny = 1\n")
+    repo.commit("head")
+    text = report(pipeline.plan(AuditRequest(repo=str(repo.root), base=base, head="HEAD"))).markdown
+    top = text.split("#### Findings")[0]
+    assert "> ⚠️ The config could not be fully checked: fact 'a'" in top and "query does not compile" in top
+    assert "(and 2 more, folded below)" in top and "drift rules could not run" in top
+    assert "✅" not in text
+    notes = text.split("Could not check 3 config entries</summary>")[1].split("</details>")[0]
+    assert notes.count("query does not compile") == 1
+    assert "fact 'a' \\(see its entry\\)" in notes
+    assert not re.search(r"fact 'a'[^\n]*fact 'a'", text)  # never "fact 'a' … fact 'a' …" on one line
+
+
+def test_evidence_of_inferred_findings_is_folded(tmp_path):
+    audit = demo_audit(tmp_path)
+    audit.findings.findings.insert(0, Finding(
+        "inferred-same-set", "wiring", "error", "'TASK_X' missing from the name map",
+        [Location("src/runtime.cc", 4)], status="new", source="inferred",
+        evidence=["held on the base for 12 of 12 keys", "e.g. TASK_ATTENTION in both"]))
+    text = report(audit).markdown
+    item = text.split("**inferred-same-set**")[1].split("\n- ")[0]
+    assert "<details><summary>Evidence (inferred from the base)</summary>" in item
+    assert "held on the base for 12 of 12 keys" in item.split("<summary>")[1]
+
+
+def test_every_list_is_capped_and_no_line_is_longer_than_a_screen(repo):
+    repo.write("seed.py", "x = 0\n")
+    base = repo.commit("base")
+    body = "\n".join(f"def handler_{j}_{'y' * 40}():\n    return {j}\n" for j in range(60))
+    for i in range(60):
+        repo.write(f"engine/layers/{'x' * 50}_{i}.py", body)
+    repo.commit("head")
+    text = report(pipeline.plan(AuditRequest(repo=str(repo.root), base=base, head="HEAD"))).markdown
+    assert max(len(line) for line in text.splitlines()) <= 600
+    assert "… 35 more files" in text  # 25 of 60 listed
+    assert re.search(r"`handler_\d+_y+` \+5\d more", text)  # a few symbols per line, the rest counted
