@@ -26,7 +26,7 @@ import tree_sitter as ts
 from checks import syntax
 from checks.facts import read_blobs
 
-VERSION = 4  # bump when a pattern changes: cached rows of an older pattern set are not reused
+VERSION = 5  # bump when a pattern changes: cached rows of an older pattern set are not reused
 MAX_BYTES = 400_000  # generated tables and vendored amalgamations say nothing about the code's intent
 
 
@@ -68,7 +68,8 @@ KINDS: tuple[Kind, ...] = (
         "c-map",
         _C,
         "(assignment_expression left: (subscript_expression argument: [(identifier) (field_expression)] @_ctx "
-        "indices: (subscript_argument_list [(identifier) (qualified_identifier) (string_literal)] @key)){pred})",
+        "indices: (subscript_argument_list [(identifier) (qualified_identifier) (string_literal)] @key)) "
+        "right: (string_literal){pred})",
     ),
     Kind(
         "py-enum",
@@ -181,10 +182,53 @@ def _compile(lang: str) -> _Compiled:
     return out
 
 
+# Bytes without which no C-family pattern can match: most kernel files (SIMD loops, numeric tables) have none,
+# and skipping their parse is most of inference's speed.
+_C_HINT = re.compile(
+    rb"\benum\b|\bcase\b|\]\s*=\s*\{\s*[A-Za-z_\"{]|\]\s*=\s*\"|(?:register|def|impl|define|custom_op|_op)\w*\s*\(\s*\""
+)
+
+
+def may_hold(lang: str, data: bytes) -> bool:
+    return lang == "python" or _C_HINT.search(data) is not None
+
+
+_TOP_END = re.compile(rb"(?m)^\}[^\n]*\n")  # a definition's closing brace in column 0
+
+
+def chunks(lang: str, data: bytes) -> list[tuple[int, bytes]]:
+    """(first line - 1, text) of the parts of a file worth parsing.
+
+    A C-family file is cut after every column-0 ``}`` (the end of a top-level definition) and only
+    the definitions holding a hint are parsed: an enum, a switch or a table sits inside one
+    definition, so its members, lines and enclosing function are what a whole-file parse gives.
+    """
+    if lang == "python":
+        return [(0, data)]
+    out: list[tuple[int, bytes]] = []
+    pos = line = 0
+    for m in _TOP_END.finditer(data):
+        piece = data[pos : m.end()]
+        if _C_HINT.search(piece):
+            out.append((line, piece))
+        line += piece.count(b"\n")
+        pos = m.end()
+    if pos < len(data) and _C_HINT.search(data, pos):
+        out.append((line, data[pos:]))
+    return out
+
+
 def members(lang: str, data: bytes) -> list[Member]:
     """Every family member one file holds, as plain tuples (picklable, cacheable)."""
-    if len(data) > MAX_BYTES:
+    if len(data) > MAX_BYTES or not may_hold(lang, data):
         return []
+    out: list[Member] = []
+    for offset, piece in chunks(lang, data):
+        out += _members(lang, piece, offset)
+    return out
+
+
+def _members(lang: str, data: bytes, offset: int) -> list[Member]:
     c = _compile(lang)
     root = syntax.parse(lang, data).root_node
     out: list[Member] = []
@@ -215,7 +259,7 @@ def members(lang: str, data: bytes) -> list[Member]:
         value = ""
         if kind.values and caps.get("value"):
             value = syntax.text(caps["value"][0])
-        out.append((kind.name, ctx, _unquote(syntax.text(node).strip()), node.start_point[0] + 1, value))
+        out.append((kind.name, ctx, _unquote(syntax.text(node).strip()), node.start_point[0] + 1 + offset, value))
     return out
 
 
