@@ -118,6 +118,9 @@ class JobStore(ABC):
     def release_announce(self, job_id: int) -> None: ...
 
     @abstractmethod
+    def release_stale_announces(self, older_than: float) -> int: ...
+
+    @abstractmethod
     def known_head(self, repo: str, pr: int) -> str | None:
         """The PR head the latest accepted push named."""
 
@@ -459,11 +462,19 @@ class SqliteJobStore(JobStore):
     def claim_announce(self, job_id: int) -> bool:
         with self._tx() as db:
             cur = db.execute(
-                "UPDATE jobs SET check_run_id = 0 WHERE id = ? AND check_run_id IS NULL AND status = ?"
+                "UPDATE jobs SET check_run_id = 0, updated = ? WHERE id = ? AND check_run_id IS NULL AND status = ?"
                 " AND superseded_by IS NULL",
-                (job_id, QUEUED),
+                (time.time(), job_id, QUEUED),
             )
             return cur.rowcount == 1
+
+    def release_stale_announces(self, older_than: float) -> int:
+        """Claims left by an announcer that died mid-create: the worker looks the run up by external_id."""
+        with self._tx() as db:
+            return db.execute(
+                "UPDATE jobs SET check_run_id = NULL WHERE check_run_id = 0 AND status = ? AND updated < ?",
+                (QUEUED, time.time() - older_than),
+            ).rowcount
 
     def release_announce(self, job_id: int) -> None:
         with self._tx() as db:

@@ -36,11 +36,13 @@ class Swept:
 
 class Sweeper:
     def __init__(self, store: JobStore, repo_of: Callable[[str, int | None], Any], check_name: str, *,
-                 gpu_timeout: float):
+                 gpu_timeout: float, announce_wait: float = 30.0):
         self.store, self.repo_of, self.check_name, self.gpu_timeout = store, repo_of, check_name, gpu_timeout
+        self.announce_wait = announce_wait
 
     def sweep(self) -> Swept:
         out = Swept(expired=self.store.expire_leases())
+        self.store.release_stale_announces(self.announce_wait)
         for row in self.store.stale_runs(self.gpu_timeout):
             try:
                 self._conclude(row, out)

@@ -135,7 +135,8 @@ class Service:
         self._announce = threading.Event()
         self.owner_prefix = f"{socket.gethostname()}:{os.getpid()}"
         self._login: str | None = settings.bot_login or None
-        self.sweeper = Sweeper(store, self._repo_of, settings.check_name, gpu_timeout=settings.gpu_timeout)
+        self.sweeper = Sweeper(store, self._repo_of, settings.check_name, gpu_timeout=settings.gpu_timeout,
+                               announce_wait=settings.announce_wait)
 
     # ------------------------------------------------------------------ pool
     def start(self, workers: int | None = None) -> None:

@@ -30,7 +30,7 @@ def _free_port() -> int:
 class ServiceProcess:
     """``drift-audit serve`` in a child process, as deployed."""
 
-    def __init__(self, tmp_path: Path, stub_url: str, state):
+    def __init__(self, tmp_path: Path, stub_url: str, state, **extra: float):
         key = tmp_path / "app.pem"
         key.write_text(state.private_key)
         self.db = tmp_path / "jobs.db"
@@ -41,6 +41,7 @@ class ServiceProcess:
             f'db = "{self.db}"\nmirrors = "{tmp_path / "mirrors"}"\nlease_seconds = 1.5\nretry_backoff = 0.1\n'
             f"seconds_between_requests = 0\nseconds_between_writes = 0\nhttp_backoff = 0.01\nworkers = 1\n"
             f'public_url = "http://127.0.0.1:{self.port}"\n'
+            + "".join(f"{k} = {v}\n" for k, v in extra.items())
         )
         self.proc: subprocess.Popen | None = None
         self.url = f"http://127.0.0.1:{self.port}"

@@ -1,0 +1,105 @@
+"""Every check run the service opens is concluded, however the process dies: kill -9 of the real
+``drift-audit serve`` in each window where nothing else would conclude it, and a failure report that fails."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import pytest
+
+from bot.queue import SqliteJobStore
+from tests.bot.conftest import REPO, pr_payload, signed, wait_for
+from tests.bot.test_bot_crash import ServiceProcess
+
+
+def _deliver(svc: ServiceProcess, payload: dict) -> None:
+    raw = json.dumps(payload).encode()
+    assert httpx.post(svc.url + "/webhook", content=raw, headers=signed(raw, "pull_request")).status_code == 202
+
+
+def _status(store: SqliteJobStore) -> str:
+    jobs = store.jobs()
+    return jobs[0].status if jobs else ""
+
+
+@pytest.mark.parametrize("window", ["after the last attempt failed", "during the last attempt"])
+def test_kill9_in_each_window_leaves_no_check_run_unconcluded(tmp_path, ghstub, engine_repo, window):
+    stub_url, state = ghstub
+    repo_path, base, head = engine_repo
+    state.add_repo(REPO, str(repo_path))
+    state.add_pull(REPO, 21, head_sha=head, base_sha=base)
+    svc = ServiceProcess(tmp_path, stub_url, state, max_attempts=1, sweep_seconds=0.5)
+    store = SqliteJobStore(str(svc.db))
+    if window == "after the last attempt failed":
+        # publishing fails (GitHub 5xx on the comment list), so the only attempt fails; the failure report then
+        # stalls on its first request and the process dies before it sends the PATCH that would conclude the run
+        state.fault.rate, state.fault.kinds = 1.0, (502,)
+        state.fault.paths, state.fault.methods = ("/issues/21/comments",), ("GET",)
+        state.delays["GET /check-runs/"] = 2.0
+    else:
+        state.delays["PATCH /check-runs/"] = 2.0  # the worker is moving the run to in_progress when it dies
+    svc.start()
+    try:
+        _deliver(svc, pr_payload("opened", number=21, head=head, base=base))
+        if window == "after the last attempt failed":
+            wait_for(lambda: _status(store) == "failed", timeout=60, interval=0.01)
+        else:
+            wait_for(lambda: state.arrived("PATCH", "/check-runs/"), timeout=30, interval=0.01)
+        svc.kill9()
+        (run,) = state.check_runs_for(REPO, head)
+        assert run["status"] != "completed"  # the window is real: nothing concluded it before the kill
+        state.fault.rate = 0.0
+        state.delays.clear()
+        time.sleep(2.2)  # the stand-in applies whatever request the dead process left in flight
+        svc.start()
+        wait_for(lambda: state.check_runs[run["id"]]["status"] == "completed", timeout=30)
+        concluded = state.check_runs[run["id"]]
+        assert concluded["conclusion"] == "neutral"
+        assert "could not finish" in concluded["output"]["title"]
+        reason = concluded["output"]["summary"]
+        assert ("502" in reason) if window == "after the last attempt failed" else ("lease expired" in reason)
+        (job,) = store.jobs()
+        assert job.status == "failed" and job.run_state == "closed"
+        assert len(state.check_runs_for(REPO, head)) == 1  # concluded, not replaced
+    finally:
+        svc.stop()
+        store.close()
+
+
+def test_the_timer_concludes_a_run_whose_failure_report_failed(bot_factory, engine_repo):
+    make, state = bot_factory
+    repo_path, base, head = engine_repo
+    state.add_repo(REPO, str(repo_path))
+    state.add_pull(REPO, 22, head_sha=head, base_sha=base)
+    # every check-run PATCH fails: the attempt fails moving its run to in_progress, and so does its failure report
+    state.fault.rate, state.fault.kinds = 1.0, (502,)
+    state.fault.paths, state.fault.methods = ("/check-runs/",), ("PATCH",)
+    bot = make(max_attempts=1, sweep_seconds=0.3, http_retries=1)
+    bot.deliver("pull_request", pr_payload("opened", number=22, head=head, base=base))
+    wait_for(lambda: bot.store.jobs() and bot.store.jobs()[0].status == "failed", timeout=30)
+    (run,) = state.check_runs_for(REPO, head)
+    time.sleep(1.0)  # sweeps happen meanwhile and fail too: the run stays open while GitHub refuses
+    assert state.check_runs[run["id"]]["status"] != "completed"
+    state.fault.rate = 0.0
+    wait_for(lambda: state.check_runs[run["id"]]["status"] == "completed", timeout=10)
+    assert state.check_runs[run["id"]]["conclusion"] == "neutral"
+    wait_for(lambda: bot.store.jobs()[0].run_state == "closed", timeout=5)
+
+
+def test_a_permanent_failure_reason_reaches_the_details_page(bot_factory, engine_repo):
+    make, state = bot_factory
+    repo_path, base, head = engine_repo
+    state.add_repo(REPO, str(repo_path))
+    state.add_pull(REPO, 23, head_sha=head, base_sha=base)
+    state.fault.rate, state.fault.kinds = 1.0, (404,)  # GitHub answers 404: permanent, not retried
+    state.fault.paths, state.fault.methods = ("/issues/23/comments",), ("GET",)
+    bot = make()
+    bot.deliver("pull_request", pr_payload("opened", number=23, head=head, base=base))
+    wait_for(lambda: bot.store.jobs() and bot.store.jobs()[0].status == "failed", timeout=30)
+    (job,) = bot.store.jobs()
+    assert job.attempts == 1 and "404" in job.error
+    (run,) = state.check_runs_for(REPO, head)
+    page = httpx.get(state.check_runs[run["id"]]["details_url"], timeout=10)
+    assert page.status_code == 200 and "404" in page.text and "failed" in page.text
