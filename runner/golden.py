@@ -30,7 +30,23 @@ def _from_engine(eg: Any, golden_path: str, produced_path: str, label: str) -> t
         comparison = eg.compare_files(golden_path, produced_path)
     except eg.GoldenError as exc:  # a malformed or mismatched file is a result, not a runner crash
         return "error", f"cannot compare with '{label}': {exc}", {}
-    return adapt(comparison, label)
+    outcome, reason, metrics = adapt(comparison, label)
+    metrics["decode_prompts"] = prompt_traces(eg.read_golden(golden_path).records, comparison)
+    return outcome, reason, metrics
+
+
+MAX_TRACED_PROMPTS, MAX_TRACED_STEPS = 16, 256
+
+
+def prompt_traces(reference: list[Any], comparison: Any) -> list[dict[str, Any]]:
+    """Per prompt, the reference's top-1 minus top-2 margin at each step and where it first diverged:
+    what the details page draws (a divergence at a small margin is a near-tie, not a bug)."""
+    margins = {r.index: r.margins for r in reference}
+    return [
+        {"index": p.index, "status": p.status, "first_divergence": p.first_divergence,
+         "margins": [round(float(m), 4) for m in margins.get(p.index, [])[:MAX_TRACED_STEPS]]}
+        for p in comparison.prompts[:MAX_TRACED_PROMPTS]
+    ]
 
 
 def adapt(comparison: Any, label: str) -> tuple[str, str, dict[str, Any]]:

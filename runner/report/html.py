@@ -32,10 +32,12 @@ def details_page(audit: Audit | None, *, record: Any = None, job: Any = None, mi
     """The page for one audit. ``record`` (the bot's AuditRecord: repo, pr, verdict, status, pending)
     and ``job`` (its JobRow) are optional; ``missing`` names an audit id that has no record yet."""
     from runner.report import charts
+    from runner.report.markdown import verdict_of
 
     figures = charts.figures(audit) if audit is not None else []
+    verdict, headline = verdict_of(audit) if audit is not None else ("neutral", "")
     return environment().get_template("details.html.j2").render(
-        audit=audit, record=record, job=job, missing=missing, figures=figures
+        audit=audit, record=record, job=job, missing=missing, figures=figures, verdict=verdict, headline=headline
     )
 
 
