@@ -493,8 +493,8 @@ class Service:
     def _command_gate(self, repo: Any, job: CommandJob, cmd: Command, untrusted: bool, head: str) -> Gate:
         gate = gpu_gate(repo, trigger="comment", untrusted=untrusted, actor=job.actor)
         if gate.allowed and untrusted and job.head_sha is None:
-            return Gate(False, f"the bot had not seen this pull request's head when `{cmd.text[:60]}` arrived, so it "
-                               f"approves no commit for GPU runners; say `/audit` again to approve `{head[:12]}`")
+            return Gate(False, "the bot had not seen this pull request's head when the command arrived, so it "
+                               f"approves no commit for GPU runners; say /audit again to approve {head[:12]}")
         return gate
 
     def _rerun(self, row: JobRow, job: RerunJob, beat: _Heartbeat) -> str:
