@@ -24,6 +24,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     adhoc.add_argument("--regex", help="regex with a (?P<key>...) group")
     adhoc.add_argument("--lang", choices=("python", "c", "cpp", "cuda", "regex"), help="grammar for --query")
     adhoc.add_argument("--files", action="append", metavar="GLOB", help="files to read (repeatable)")
+    tree = p.add_argument_group("see the parse tree a query runs on")
+    tree.add_argument("--tree", metavar="FILE",
+                      help="print FILE's parse tree (node types, field names, positions); FILE is read from the "
+                      "disk when it exists there, else from --rev; --lang overrides the grammar its extension picks")
+    tree.add_argument("--at", metavar="LINE:COL", help="with --tree: mark the node at LINE:COL (1-based) and print "
+                      "a query that captures it as @key")
     p.set_defaults(handler=run)
 
 
@@ -32,10 +38,11 @@ def _load(args, repo, sha):
 
     from checks.config import CONFIG_PATH, load_config, parse_config
 
+    path: Path | None = None
     if args.config:
         path = Path(args.config)
-    else:
-        path = Path(repo.working_dir or ".") / CONFIG_PATH if repo.working_dir else None
+    elif repo.working_dir:
+        path = Path(repo.working_dir) / CONFIG_PATH
     if path is not None and path.is_file():
         return parse_config(path.read_text(encoding="utf-8"), str(path))
     if args.config:
@@ -50,6 +57,11 @@ def run(args: argparse.Namespace) -> int:
     from checks.facts import FactError, extract
     from checks.workspace import Tree, WorkspaceError, open_repo, resolve
 
+    if args.tree:
+        return _tree(args)
+    if args.at:
+        print("drift-audit facts: --at needs --tree FILE", file=sys.stderr)
+        return 2
     adhoc = bool(args.query or args.regex)
     if adhoc and not args.files:
         print("drift-audit facts: --query/--regex needs --files GLOB", file=sys.stderr)
@@ -68,8 +80,9 @@ def run(args: argparse.Namespace) -> int:
             return 2
         facts = [Fact(id="adhoc", lang=lang, files=args.files, query=args.query, regex=args.regex)]
     else:
+        assert config is not None  # loaded above whenever the facts are not ad hoc
         facts = config.facts
-    if args.fact and not adhoc:
+    if args.fact and config is not None:
         known = {f.id for f in facts}
         unknown = [f for f in args.fact if f not in known]
         if unknown:
@@ -114,3 +127,47 @@ def run(args: argparse.Namespace) -> int:
     if args.format == "json":
         print(json.dumps(dump, indent=2))
     return status
+
+
+def _tree(args: argparse.Namespace) -> int:
+    """``--tree FILE [--at LINE:COL]``."""
+    from pathlib import Path
+
+    from checks.syntax import LANGS, lang_for_path
+    from checks.treeview import TreeError, render
+    from checks.workspace import Tree, WorkspaceError, open_repo, resolve
+
+    lang = args.lang or lang_for_path(args.tree)
+    if lang not in LANGS:
+        print(f"drift-audit facts: no grammar for {args.tree}; pass --lang {'|'.join(LANGS)}", file=sys.stderr)
+        return 2
+    at = None
+    if args.at:
+        try:
+            line, col = (int(part) for part in args.at.split(":"))
+            at = (line, col)
+        except ValueError:
+            print(f"drift-audit facts: --at {args.at}: write LINE:COL, e.g. --at 12:5", file=sys.stderr)
+            return 2
+    on_disk = Path(args.tree)
+    if on_disk.is_file():
+        data = on_disk.read_bytes()
+    else:
+        try:
+            repo = open_repo(args.path)
+            sha = resolve(repo, args.rev)
+        except WorkspaceError as exc:
+            print(f"drift-audit facts: {args.tree}: not a file here, and {exc}", file=sys.stderr)
+            return 2
+        blob = Tree(str(repo.working_dir or repo.git_dir), sha).read(args.tree)
+        if blob is None:
+            print(f"drift-audit facts: {args.tree}: no such file on disk or at {args.rev}", file=sys.stderr)
+            return 2
+        data = blob
+    try:
+        for text in render(lang, data, at):
+            print(text)
+    except TreeError as exc:
+        print(f"drift-audit facts: {args.tree}: {exc}", file=sys.stderr)
+        return 2
+    return 0
