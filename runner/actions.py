@@ -8,13 +8,18 @@ is how a ``workflow_run`` event is matched back to its audit.
 
 Collecting treats the artifact as untrusted input: a missing, expired,
 oversized, malformed or mismatched ``results.json`` is an ``ActionsError``
-that says which run and what is wrong, never a crash or a silent pass.
+that says which run and what is wrong, never a crash or a silent pass. The
+artifact must carry ``results.sig``, the workflow recording step's HMAC under
+this dispatch's key (``runner.signing``): results written by the tested code,
+uploaded by another workflow, or replayed from another audit, head or label
+are refused, and so is every result when no key is configured.
 """
 
 from __future__ import annotations
 
 import io
 import json
+import os
 import re
 import zipfile
 from collections.abc import Callable
@@ -24,6 +29,7 @@ from typing import Any
 from github import GithubException
 
 from checks.model import Results, TestPlan, from_dict, to_json
+from runner import signing
 
 WORKFLOW_FILE = "drift-audit-gpu.yml"
 ARTIFACT_PREFIX = "drift-audit-"
@@ -154,23 +160,34 @@ def _download(artifact, limit: int) -> bytes:
     return buf.getvalue()
 
 
-def _results_from_zip(raw: bytes, where: str, max_json: int) -> dict[str, Any]:
+def _files_from_zip(raw: bytes, where: str, max_json: int) -> tuple[bytes, bytes | None]:
+    """(results.json bytes, results.sig bytes or None) from an artifact zip, within the size limits."""
     try:
         zf = zipfile.ZipFile(io.BytesIO(raw))
     except zipfile.BadZipFile:
         raise ActionsError(f"{where}: the artifact is not a zip archive") from None
     with zf:
-        names = [i for i in zf.infolist() if i.filename.rsplit("/", 1)[-1] == RESULTS_FILE]
-        if not names:
+        def read(name: str) -> bytes | None:
+            found = [i for i in zf.infolist() if i.filename.rsplit("/", 1)[-1] == name]
+            if not found:
+                return None
+            info = found[0]
+            if info.file_size > max_json:
+                raise ActionsError(f"{where}: {name} is {info.file_size} bytes unzipped, over the {max_json} limit")
+            with zf.open(info) as fh:
+                data = fh.read(max_json + 1)
+            if len(data) > max_json:
+                raise ActionsError(f"{where}: {name} is over the {max_json} limit unzipped")
+            return data
+
+        results = read(RESULTS_FILE)
+        if results is None:
             listed = ", ".join(i.filename for i in zf.infolist()[:5]) or "nothing"
             raise ActionsError(f"{where}: no {RESULTS_FILE} in the artifact (it holds {listed})")
-        info = names[0]
-        if info.file_size > max_json:
-            raise ActionsError(f"{where}: {RESULTS_FILE} is {info.file_size} bytes unzipped, over the {max_json} limit")
-        with zf.open(info) as fh:
-            data = fh.read(max_json + 1)
-    if len(data) > max_json:
-        raise ActionsError(f"{where}: {RESULTS_FILE} is over the {max_json} limit unzipped")
+        return results, read(signing.SIG_FILE)
+
+
+def _parse_results(data: bytes, where: str) -> dict[str, Any]:
     try:
         parsed = json.loads(data)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -180,11 +197,23 @@ def _results_from_zip(raw: bytes, where: str, max_json: int) -> dict[str, Any]:
     return parsed
 
 
-class Collector:
-    """Fetches and validates the Results a finished workflow run uploaded."""
+def _repo_key(key: str | bytes | None, repo: str) -> bytes | None:
+    """This repository's results key from the bot's key (``DRIFT_AUDIT_RESULTS_KEY`` when not given)."""
+    bot_key = key if key is not None else os.environ.get(signing.ENV_KEY, "")
+    return signing.repo_key(bot_key, repo) if bot_key else None
 
-    def __init__(self, repo, *, max_artifact_bytes: int = MAX_ARTIFACT_BYTES, max_results_bytes: int = MAX_RESULTS_BYTES):
+
+class Collector:
+    """Fetches, verifies and validates the Results a finished workflow run uploaded.
+
+    ``key`` is the bot's results key (default: ``$DRIFT_AUDIT_RESULTS_KEY``). Without one nothing can be
+    verified, so every artifact is refused with a message saying how to configure it.
+    """
+
+    def __init__(self, repo, *, key: str | bytes | None = None, max_artifact_bytes: int = MAX_ARTIFACT_BYTES,
+                 max_results_bytes: int = MAX_RESULTS_BYTES):
         self.repo = repo
+        self.key = key
         self.max_artifact_bytes = max_artifact_bytes
         self.max_results_bytes = max_results_bytes
 
@@ -207,12 +236,13 @@ class Collector:
             )
         merged: Results | None = None
         for art in artifacts:
-            part = self._one(art, f"{where}, artifact '{art.name}'", audit_id, head_sha)
+            label = art.name[len(prefix):]
+            part = self._one(art, f"{where}, artifact '{art.name}'", audit_id, label, head_sha)
             merged = part if merged is None else merged.merge(part)
         assert merged is not None
         return merged
 
-    def _one(self, art, where: str, audit_id: str, head_sha: str | None) -> Results:
+    def _one(self, art, where: str, audit_id: str, label: str, head_sha: str | None) -> Results:
         if art.expired:
             raise ActionsError(f"{where}: the artifact has expired; re-run the suites")
         if art.size_in_bytes > self.max_artifact_bytes:
@@ -223,7 +253,9 @@ class Collector:
             raise ActionsError(f"{where}: download failed: {_gh_error(exc)}") from None
         except OSError as exc:  # requests' HTTPError and connection errors
             raise ActionsError(f"{where}: download failed: {exc}") from None
-        data = _results_from_zip(raw, where, self.max_results_bytes)
+        body, sig = _files_from_zip(raw, where, self.max_results_bytes)
+        self._verify(body, sig, where, audit_id, label, head_sha)
+        data = _parse_results(body, where)
         try:
             results = from_dict(Results, data)
         except Exception as exc:  # cattrs' structure errors carry the details
@@ -232,7 +264,28 @@ class Collector:
             raise ActionsError(f"{where}: results are for audit '{results.audit_id}', not '{audit_id}'")
         if head_sha and results.head_sha != head_sha:
             raise ActionsError(f"{where}: results are for head {results.head_sha[:12]}, not {head_sha[:12]}")
+        if any(s.runner != label for s in results.suites):
+            raise ActionsError(f"{where}: results name runners other than '{label}'")
         return results
+
+    def _verify(self, body: bytes, sig: bytes | None, where: str, audit_id: str, label: str,
+                head_sha: str | None) -> None:
+        key = _repo_key(self.key, self.repo.full_name)
+        if key is None:
+            raise ActionsError(
+                f"{where}: cannot verify the results: no results key is configured (set {signing.ENV_KEY} on "
+                "the bot and the repository's key as the Actions secret of that name, see docs/runners.md)"
+            )
+        if head_sha is None and sig is not None:  # the signature names the head it was dispatched for
+            try:
+                head_sha = str(json.loads(sig).get("head_sha", ""))
+            except (ValueError, AttributeError, UnicodeDecodeError):
+                head_sha = ""
+        dispatch = signing.Dispatch(self.repo.full_name, audit_id, label, head_sha or "")
+        try:
+            signing.verify(body, sig, key, dispatch)
+        except signing.SignatureError as exc:
+            raise ActionsError(f"{where}: refused: {exc}") from None
 
 
 def _describe(exc: Exception) -> str:

@@ -143,6 +143,7 @@ class StubState:
     skew: float = 0.0  # seconds added to the wall clock: tests move time forward instead of sleeping
     apps: dict[int, str] = field(default_factory=dict)  # app id -> slug, besides this app (other bots)
     commits: dict[str, set[str]] = field(default_factory=dict)  # repo -> SHAs seeded without a git repo
+    results_key: str = ""  # the bot's results key: artifacts' results.json are signed with it (runner.signing)
     validate: bool = True  # check every request and response against GitHub's REST description
     violations: list = field(default_factory=list)  # contract.Violation, in the order they happened
     validated: Counter = field(default_factory=Counter)  # operation id -> requests checked
@@ -394,8 +395,16 @@ class StubState:
         *,
         raw_zip: bytes | None = None,
         expired: bool = False,
+        signed: bool | None = None,
     ) -> dict:
-        """Attach an artifact to a run: ``files`` are zipped like actions/upload-artifact does."""
+        """Attach an artifact to a run: ``files`` are zipped like actions/upload-artifact does.
+
+        With ``results_key`` set, a ``results.json`` is signed as the workflow's recording step signs it, for
+        the dispatch the run came from (its inputs); ``signed=False`` leaves it unsigned, like results that
+        did not come through that step."""
+        files = dict(files or {})
+        if (signed is None and self.results_key or signed) and "results.json" in files:
+            files["results.sig"] = self.signature_for(run_id, files["results.json"])
         if raw_zip is None:
             buf = io.BytesIO()
             with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
@@ -422,6 +431,21 @@ class StubState:
             }
             self.artifacts[aid] = art
             return art
+
+    def signature_for(self, run_id: int, results: bytes | str) -> bytes:
+        """``results.sig`` as the recording step of this run's dispatch writes it."""
+        from runner import signing
+
+        run = self.runs[run_id]
+        inputs = dict(run["_inputs"])
+        if not inputs.get("audit_id"):  # a run seeded without inputs: its run-name says what they were
+            words = str(run.get("display_title", "")).split()
+            if len(words) == 5 and words[:2] == ["Drift", "Audit"] and words[3] == "on":
+                inputs.update(audit_id=words[2], label=words[4])
+        dispatch = signing.Dispatch(run["_repo"], inputs.get("audit_id", ""), inputs.get("label", ""),
+                                    inputs.get("head_sha", run["head_sha"]))
+        body = results.encode() if isinstance(results, str) else results
+        return signing.sign(body, signing.repo_key(self.results_key, run["_repo"]), dispatch)
 
     # ------------------------------------------------------------------ inspection helpers
     def comments_on(self, repo: str, number: int) -> list[dict]:

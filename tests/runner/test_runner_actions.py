@@ -31,9 +31,15 @@ WORKFLOW = yaml.safe_load((ROOT / ".github/workflows/drift-audit-gpu.yml").read_
 REPO = "octo-org/engine"
 
 
+RESULTS_KEY = "bot-results-key"
+
+
 @pytest.fixture
-def gh(ghstub):
+def gh(ghstub, monkeypatch):
+    """The stand-in signs artifacts as the workflow's recording step does; the collector holds the same key."""
     base_url, state = ghstub
+    monkeypatch.setenv("DRIFT_AUDIT_RESULTS_KEY", RESULTS_KEY)
+    state.results_key = RESULTS_KEY
     state.add_repo(REPO)
     inputs = list(WORKFLOW[True]["workflow_dispatch"]["inputs"])  # yaml reads the key `on` as True
     state.add_workflow(REPO, inputs=inputs)
@@ -160,7 +166,7 @@ def zipped(files):
 ])
 def test_collect_rejects_bad_artifacts(gh, kind, artifact, message):
     repo, state = gh
-    record = {"inputs": {"audit_id": "da-abc", "label": "sm90"}}
+    record = {"inputs": {"audit_id": "da-abc", "label": "sm90", "head_sha": "a" * 40}}
     run_id = seed_run(state, record, **(artifact or {}))
     with pytest.raises(ActionsError, match=message):
         Collector(repo).collect(run_id, "da-abc", head_sha="a" * 40)
@@ -168,7 +174,7 @@ def test_collect_rejects_bad_artifacts(gh, kind, artifact, message):
 
 def test_collect_size_limits_and_run_state(gh):
     repo, state = gh
-    record = {"inputs": {"audit_id": "da-abc", "label": "sm90"}}
+    record = {"inputs": {"audit_id": "da-abc", "label": "sm90", "head_sha": "a" * 40}}
     big = results_text()[:-2] + ', "padding": "' + "x" * 5000 + '"}'
     run_id = seed_run(state, record, big)
     with pytest.raises(ActionsError, match=r"artifact 'drift-audit-da-abc-sm90': \d+ bytes, over the 100 limit"):
