@@ -106,10 +106,16 @@ KINDS: tuple[Kind, ...] = (
 KIND_BY_NAME = {k.name: k for k in KINDS}
 
 
-def query_text(kind: Kind, ctx: str | None, lang: str) -> str:
-    """The kind's pattern for ``lang``, restricted to one context when ``ctx`` is given (the fact's query)."""
+def query_text(kind: Kind, ctx: str | None, lang: str, label: str = "") -> str:
+    """The kind's pattern for ``lang``, restricted to one context when ``ctx`` is given (the fact's query).
+
+    ``label``: for case labels, the enum prefix (``GGML_UNARY_OP_``) the labels must start with, so one
+    switch over two enums is two families.
+    """
     pred = "" if ctx is None or kind.scope else f' (#eq? @_ctx "{_escape(ctx)}")'
-    text = kind.pattern.replace("{pred}", pred)
+    if label:
+        pred += f' (#match? @key "^{re.escape(label)}")'
+    text = kind.pattern.replace("{pred}", pred) if "{pred}" in kind.pattern else kind.pattern[:-1] + pred + ")"
     if lang == "c":  # C has no qualified names, and one subscript index
         text = text.replace(" (qualified_identifier)", "").replace("indices: (subscript_argument_list ", "index: (")
     return text

@@ -24,6 +24,7 @@ from checks.infer.families import KIND_BY_NAME, FileMembers
 NAME = re.compile(r"^[A-Za-z_][\w.:]*$")
 AFFIXES = r"(?i:^(?:register_|task_|op_))|(?i:(?:_task|_op|_kernel|_impl|_fn)$)"
 CUT = r"[\s(<].*$"
+CASE_CLASS_MIN = 8  # switches that agree with no declared list must share at least this many labels
 # Members a family may hold and its partner lack: sentinels, not names.
 SENTINEL = re.compile(
     r"(?i)(^|_)(count|begin|end|first|last|max|min|num|size|total|invalid|unknown|none|all|default)$|^(num|max|n)_"
@@ -40,13 +41,15 @@ class Family:
     paths: list[str]  # one path, or the files of a repo-wide (registration) family
     prefix: str
     suffix: str = ""
+    label: str = ""  # case labels: the enum prefix they were split by ("" = every label of the function)
     names: dict[str, tuple[str, str, int]] = field(default_factory=dict)  # norm → (raw, path, line)
     values: dict[str, str] = field(default_factory=dict)  # norm → value text (tables)
 
     @property
     def id(self) -> str:
         where = self.paths[0] if len(self.paths) == 1 else f"**/*.{self.lang}"
-        return f"{self.kind}:{self.ctx}@{where}"
+        label = f"[{self.label}*]" if self.label else ""
+        return f"{self.kind}:{self.ctx}{label}@{where}"
 
     @property
     def repo_wide(self) -> bool:
@@ -59,6 +62,8 @@ class Family:
             "py-register": "registrations via", "c-map": "map entries of", "py-methods": "methods of class",
         }[self.kind]
         where = self.paths[0] if len(self.paths) == 1 else f"{len(self.paths)} files"
+        if self.label:
+            what = f"case labels {self.label}* in"
         return f"{what} {self.ctx} ({where})"
 
     @property
@@ -143,9 +148,27 @@ def build_families(files: list[FileMembers], min_size: int) -> list[Family]:
             key = (kind, fm.lang, ctx) if KIND_BY_NAME[kind].repo_wide else (kind, fm.path, ctx)
             groups[key].append((raw, fm.path, line, value))
             langs[key] = fm.lang
+    # A switch may mix labels of several enums: each enum's share is a family of its own too.
+    enum_prefixes = sorted({_prefix(sorted({re.sub(CUT, "", r[0]) for r in rows})) for (k, _, _), rows in groups.items()
+                            if k == "enum"} - {""}, key=len, reverse=True)
+    for key, rows in list(groups.items()):
+        if key[0] != "case":
+            continue
+        split: dict[str, list] = defaultdict(list)
+        for row in rows:
+            label = next((p for p in enum_prefixes if row[0].startswith(p)), "")
+            if label:
+                split[label].append(row)
+        for label, part in split.items():
+            if len(part) < len(rows):
+                groups[(f"case[{label}]", key[1], key[2])] = part
+                langs[(f"case[{label}]", key[1], key[2])] = langs[key]
     out: list[Family] = []
     for key, rows in groups.items():
         kind, _, ctx = key
+        label = ""
+        if kind.startswith("case["):
+            kind, label = "case", kind[5:-1]
         cut = [re.sub(CUT, "", r[0]) for r in rows]
         if len(set(cut)) < min_size or not all(NAME.match(c) for c in cut) or not NAME.match(ctx.replace("->", ".")):
             continue
@@ -156,7 +179,7 @@ def build_families(files: list[FileMembers], min_size: int) -> list[Family]:
         if KIND_BY_NAME[kind].affixed and not (prefix or suffix):
             continue
         paths = sorted({p for _, p, _, _ in rows})
-        fam = Family(kind, ctx, langs[key], paths, prefix, suffix)
+        fam = Family(kind, ctx, langs[key], paths, prefix, suffix, label=label)
         sub = re.compile(fam.sub)
         for raw, path, line, value in rows:
             name = normalise(raw, sub)
@@ -206,11 +229,14 @@ def mine(families: list[Family], min_support: int, min_ratio: float = 0.5, max_r
         minimal = {c for c in sup if not any(o != c and class_of[o] != c and o in sup and _inside(o, c, contained, classes)
                                                for o in sup)}
         supersets = [max((families[i] for i in classes[c]), key=lambda f: (len(f.names), f.id)) for c in sorted(minimal)]
-        if not declares and not any(f.kind != "case" for f in supersets):
-            continue  # switches agreeing with switches is chance, not a belief
+        switches_only = not declares and not any(f.kind != "case" for f in supersets)
+        if switches_only and (len(core) < 2 or len(core[0].names) < CASE_CLASS_MIN):
+            continue  # a few switches agreeing is chance; many labels in exactly the same set is a belief
+        if switches_only:
+            supersets = []
         if len(core) < 2 and not supersets:
             continue
-        if len({p for f in core + supersets for p in f.paths}) < 2:
+        if not switches_only and len({p for f in core + supersets for p in f.paths}) < 2:
             continue
         inv = Invariant("same-set", core, supersets)
         universe = set().union(*(f.names for f in core))
@@ -259,7 +285,8 @@ def _containment(families: list[Family], min_support: int, min_ratio: float) -> 
         found: dict[int, list[str]] = {}
         for b in index[rarest]:
             fb = families[b]
-            if b == a or set(fa.paths) & set(fb.paths) or len(fa.names) < min_ratio * len(fb.names):
+            same_file = bool(set(fa.paths) & set(fb.paths))
+            if b == a or (same_file and not (fa.kind == fb.kind == "case")) or len(fa.names) < min_ratio * len(fb.names):
                 continue
             missing = [n for n in fa.names if n not in fb.names]
             if len(missing) > 4 or any(not _sentinel(fa, n) for n in missing):

@@ -34,7 +34,7 @@ def fact_for(family: Family) -> Fact:
     if kind.scope:
         options["scope"] = f"function:{family.ctx}"
     files = LANG_GLOBS[family.lang] + _NOT_VENDORED if kind.repo_wide else list(family.paths)
-    return Fact(id=family.id, lang=family.lang, files=files, query=query_text(kind, family.ctx, family.lang), options=options)
+    return Fact(id=family.id, lang=family.lang, files=files, query=query_text(kind, family.ctx, family.lang, family.label), options=options)
 
 
 def rule_id(inv: Invariant) -> str:
