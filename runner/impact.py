@@ -27,12 +27,13 @@ autouse), so any change that reaches one reaches every test below it.
 from __future__ import annotations
 
 import ast
+import re
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from runner.imports import ImportGraph, _absolute, _statements
+from runner.imports import ImportGraph, _absolute, _statements, run_strings
 
 ALL: Literal["all"] = "all"
 Changed = frozenset[str] | Literal["all"]
@@ -76,6 +77,8 @@ class ModuleInfo:
     imports_by_name: bool = False  # importlib.import_module / __import__: modules picked at run time
     text: bytes = b""
     trivial: frozenset[int] = frozenset()  # blank and comment-only lines
+    runs: tuple[str, ...] = ()  # modules run in a subprocess ("-m pkg.cli", "-c 'import pkg'"): all of them is used
+    attrs: dict[str, frozenset[str]] = field(default_factory=dict)  # name → attributes read off it (m.f, a.b.c)
 
 
     def changed_at(self, lines: Iterable[int]) -> Changed:
@@ -119,9 +122,13 @@ class ModuleInfo:
         stem = module_path.rsplit("/", 1)[-1].removesuffix(".py")
         if stem == "__init__":
             stem = module_path.rsplit("/", 2)[-2] if "/" in module_path else stem
-        if stem.encode() not in self.text:
+        if not _word(stem, self.text):
             return False
-        return names == ALL or any(n.encode() in self.text for n in names)
+        return names == ALL or any(_word(n, self.text) for n in names)
+
+
+def _word(name: str, text: bytes) -> bool:
+    return re.search(rb"(?<![\w])" + re.escape(name.encode()) + rb"(?![\w])", text) is not None
 
 
 def _refs(node: ast.AST) -> set[str]:
@@ -231,8 +238,18 @@ def module_info(path: str, data: bytes | None) -> ModuleInfo:
     trivial = frozenset(
         n for n, line in enumerate(data.splitlines(), 1) if not line.strip() or line.lstrip().startswith(b"#")
     )
+    runs = tuple(dict.fromkeys(imp.module for imp in run_strings(tree)))
+    attrs: dict[str, set[str]] = {}
+    for sub in ast.walk(tree):
+        if isinstance(sub, ast.Attribute):
+            chain, owner = [sub.attr], sub.value
+            while isinstance(owner, ast.Attribute):
+                chain.append(owner.attr)
+                owner = owner.value
+            if isinstance(owner, ast.Name):
+                attrs.setdefault(owner.id, set()).update(chain)
     return ModuleInfo(tuple(stmts), tuple(bindings), refs, frozenset(dynamic), False, by_name,
-                      data if by_name else b"", trivial)
+                      data if by_name else b"", trivial, runs, {k: frozenset(v) for k, v in attrs.items()})
 
 
 _INFO: dict[tuple[str, str], ModuleInfo] = {}
@@ -296,8 +313,11 @@ class Impact:
         if mod in self.graph.conftests(user):
             return ALL  # fixtures by name and autouse: any change in a conftest reaches its tests
         info = self.info(user)
-        if info.opaque or info.may_load(mod, names):
+        if info.opaque or info.may_load(mod, names):  # dotted strings fed to import_module land here too
             return ALL
+        for run in () if info.imports_by_name else info.runs:  # a subprocess runs the module: all of it may run
+            if self.graph.module_file(run, user) == mod or mod in self.graph.resolve(run, user):
+                return ALL
         seeds: set[str] = set()
         for b in info.bindings:
             hit = self._binding_hit(user, b, mod, names, info)
@@ -334,10 +354,10 @@ class Impact:
             return ALL
         if b.local in info.dynamic:
             return frozenset(s_name for s in info.stmts if b.local in s.refs for s_name in s.names) or ALL
-        used = names & info.refs
+        used = names & info.attrs.get(b.local, frozenset())
         if not used:
             return frozenset()
-        users = [s for s in info.stmts if s.refs & used]
+        users = [s for s in info.stmts if b.local in s.refs and s.refs & used]
         if any(s.effect for s in users):
             return ALL
         return frozenset(n for s in users for n in s.names) or frozenset(used)

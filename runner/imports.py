@@ -27,6 +27,37 @@ SOURCE_ROOTS = ("", "src/", "python/", "lib/")
 class Import:
     module: str  # dotted name, absolute after resolving relative imports
     names: tuple[str, ...] = ()  # for "from module import names"
+    run: bool = False  # named in a string a subprocess runs ("-m", "pkg.cli" or "-c", "import pkg")
+
+
+_DOTTED = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+")
+
+
+def run_strings(tree: ast.AST) -> list[Import]:
+    """Modules a file runs in a subprocess: ``[sys.executable, "-m", "bot.cli"]`` or ``-c`` code that imports.
+
+    Tests that drive a CLI through a subprocess import nothing of it, yet run
+    all of it; these strings are their edges. A dotted string counts only when
+    the graph resolves it to a file of the tree.
+    """
+    out: list[Import] = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Constant) and isinstance(node.value, str)) or len(node.value) > 20_000:
+            continue
+        value = node.value
+        if _DOTTED.fullmatch(value):
+            out.append(Import(value, run=True))
+        elif "import " in value:
+            try:
+                code = ast.parse(value)
+            except (SyntaxError, ValueError):
+                continue
+            for inner in ast.walk(code):
+                if isinstance(inner, ast.Import):
+                    out.extend(Import(a.name, run=True) for a in inner.names)
+                elif isinstance(inner, ast.ImportFrom) and inner.module and not inner.level:
+                    out.append(Import(inner.module, run=True))
+    return out
 
 
 def module_names(path: str) -> list[str]:
@@ -64,7 +95,7 @@ def parse_imports(path: str, data: bytes) -> list[Import]:
             base = _absolute(path, node.module, node.level)
             if base is not None:
                 out.append(Import(base, tuple(a.name for a in node.names)))
-    return out
+    return out + run_strings(tree)
 
 
 _BLOCKS = ("body", "orelse", "finalbody", "handlers", "cases")
@@ -222,6 +253,8 @@ class ImportGraph:
             targets: list[str] = []
             blob = self.blob_sha(path) if self.blob_sha else None
             for imp in imports_of(path, blob, self.read):
+                if imp.run and self.module_file(imp.module, path) is None:
+                    continue  # a dotted string that is no module of the tree
                 found = self.resolve(imp.module, path)
                 for name in imp.names:  # "from pkg import mod" imports pkg/mod.py
                     if name != "*":
@@ -298,7 +331,7 @@ def gpu_need(graph: ImportGraph, test_file: str, extensions: frozenset[str] = fr
                     return f"{cur} imports {gpu}"
                 triton_via = triton_via or f"{cur} imports {gpu}"
                 continue
-            ext = graph.extension(imp, cur, extensions)
+            ext = None if imp.run else graph.extension(imp, cur, extensions)
             if ext is not None:
                 return f"{cur} imports {ext}, a compiled extension"
         for nxt in graph.edges(cur):

@@ -227,7 +227,8 @@ def _automatic(config: Config, changes: ChangeSet, paths: list[str], pillars: Pi
         changed_names(changes, head) if by_name else {p: ALL for p in paths if p.endswith(".py")}
     )
     inert = inert_files(changes, head, head_paths, changed) if by_name else {}
-    if inert:  # a change no code can observe selects no suite by path, pillar or symbol
+    if inert:  # a change no code can observe selects no suite by path, pillar, symbol or import
+        changed = {p: names for p, names in changed.items() if p not in inert}
         paths = [p for p in paths if p not in inert]
         pillars = PillarMap(pillars=[h for h in pillars.pillars if any(f not in inert for f in h.files)],
                             hunks=[h for h in pillars.hunks if h.path not in inert])
@@ -322,11 +323,14 @@ def _base_info(repo_path: str | None, fc):
 
 
 def inert_files(changes: ChangeSet, head, head_paths: set[str], changed: dict[str, Changed]) -> dict[str, str]:
-    """Changed modules whose change cannot reach any code: comments only, or removed names nothing uses.
+    """Changed modules whose change cannot reach any code: comments only, or names added or removed that
+    nothing uses.
 
-    A removed name is unused when the module itself no longer refers to it and
-    no importer anywhere in the head tree takes it (``from m import name``, or
-    ``m.name`` after importing ``m``).
+    Such a name is unused when no definition that exists on both sides refers
+    to it and no importer anywhere in the head tree takes it (``from m import
+    name``, or ``m.name`` after importing ``m``). A changed definition that
+    exists on both sides is never inert: a command line (``python -m``) or a
+    harness reaches it without any import.
     """
     out: dict[str, str] = {}
     removed: dict[str, frozenset[str]] = {}
@@ -341,8 +345,12 @@ def inert_files(changes: ChangeSet, head, head_paths: set[str], changed: dict[st
             out[fc.path] = "only comments or blank lines change"
             continue
         info = info_of(fc.path, fc.new_blob, head.read)
-        if names & frozenset().union(*(st.names for st in info.stmts)):
+        base = _base_info(getattr(head, "repo_path", None), fc)
+        if base is None:
             continue
+        kept = _bound_names(info) & _bound_names(base)
+        if names & kept:
+            continue  # an existing definition changed: commands and harnesses reach it without imports
         removed[fc.path] = names
     if not removed:
         return out
@@ -360,8 +368,12 @@ def inert_files(changes: ChangeSet, head, head_paths: set[str], changed: dict[st
                     or any(impact._binding_hit(user, b, mod, removed[mod], info) for b in info.bindings):
                 del removed[mod]
     for mod, names in removed.items():
-        out[mod] = "only removes " + ", ".join(sorted(names)) + ", which nothing in the tree uses"
+        out[mod] = "only adds or removes " + ", ".join(sorted(names)) + ", which nothing in the tree uses"
     return out
+
+
+def _bound_names(info) -> frozenset[str]:
+    return frozenset().union(*(st.names for st in info.stmts)) if info.stmts else frozenset()
 
 
 BUILD_FILES = ("setup.py", "CMakeLists.txt", "csrc/CMakeLists.txt", "build.sh")

@@ -113,3 +113,17 @@ def test_registering_decorator_makes_the_whole_module_changed(repo):
 def test_conftest_users_are_reached(repo):
     got = plan(repo, {"pkg/ops.py": BASE["pkg/ops.py"].replace("return 1", "return 2")})
     assert ids(got) == ["tests/fix/test_fix.py", "tests/test_other.py"]
+
+
+def test_a_module_run_in_a_subprocess_is_used_whole(repo):
+    files = {
+        "pkg/cli.py": "def main():\n    return 0\n\n\ndef other():\n    return 1\n",
+        "tests/test_cli.py": "import subprocess\nimport sys\n\n\ndef test_cli():\n"
+                             "    subprocess.run([sys.executable, '-m', 'pkg.cli'], check=True)\n",
+        "tests/test_code.py": "import subprocess\nimport sys\n\nCODE = 'from pkg.cli import main; main()'\n\n\n"
+                              "def test_code():\n    subprocess.run([sys.executable, '-c', CODE], check=True)\n",
+        "tests/test_words.py": "def test_words():\n    assert 'pkg.nothing' != 'x.y'\n",
+    }
+    repo.base = repo.commit_files(files, "cli")
+    got = plan(repo, {"pkg/cli.py": files["pkg/cli.py"].replace("return 1", "return 2")})
+    assert ids(got) == ["tests/test_cli.py", "tests/test_code.py"]
