@@ -57,6 +57,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--pillars", metavar="A,B", help="comma-separated pillar ids to report on")
     p.set_defaults(handler=review)
 
+    r = sub.add_parser("report", help="render a saved audit (review --format json) in another format",
+                       description="Render AUDIT.json, written by `drift-audit review --format json`, in any format "
+                       "without auditing again: one review, then markdown for a job summary and SARIF for code "
+                       "scanning.")
+    r.add_argument("audit", metavar="AUDIT.json", help="the JSON of one audit")
+    r.add_argument("--format", choices=FORMATS, default="markdown", help="output format (default: markdown)")
+    r.add_argument("--output", "-o", metavar="FILE", help="write it here instead of stdout")
+    r.set_defaults(handler=report)
+
     d = sub.add_parser("demo", help="build a sample engine repo with a drifting change and review it",
                        description="Build a sample engine repository with a drifting PR, review it, and remove "
                        "the repository again unless --keep or --dir.")
@@ -151,6 +160,45 @@ def _options(args):
 
 def review(args) -> int:
     return run_review(args.path, args.base, args.head, args.format, args.output, _options(args), args.config)
+
+
+def report(args) -> int:
+    """Re-render a saved audit: the JSON round-trips into checks.model's dataclasses."""
+    from checks.model import Audit, from_json
+    from runner.report import context_for, render
+    from runner.report.markdown import verdict_of
+
+    problem = _output_problem(args.output)
+    if problem:
+        return _fail(problem)
+    try:
+        audit = from_json(Audit, Path(args.audit).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return _fail(f"{args.audit}: no such file")
+    except (OSError, ValueError, TypeError, KeyError, ExceptionGroup) as exc:  # cattrs groups its errors
+        return _fail(f"{args.audit}: not the JSON of an audit (`drift-audit review --format json`): {_why(exc)}")
+    audit.report = None  # rendered anew, with this environment's links
+    try:
+        _emit(render(audit, args.format, context_for(audit)), args.output)
+    except OSError as exc:
+        return _fail(f"--output {args.output}: {exc.strerror or exc}")
+    return EXIT_FAIL if verdict_of(audit)[0] == "fail" else 0
+
+
+def _why(exc: BaseException) -> str:
+    """The first few concrete problems of a (possibly grouped) structuring error, on one line."""
+    leaves: list[BaseException] = []
+
+    def walk(e: BaseException) -> None:
+        if isinstance(e, BaseExceptionGroup):
+            for sub in e.exceptions:
+                walk(sub)
+        else:
+            leaves.append(e)
+
+    walk(exc)
+    said = [f"missing field {e.args[0]!r}" if isinstance(e, KeyError) else str(e).splitlines()[0] for e in leaves[:4]]
+    return "; ".join(said)[:300] + ("; …" if len(leaves) > 4 else "")
 
 
 def demo(args) -> int:
