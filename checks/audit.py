@@ -20,7 +20,7 @@ from functools import lru_cache
 
 from checks.config import Config, Fact, Rule, parse_config
 from checks.factcache import fact_cache
-from checks.facts import FactError, FactResult, Limits, Row, compile_fact, extract, prefetch
+from checks.facts import FactError, FactResult, Limits, Row, compile_fact, extract, parse_parallel, prefetch
 from checks.globs import compile_globs
 from checks.infer.hook import with_inference
 from checks.model import ChangeSet, Checkout, Finding, Findings, Unchecked
@@ -81,6 +81,7 @@ def evaluate_tree(config: Config, tree: Tree) -> SideResult:
     used = {f for r in config.rules for f in r.facts}
     wanted = [f for f in config.facts if f.id in used or not config.rules]
     data = prefetch(wanted, tree, limits)
+    parse_parallel(wanted, tree, data, limits)  # cold: many files to parse go to a process pool
     parse_notes: dict[str, list[tuple[int, str, Fact]]] = {}  # path → (line, what, fact), once per file
     quiet_spec = compile_globs(config.settings.quiet) if config.settings.quiet else None
     for fact in wanted:

@@ -18,7 +18,7 @@ DEFAULT_SOURCE = "built-in default (checks/default.toml)"
 
 SEVERITIES = ("error", "warning", "note")
 SUITE_KINDS = ("parity", "decode", "unit")
-FACT_LANGS = ("python", "c", "cpp", "cuda", "regex")
+FACT_LANGS = ("python", "c", "cpp", "cuda", "regex", "path")
 
 
 class ConfigError(ValueError):
@@ -280,7 +280,10 @@ def parse_config(text: str, source: str = CONFIG_PATH, *, include_default_pillar
             if query_problem:
                 r.fail("fact", i, "query", query_problem, "see docs/rules.md#when-a-fact-cannot-run")
         regex = r.string("fact", i, e, "regex", required=False)
-        if not query and not regex:
+        if lang == "path" and (query or regex):
+            r.fail("fact", i, "lang", "a lang 'path' fact's rows are the files its globs select; it takes no query or regex",
+                   "remove query/regex, or set lang to the language")
+        if not query and not regex and lang != "path":
             r.fail("fact", i, None, "a fact needs 'query' (tree-sitter) or 'regex'", 'add query = "(...) @key"')
         if lang == "regex" and not regex:
             r.fail("fact", i, "lang", "lang 'regex' needs a 'regex' key", 'add regex = "..." or set lang to the language')

@@ -22,12 +22,21 @@ Options a ``[[fact]]`` accepts besides ``id``/``lang``/``files``/``query``/``reg
 ``case``     ``{field = "upper" | "lower"}``, or a bare string for the key.
 ``ignore``   key globs to drop, e.g. ``["*_BEGIN", "*_END"]``.
 ``unquote``  strip string-literal quotes from values; default true.
+``key``      may also be a template: ``"{module}.{name}"`` (captures, and the file's
+             ``module``/``path``/``dir``/``stem``).
+``normalize`` key steps after sub/case: lower, upper, snake, no-separators,
+             strip-prefix:TEXT, strip-suffix:TEXT.
+``aliases``  ``{normalised = "KEY"}``: a convention's exceptions.
+``matches``  ``{field = ["capture", "regex"]}``: the number of regex matches in a capture.
+``read``     regex facts: ``"code"`` skips comments, ``"strings"`` reads string literals
+             only, adjacent ones joined.
 ``preprocess`` C/C++/CUDA: blank attribute macros and ``#if`` branches before parsing
              (checks/preprocess.py); default true.
 ``optional`` true: selecting no file is not a problem (a layout some eras lack); the
              fact's rules are skipped quietly.
 
 Captures whose name starts with ``_`` only serve predicates and are not fields.
+A ``lang = "path"`` fact has no query or regex: its rows are the files its globs select.
 The file is parsed with the fact's ``lang`` whatever its extension (CUDA's
 grammar is a superset of C++, so ``lang = "cuda"`` reads ``.cu``/``.cuh``/``.h``).
 """
@@ -49,7 +58,8 @@ from checks.config import Fact
 from checks.globs import compile_globs
 from checks.preprocess import preprocess
 
-OPTIONS = ("key", "scope", "count", "len", "sub", "case", "ignore", "unquote", "optional", "preprocess")
+OPTIONS = ("key", "scope", "count", "len", "sub", "case", "ignore", "unquote", "optional", "preprocess",
+           "normalize", "aliases", "matches", "read")
 SCOPE_KINDS = ("function", "enum", "class", "if-chain")
 
 
@@ -112,10 +122,16 @@ class _Finish:
     subs: tuple[tuple[str, re.Pattern, str], ...]
     cases: tuple[tuple[str, str], ...]
     ignore: tuple[str, ...]
+    template: str | None = None  # a composite key such as "{module}.{name}"
+    anchor: str = "key"  # the capture the template's first field names
+    normalize: tuple[str, ...] = ()
+    aliases: tuple[tuple[str, str], ...] = ()
+    matches: tuple[tuple[str, str, re.Pattern], ...] = ()  # (new field, source field, pattern)
 
     @property
     def identity(self) -> bool:
-        return not (self.unquote or self.subs or self.cases or self.ignore)
+        return not (self.unquote or self.subs or self.cases or self.ignore or self.template or self.normalize
+                    or self.aliases or self.matches)
 
 
 @dataclass(frozen=True)
@@ -163,6 +179,48 @@ def _needs(query: ts.Query, source: str) -> tuple[tuple[tuple[bytes, ...], ...],
     return tuple(out)
 
 
+_TEMPLATE_FIELD = re.compile(r"\{(\w+)\}")
+PATH_FIELDS = ("module", "path", "stem", "dir")  # what a key template may take from the row's file
+
+
+def key_capture(fact: Fact) -> str:
+    """The capture that anchors each row: ``key``, the ``key`` option, or a key template's first capture."""
+    key = fact.options.get("key", "key")
+    if isinstance(key, str) and "{" in key:
+        names = [n for n in _TEMPLATE_FIELD.findall(key) if n not in PATH_FIELDS]
+        return names[0] if names else "@path"
+    return key if isinstance(key, str) else "key"
+
+
+def module_of(path: str) -> str:
+    """``pkg/sub/mod.py`` → ``pkg.sub.mod`` (``__init__`` names its package)."""
+    stem = path.rsplit(".", 1)[0] if "." in path.rsplit("/", 1)[-1] else path
+    parts = [p for p in stem.split("/") if p]
+    if parts and parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+NORMALIZE = ("lower", "upper", "no-separators", "snake")
+
+
+def normalize_key(key: str, steps: tuple[str, ...]) -> str:
+    for step in steps:
+        if step == "lower":
+            key = key.lower()
+        elif step == "upper":
+            key = key.upper()
+        elif step == "no-separators":
+            key = re.sub(r"[-_.\s]", "", key)
+        elif step == "snake":
+            key = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", key).replace("-", "_").lower()
+        elif step.startswith("strip-prefix:") and key.startswith(step[13:]):
+            key = key[len(step) - 13:]
+        elif step.startswith("strip-suffix:") and key.endswith(step[13:]) and step[13:]:
+            key = key[: -len(step[13:])]
+    return key
+
+
 def validate_options(fact: Fact) -> None:
     """Raise FactError for an option this module does not understand or a malformed one."""
     opts = fact.options
@@ -200,6 +258,29 @@ def validate_options(fact: Fact) -> None:
             raise FactError(f"{describe(fact)}: '{name}' must be a list of strings")
     if "count" in opts and not isinstance(opts["count"], str):
         raise FactError(f"{describe(fact)}: 'count' must name a capture")
+    norm = opts.get("normalize", [])
+    if not isinstance(norm, list) or not all(
+        isinstance(x, str) and (x in NORMALIZE or x.startswith(("strip-prefix:", "strip-suffix:"))) for x in norm
+    ):
+        raise FactError(f"{describe(fact)}: 'normalize' must be a list of {', '.join(NORMALIZE)}, "
+                        f"\"strip-prefix:TEXT\" or \"strip-suffix:TEXT\"")
+    aliases = opts.get("aliases", {})
+    if not isinstance(aliases, dict) or not all(isinstance(v, str) for v in aliases.values()):
+        raise FactError(f"{describe(fact)}: 'aliases' must be a table like {{ rmsnorm = \"RMS_NORM\" }}")
+    matches = opts.get("matches", {})
+    if not isinstance(matches, dict) or not all(
+        isinstance(v, list) and len(v) == 2 and all(isinstance(x, str) for x in v) for v in matches.values()
+    ):
+        raise FactError(f"{describe(fact)}: 'matches' must be a table like {{ n_args = [\"template\", \"\\\\$\"] }}")
+    for f, (_, pattern) in matches.items():
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise FactError(f"{describe(fact)}: matches pattern for '{f}' does not compile: {exc}") from None
+    if opts.get("read", "all") not in ("all", "code", "strings"):
+        raise FactError(f"{describe(fact)}: read must be \"all\", \"code\" (comments skipped) or \"strings\"")
+    if "read" in opts and (fact.query or fact.lang == "path"):
+        raise FactError(f"{describe(fact)}: 'read' is for regex facts; a query already tells code from comments")
     for name in ("optional", "unquote", "preprocess"):
         if name in opts and not isinstance(opts[name], bool):
             raise FactError(f"{describe(fact)}: '{name}' must be true or false")
@@ -258,7 +339,7 @@ def fields_of(fact: Fact) -> set[str] | None:
         c = compile_fact(fact)
     except FactError:
         return None
-    key_name = fact.options.get("key", "key")
+    key_name = key_capture(fact)
     if c.query is not None:
         names = {c.query.capture_name(i) for i in range(c.query.capture_count)}
     else:
@@ -266,6 +347,7 @@ def fields_of(fact: Fact) -> set[str] | None:
     names = {x for x in names if not x.startswith("_") and x != key_name and x != fact.options.get("count")}
     if fact.options.get("count"):
         names.add("count")
+    names |= set(fact.options.get("matches", {}))
     return names | {"key"}
 
 
@@ -292,26 +374,37 @@ def _compile(sig: str, fact: Fact) -> _Compiled:
         except (ts.QueryError, NameError, ValueError) as exc:
             raise FactError(f"{describe(fact)}: query does not compile for {fact.lang}: {exc}") from None
         names = {query.capture_name(i) for i in range(query.capture_count)}
-        wanted = fact.options.get("key", "key")
-        if wanted not in ("@function", "@index") and wanted not in names:
+        wanted = key_capture(fact)
+        if wanted not in ("@function", "@index", "@path") and wanted not in names:
             raise FactError(
                 f"{describe(fact)}: query has no @{wanted} capture (captures: {', '.join(sorted(names)) or 'none'}); "
                 f"add @{wanted} to the node that names each row, or set key = \"...\""
             )
+    elif fact.lang == "path":
+        wanted = key_capture(fact)
+        if wanted not in ("key", "@path"):
+            raise FactError(f"{describe(fact)}: a path fact's key is its path or a template of {{path}}, {{dir}}, "
+                            f"{{stem}}, {{module}}; '{wanted}' is none of them")
     else:
         regex = re.compile(fact.regex or "", re.M)
-        wanted = fact.options.get("key", "key")
-        if wanted not in ("@index",) and wanted not in regex.groupindex:
+        wanted = key_capture(fact)
+        if wanted not in ("@index", "@path") and wanted not in regex.groupindex:
             raise FactError(f"{describe(fact)}: regex has no (?P<{wanted}>...) group; add one for the row key")
     spec = compile_globs(fact.files)
     cases = fact.options.get("case", {})
     if isinstance(cases, str):
         cases = {"key": cases}
+    key_option = fact.options.get("key", "key")
     finish = _Finish(
         unquote=bool(fact.options.get("unquote", True)),
         subs=tuple((f, re.compile(p), r) for f, (p, r) in fact.options.get("sub", {}).items()),
         cases=tuple(cases.items()),
         ignore=tuple(fact.options.get("ignore", [])),
+        template=key_option if isinstance(key_option, str) and "{" in key_option else None,
+        anchor=key_capture(fact),
+        normalize=tuple(fact.options.get("normalize", [])),
+        aliases=tuple(fact.options.get("aliases", {}).items()),
+        matches=tuple((f, src, re.compile(p)) for f, (src, p) in fact.options.get("matches", {}).items()),
     )
     needs = _needs(query, fact.query) if query is not None and fact.query else None
     out = _Compiled(fact, query, regex, spec, sig, finish, needs)
@@ -324,7 +417,7 @@ def _compile(sig: str, fact: Fact) -> _Compiled:
 
 _rows_cache: dict[tuple[str, str, str], tuple[list[Row], str | None]] = {}
 _rows_lock = threading.Lock()
-_ROWS_MAX = 20000  # like the parse cache: rows hold their tree's nodes
+_ROWS_MAX = 100_000  # rows parsed here hold their tree's nodes; rows from disk or a pool hold none
 
 
 _files_cache: dict[tuple[str, str, str], list[str]] = {}
@@ -403,12 +496,79 @@ def prefetch(facts: list[Fact], tree: Any, limits: Limits = _DEFAULT_LIMITS) -> 
             compiled = compile_fact(fact)
         except FactError:
             continue
-        if (compiled.signature, json.dumps(fact.files), repo_path, tree.sha) in _results:
+        if fact.lang == "path" or (compiled.signature, json.dumps(fact.files), repo_path, tree.sha) in _results:
             continue
         pairs = [(p, b) for p in files_for(compiled, tree) if (b := tree.blob_sha(p)) is not None]
         _from_disk(compiled, pairs, limits)
         want += [b for p, b in pairs if (compiled.signature, p, b) not in _rows_cache]
     return read_blobs(repo_path, want) if want and repo_path else {}
+
+
+# Work handed to forked parse processes: set just before the fork, read by the children.
+# One unit is one file with every fact that must parse it, so each file is parsed once.
+_work: list[tuple[str, str, list[_Compiled]]] = []
+_work_data: dict[str, bytes] = {}
+_work_limits: Limits = _DEFAULT_LIMITS
+PARALLEL_MIN_BYTES = 1_000_000  # below this a pool costs more than it saves
+
+
+def _parse_one(i: int) -> tuple[int, list[tuple[list[tuple[str, dict, str, int]], str | None]]]:
+    path, blob, compiled = _work[i]
+    out = []
+    for c in compiled:
+        rows, problem = _guarded(c, path, _work_data.get(blob, b""), blob, _work_limits)
+        out.append(([(r.key, r.values, r.path, r.line) for r in rows], problem))
+    return i, out
+
+
+def parse_parallel(facts: list[Fact], tree: Any, data: dict[str, bytes], limits: Limits = _DEFAULT_LIMITS,
+                   workers: int | None = None) -> int:
+    """Parse the uncached files of tree-sitter facts in forked processes; the rows land in the caches,
+    so ``extract`` then finds them. Returns the number of files parsed this way (0: it stayed serial)."""
+    import multiprocessing
+    import os
+
+    global _work, _work_data, _work_limits
+    n = workers or min(8, os.cpu_count() or 1)
+    if n < 2 or "fork" not in multiprocessing.get_all_start_methods():
+        return 0
+    units: dict[tuple[str, str], list[_Compiled]] = {}
+    size = 0
+    for fact in facts:
+        try:
+            c = compile_fact(fact)
+        except FactError:
+            continue
+        if c.query is None or fact.id in limits.nodes:
+            continue
+        for path in files_for(c, tree):
+            blob = tree.blob_sha(path)
+            raw = data.get(blob) if blob else None
+            if blob is None or raw is None or (c.signature, path, blob) in _rows_cache or not c.may_match(raw):
+                continue
+            if (path, blob) not in units:
+                size += len(raw)
+            units.setdefault((path, blob), []).append(c)
+    if size < PARALLEL_MIN_BYTES or len(units) < 2 * n:
+        return 0
+    work = sorted(((p, b, cs) for (p, b), cs in units.items()), key=lambda w: -len(data[w[1]]))  # big first
+    _work, _work_data, _work_limits = work, data, limits
+    try:
+        with multiprocessing.get_context("fork").Pool(n) as pool:
+            for i, results in pool.imap_unordered(_parse_one, range(len(work)), chunksize=2):
+                path, blob, compiled = work[i]
+                for c, (raw_rows, problem) in zip(compiled, results):
+                    rows = [Row(c.fact.id, k, v, p, line) for k, v, p, line in raw_rows]
+                    with _rows_lock:
+                        _rows_cache[(c.signature, path, blob)] = (rows, problem)
+                    if limits.cache is not None:
+                        stored = problem.replace(path, "\0", 1) if problem else None
+                        limits.cache.store(c.signature, blob, c.fact.id, rows, stored)
+    finally:
+        _work, _work_data = [], {}
+    if limits.cache is not None:
+        limits.cache.flush()
+    return len(work)
 
 
 def extract(fact: Fact, tree: Any, prefetched: dict[str, bytes] | None = None,
@@ -421,6 +581,12 @@ def extract(fact: Fact, tree: Any, prefetched: dict[str, bytes] | None = None,
     if hit is not None:
         return hit
     result = FactResult(files=files_for(compiled, tree))
+    if fact.lang == "path":  # rows are the files themselves: nothing to read
+        made = (_finish(compiled, Row(fact.id, p, {}, p, 1)) for p in result.files)
+        result.rows = [r for r in made if r is not None]
+        result.inputs = hash(tuple(result.files))
+        _results[whole] = result
+        return result
     blobs = [(path, tree.blob_sha(path)) for path in result.files]
     _from_disk(compiled, [(p, b) for p, b in blobs if b is not None], limits)
     data = prefetched or {}
@@ -438,7 +604,11 @@ def extract(fact: Fact, tree: Any, prefetched: dict[str, bytes] | None = None,
         if got is None:
             raw = data.get(blob)
             if raw is None:
-                raw = tree.read(path) or b""
+                try:
+                    raw = tree.read(path) or b""
+                except Exception:  # a partial clone or a pruned object: that file's rows are missing, not the fact's
+                    result.problems.append(f"{path}:1: blob {blob[:12]} is not in the repository; its rows are missing")
+                    continue
             got = _guarded(compiled, path, raw, blob, limits)
             with _rows_lock:
                 if len(_rows_cache) >= _ROWS_MAX:
@@ -508,9 +678,61 @@ def extract_blob(compiled: _Compiled, path: str, data: bytes, blob: str | None) 
     return _regex_rows(compiled, path, data), None
 
 
+_C_LIKE = (".c", ".h", ".cc", ".cpp", ".cxx", ".hpp", ".hh", ".cu", ".cuh", ".js", ".ts", ".java", ".rs", ".go")
+_TOKENS_C = re.compile(r'//[^\n]*|/\*.*?\*/|"(?:[^"\\\n]|\\.)*"|\'(?:[^\'\\\n]|\\.)*\'', re.S)
+_TOKENS_PY = re.compile(r'#[^\n]*|[rbuRBUfF]{0,2}(?:"""(?:[^\\]|\\.)*?"""|\'\'\'(?:[^\\]|\\.)*?\'\'\'|"(?:[^"\\\n]|\\.)*"|\'(?:[^\'\\\n]|\\.)*\')', re.S)
+
+
+def _tokens(path: str) -> re.Pattern:
+    return _TOKENS_PY if path.endswith((".py", ".pyi")) else _TOKENS_C
+
+
+def code_only(text: str, path: str) -> str:
+    """``text`` with comments blanked (same offsets and lines); strings are kept, so a ``//`` inside one stays."""
+    def blank(m: re.Match) -> str:
+        t = m.group(0)
+        return re.sub(r"[^\n]", " ", t) if t[:1] in ("#", "/") else t
+    return _tokens(path).sub(blank, text)
+
+
+_LITERAL = re.compile(r'^[rbuRBUfF]{0,2}("""|\'\'\'|"|\')(.*)\1$', re.S)
+
+
+def string_literals(text: str, path: str) -> list[tuple[int, str]]:
+    """(offset, content) of each string literal, adjacent literals joined (``"input_tma_" "desc"``)."""
+    out: list[tuple[int, str]] = []
+    last_end = -1
+    for m in _tokens(path).finditer(text):
+        t = m.group(0)
+        lit = _LITERAL.match(t)
+        if lit is None:
+            continue
+        if out and text[last_end:m.start()].strip() == "":
+            out[-1] = (out[-1][0], out[-1][1] + lit.group(2))
+        else:
+            out.append((m.start(), lit.group(2)))
+        last_end = m.end()
+    return out
+
+
 def _regex_rows(c: _Compiled, path: str, data: bytes) -> list[Row]:
     text = data.decode("utf-8", "replace")
-    key_name = c.fact.options.get("key", "key")
+    read = c.fact.options.get("read", "all")
+    if read == "code":
+        text = code_only(text, path)
+    elif read == "strings":
+        rows: list[Row] = []
+        for offset, content in string_literals(text, path):
+            line = text.count("\n", 0, offset) + 1
+            for got in _regex_rows_in(c, path, content):
+                got.line = line + got.line - 1
+                rows.append(got)
+        return rows
+    return _regex_rows_in(c, path, text)
+
+
+def _regex_rows_in(c: _Compiled, path: str, text: str) -> list[Row]:
+    key_name = key_capture(c.fact)
     rows: list[Row] = []
     assert c.regex is not None
     for i, m in enumerate(c.regex.finditer(text)):
@@ -543,7 +765,7 @@ def _query_rows(c: _Compiled, path: str, data: bytes, blob: str | None) -> tuple
         if c.may_match(_around(data, err)):
             problem = f"{path}:{line}: {fact.lang} syntax error; rows near it may be missing"
     opts = fact.options
-    key_name = opts.get("key", "key")
+    key_name = key_capture(fact)
     count_name = opts.get("count")
     scopes = _scopes(root, opts["scope"]) if opts.get("scope") else None
     rows: list[Row] = []
@@ -635,8 +857,26 @@ def _finish(c: _Compiled, row: Row) -> Row | None:
     row.key = clean("key", row.key)
     if row.values:
         row.values = {k: clean(k, v) for k, v in row.values.items()}
-    for pattern in fin.ignore:
-        if fnmatch.fnmatchcase(row.key, pattern):
+    for new, src, counted in fin.matches:
+        text = row.key if src in ("key", fin.anchor) else row.values.get(src)
+        if isinstance(text, str):
+            row.values[new] = len(counted.findall(text))
+    if fin.template is not None:
+        where = {"module": module_of(row.path), "path": row.path, "stem": row.path.rsplit("/", 1)[-1].split(".")[0],
+                 "dir": row.path.rsplit("/", 1)[0] if "/" in row.path else ""}
+        fields = {**{k: str(v) for k, v in row.values.items()}, fin.anchor: row.key, **where}
+        try:
+            row.key = fin.template.format(**fields)
+        except (KeyError, IndexError, ValueError):
+            return None  # a field of the template is absent from this match
+    if fin.normalize:
+        row.key = normalize_key(row.key, fin.normalize)
+    for alias, target in fin.aliases:
+        if row.key == alias:
+            row.key = target
+            break
+    for glob in fin.ignore:
+        if fnmatch.fnmatchcase(row.key, glob):
             return None
     return row
 

@@ -7,8 +7,14 @@ handles the complement. Every value of ``range`` must be handled by exactly one
 row: a decode kernel that returns on ``Q_LEN > 8`` and a prefill kernel that
 returns on ``Q_LEN < 16`` leave 9–15 to nobody, and that gap is the finding.
 
+Conditions may use named constants (``if (m > kMaxDecodeLen)``): list the facts
+that define them in ``constants`` (rows: key = name, ``value`` = its expression,
+from ``constexpr``/``#define``/``const int``/Python module constants, in any
+file). Names are resolved recursively, as in derived, before the condition is read.
+
 Options:
   range          ``[lo, hi]``, inclusive integers (required).
+  constants      facts whose rows define named constants (not gates).
   reject         facts whose conditions are early returns.
   field          the row field holding the condition; default ``key``.
   allow_overlap  do not report values handled twice; default false.
@@ -33,7 +39,7 @@ from checks.rules.base import (
     need_facts,
 )
 
-OPTIONS = {"range": list, "reject": list, "field": str, "allow_overlap": bool}
+OPTIONS = {"range": list, "reject": list, "field": str, "allow_overlap": bool, "constants": list}
 
 Intervals = list[tuple[int, int]]  # sorted, disjoint, inclusive
 
@@ -45,7 +51,8 @@ def validate(rule: Rule) -> Problem | None:
     rng = rule.options["range"]
     if len(rng) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) for v in rng) or rng[0] > rng[1]:
         return "range", "'range' must be [lo, hi] with integers lo <= hi", "write range = [1, 4096]"
-    return facts_named(rule, "reject", rule.options.get("reject", []))
+    return facts_named(rule, "reject", rule.options.get("reject", [])) or facts_named(
+        rule, "constants", rule.options.get("constants", []))
 
 
 class GateError(ValueError):
@@ -157,18 +164,47 @@ def _fmt(a: int, b: int) -> str:
 
 def refs(rule: Rule) -> list[tuple[str, str, str]]:
     fld = rule.options.get("field", "key")
-    return [("field", f, fld) for f in rule.facts]
+    consts = rule.options.get("constants", [])
+    return [("field", f, fld) for f in rule.facts if f not in consts] + [("constants", f, "value") for f in consts]
+
+
+_NAME = re.compile(r"\b[A-Za-z_][A-Za-z_0-9]*(?:::[A-Za-z_][A-Za-z_0-9]*)*\b")
+
+
+def _resolve(text: str, env) -> str:
+    """Replace each defined constant in a condition by its value."""
+    from checks.rules.derived import EvalError
+
+    def value(m: re.Match) -> str:
+        name = m.group(0).split("::")[-1]
+        if name in ("and", "or", "not") or name not in env.rows:
+            return m.group(0)
+        try:
+            return str(env.get(name))
+        except EvalError:
+            return m.group(0)
+    return _NAME.sub(value, text)
 
 
 def evaluate(rule: Rule, rows: Rows) -> list[Finding]:
     lo, hi = rule.options["range"]
     fld = rule.options.get("field", "key")
     reject = set(rule.options.get("reject", []))
+    consts = rule.options.get("constants", [])
+    env = None
+    if consts:
+        from checks.rules.derived import _Env
+
+        env = _Env([r for f in consts for r in rows.get(f, [])], "value")
     handled: list[tuple[Row, Intervals]] = []
     out: list[Finding] = []
     for f in rule.facts:
+        if f in consts:
+            continue
         for r in rows.get(f, []):
             text = str(r.get(fld))
+            if env is not None:
+                text = _resolve(text, env)
             try:
                 s = condition_set(text, lo, hi)
             except GateError as exc:

@@ -229,3 +229,21 @@ def test_the_documented_self_config_is_valid():
     block = re.findall(r"```toml\n(.*?)```", text.split("## Example: the rules this repository runs on itself")[1], re.S)[0]
     config = parse_config(block, "docs/rules.md")
     assert {r.kind for r in config.rules} == {"same-set", "pinned"} and len(config.facts) == 5
+
+
+def test_docs_sections_name_every_option_of_their_kind_and_of_facts():
+    """docs/rules.md stays in step with the rule modules: each kind's section names each of its options."""
+    import importlib
+    import re
+    from pathlib import Path
+
+    from checks.facts import OPTIONS as FACT_OPTIONS
+
+    text = (Path(__file__).resolve().parents[2] / "docs/rules.md").read_text()
+    sections = dict(re.findall(r"^## ([a-z-]+|Facts)\n(.*?)(?=^## |\Z)", text, re.S | re.M))
+    for name, kind in REGISTRY.items():
+        options = importlib.import_module(kind.evaluate.__module__).OPTIONS
+        missing = [o for o in options if not re.search(rf"\b{o}\b", sections.get(name, ""))]
+        assert not missing, f"docs/rules.md section '{name}' does not mention {missing}"
+    missing = [o for o in FACT_OPTIONS if not re.search(rf"\b{o}\b", sections["Facts"])]
+    assert not missing, f"docs/rules.md section 'Facts' does not mention {missing}"
