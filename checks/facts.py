@@ -437,12 +437,33 @@ def _literal_tails(globs: list[str]) -> tuple[str, ...] | None:
     return tuple(tails)
 
 
+def _under_prefixes(paths: list[str], globs: list[str]) -> list[str]:
+    """The sorted ``paths`` under the literal directory each glob starts with (found by bisection), so a
+    fact over ``include/arch/*.h`` never looks at the rest of a large tree; all paths when a glob has none."""
+    import bisect
+
+    prefixes = []
+    for g in globs:
+        if g.startswith("!"):
+            continue
+        literal = re.split(r"[*?\[\\]", g.lstrip("/"), maxsplit=1)[0]
+        if "/" not in literal:  # no fixed directory (or unanchored, which gitignore matches anywhere)
+            return paths
+        prefixes.append(literal.rsplit("/", 1)[0] + "/")
+    out: list[str] = []
+    for prefix in sorted(set(prefixes)):
+        lo = bisect.bisect_left(paths, prefix)
+        hi = bisect.bisect_left(paths, prefix + "\U0010ffff")
+        out.extend(p for p in paths[lo:hi] if not out or p > out[-1])
+    return out
+
+
 def files_for(compiled: _Compiled, tree: Any) -> list[str]:
     """Paths of ``tree`` the fact's globs select, cached per (globs, repo, commit)."""
     key = (json.dumps(compiled.fact.files), str(getattr(tree, "repo_path", "")), tree.sha)
     hit = _files_cache.get(key)
     if hit is None:
-        paths = tree.paths()
+        paths = _under_prefixes(tree.paths(), compiled.fact.files)
         tails = _literal_tails(compiled.fact.files)
         if tails:  # str.endswith in C first; the glob match then confirms the few candidates
             paths = [p for p in paths if p.endswith(tails)]

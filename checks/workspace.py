@@ -105,6 +105,7 @@ def _blob_index(repo_path: str, sha: str) -> dict[str, str]:
     return index
 
 
+@lru_cache(maxsize=16)
 def _paths(repo_path: str, sha: str) -> list[str]:
     return sorted(_blob_index(repo_path, sha))
 
