@@ -9,6 +9,7 @@ hunk maps to the symbol that really changed rather than to its neighbours.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from unidiff import PatchSet
 from unidiff.errors import UnidiffParseError
@@ -112,7 +113,7 @@ def build_changeset(checkout: Checkout) -> ChangeSet:
     except UnidiffParseError as exc:
         raise DiffError(f"cannot parse the diff {a[:12]}..{b[:12]}: {exc}") from None
 
-    by_path = {}
+    by_path: dict[str | None, Any] = {}
     for pf in patched:
         path = _strip_prefix(pf.target_file) or _strip_prefix(pf.source_file)
         by_path[path] = pf
@@ -125,7 +126,7 @@ def build_changeset(checkout: Checkout) -> ChangeSet:
         files.append(
             FileChange(
                 path=row.path,
-                status=row.status,
+                status=row.status,  # type: ignore[arg-type]  # one of _STATUS's values
                 old_path=row.old_path,
                 binary=binary or (row.new_mode or row.old_mode) == "160000",
                 old_mode=row.old_mode,
