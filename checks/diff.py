@@ -114,9 +114,9 @@ def build_changeset(checkout: Checkout) -> ChangeSet:
         raise DiffError(f"cannot parse the diff {a[:12]}..{b[:12]}: {exc}") from None
 
     by_path: dict[str | None, Any] = {}
-    for pf in patched:
-        path = _strip_prefix(pf.target_file) or _strip_prefix(pf.source_file)
-        by_path[path] = pf
+    for patched_file in patched:
+        path = _strip_prefix(patched_file.target_file) or _strip_prefix(patched_file.source_file)
+        by_path[path] = patched_file
 
     files = []
     for row in meta:
