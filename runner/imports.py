@@ -304,6 +304,8 @@ def _gpu_module(imp: Import) -> str | None:
 
 
 def gpu_need(graph: ImportGraph, test_file: str, extensions: frozenset[str] = frozenset()) -> str | None:
+    from runner.runnable import EXTENSION_NAME
+
     """Why ``test_file`` needs a GPU, from the imports of everything it reaches; None when it does not.
 
     A compiled extension of the repo counts (an import below one of the tree's
@@ -314,6 +316,7 @@ def gpu_need(graph: ImportGraph, test_file: str, extensions: frozenset[str] = fr
     seen = {test_file}
     queue = deque([test_file])
     triton_via: str | None = None
+    missing_via: str | None = None
     interpreted = False
     own = graph.read(test_file) or b""
     if _CUDA_USE.search(own):
@@ -332,10 +335,15 @@ def gpu_need(graph: ImportGraph, test_file: str, extensions: frozenset[str] = fr
                 triton_via = triton_via or f"{cur} imports {gpu}"
                 continue
             ext = None if imp.run else graph.extension(imp, cur, extensions)
-            if ext is not None:
+            if ext is None:
+                continue
+            leaf = ext.rsplit(".", 1)[-1]
+            if leaf in extensions or EXTENSION_NAME.search(leaf):
                 return f"{cur} imports {ext}, a compiled extension"
+            # a module of no .py file in the tree: built or generated at install time (weaker evidence)
+            missing_via = missing_via or f"{cur} imports {ext}, which the tree has no .py for (built at install?)"
         for nxt in graph.edges(cur):
             if nxt not in seen and nxt.endswith(".py"):
                 seen.add(nxt)
                 queue.append(nxt)
-    return None if interpreted else triton_via
+    return missing_via or (None if interpreted else triton_via)
