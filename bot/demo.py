@@ -95,13 +95,10 @@ def _files(tasks) -> dict[str, str]:
     return files
 
 
-def build_demo_repo(root: Path) -> tuple[str, str]:
-    """Write the sample repo at ``root``; returns (base sha, head sha) of the demo PR."""
-    repo = sample.init_repo(Path(root))
+def demo_trees() -> tuple[dict[str, str], dict[str, str]]:
+    """(base files, head files) of the demo PR, for building it on top of other history too."""
     base = _files(sample.TASKS)
     base["scripts/demo.py"] = base["scripts/demo.py"].replace('"wo": ("row", 1)', '"wo": ("col", 1)')
-    base_sha = sample.commit(repo, base, "Engine with five tasks")
-
     head = _files(sample.TASKS[:4] + [("topk_softmax", 105, 2, 1, 3)] + sample.TASKS[4:])
     head["scripts/demo.py"] = base["scripts/demo.py"]
     head["src/runtime.cc"] = head["src/runtime.cc"].replace(
@@ -110,5 +107,13 @@ def build_demo_repo(root: Path) -> tuple[str, str]:
         '#include "topk_softmax.cuh"\n', "")
     head["kernels/sm90/decode_attention.cuh"] = head["kernels/sm90/decode_attention.cuh"].replace(
         "out[threadIdx.x] = q[threadIdx.x];", "out[threadIdx.x] = q[threadIdx.x] * 1.0f;")
+    return base, head
+
+
+def build_demo_repo(root: Path) -> tuple[str, str]:
+    """Write the sample repo at ``root``; returns (base sha, head sha) of the demo PR."""
+    repo = sample.init_repo(Path(root))
+    base, head = demo_trees()
+    base_sha = sample.commit(repo, base, "Engine with five tasks")
     head_sha = sample.commit(repo, head, "Add the topk_softmax task")
     return base_sha, head_sha
