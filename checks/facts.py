@@ -28,6 +28,8 @@ Options a ``[[fact]]`` accepts besides ``id``/``lang``/``files``/``query``/``reg
              strip-prefix:TEXT, strip-suffix:TEXT.
 ``aliases``  ``{normalised = "KEY"}``: a convention's exceptions.
 ``matches``  ``{field = ["capture", "regex"]}``: the number of regex matches in a capture.
+``follow_aliases`` true: a key that is a local name bound earlier in its function
+             (``f = mod.op``; ``auto f = ns::op;``) is the bound name (``mod.op``).
 ``read``     regex facts: ``"code"`` skips comments, ``"strings"`` reads string literals
              only, adjacent ones joined.
 ``preprocess`` C/C++/CUDA: blank attribute macros and ``#if`` branches before parsing
@@ -59,7 +61,7 @@ from checks.globs import compile_globs
 from checks.preprocess import preprocess
 
 OPTIONS = ("key", "scope", "count", "len", "sub", "case", "ignore", "unquote", "optional", "preprocess",
-           "normalize", "aliases", "matches", "read")
+           "normalize", "aliases", "matches", "read", "follow_aliases")
 SCOPE_KINDS = ("function", "enum", "class", "if-chain")
 
 
@@ -281,7 +283,9 @@ def validate_options(fact: Fact) -> None:
         raise FactError(f"{describe(fact)}: read must be \"all\", \"code\" (comments skipped) or \"strings\"")
     if "read" in opts and (fact.query or fact.lang == "path"):
         raise FactError(f"{describe(fact)}: 'read' is for regex facts; a query already tells code from comments")
-    for name in ("optional", "unquote", "preprocess"):
+    if "follow_aliases" in opts and not fact.query:
+        raise FactError(f"{describe(fact)}: 'follow_aliases' needs a tree-sitter query")
+    for name in ("optional", "unquote", "preprocess", "follow_aliases"):
         if name in opts and not isinstance(opts[name], bool):
             raise FactError(f"{describe(fact)}: '{name}' must be true or false")
     if "key" in opts and not isinstance(opts["key"], str):
@@ -788,6 +792,8 @@ def _query_rows(c: _Compiled, path: str, data: bytes, blob: str | None) -> tuple
     opts = fact.options
     key_name = key_capture(fact)
     count_name = opts.get("count")
+    follow = bool(opts.get("follow_aliases"))
+    bindings: dict[int, dict[str, list[tuple[int, str]]]] = {}  # function id → name → (where, bound to)
     scopes = _scopes(root, opts["scope"]) if opts.get("scope") else None
     rows: list[Row] = []
     counted: dict[int, list[ts.Node]] = {}  # function node id → counted nodes
@@ -816,6 +822,8 @@ def _query_rows(c: _Compiled, path: str, data: bytes, blob: str | None) -> tuple
             key = str(len(rows))
         else:
             key = syntax.text(anchor)
+            if follow:
+                key = _local_alias(anchor, key, bindings, fact.lang)
         values: dict[str, Any] = {}
         nodes: dict[str, ts.Node | None] = {"key": anchor}
         lens = set(opts.get("len", []))
@@ -839,6 +847,35 @@ def _query_rows(c: _Compiled, path: str, data: bytes, blob: str | None) -> tuple
             row.values["count"] = Count(lo, len(found))
     rows = [r for r in (_finish(c, r) for r in rows) if r is not None]
     return _dedupe(rows), problem
+
+
+_BINDING_QUERIES: dict[str, ts.Query] = {}
+_BINDING = {
+    "python": "(assignment left: (identifier) @name right: [(attribute) (identifier)] @target)",
+    "cpp": "(init_declarator declarator: (identifier) @name value: [(qualified_identifier) (identifier) (field_expression)] @target)",
+    "cuda": "(init_declarator declarator: (identifier) @name value: [(qualified_identifier) (identifier) (field_expression)] @target)",
+    "c": "(init_declarator declarator: (identifier) @name value: [(identifier) (field_expression)] @target)",
+}
+
+
+def _local_alias(node: ts.Node, key: str, cache: dict[int, dict[str, list[tuple[int, str]]]], lang: str) -> str:
+    """``f = mod.op`` (or ``auto f = ns::op;``) earlier in the same function: ``f`` stands for ``mod.op``."""
+    fn = _enclosing_function(node)
+    if fn is None:
+        return key
+    table = cache.get(fn.id)
+    if table is None:
+        query = _BINDING_QUERIES.get(lang)
+        if query is None:
+            query = _BINDING_QUERIES[lang] = ts.Query(syntax.language(lang), _BINDING[lang])
+        table = {}
+        for _, caps in ts.QueryCursor(query).matches(fn):
+            name, target = syntax.text(caps["name"][0]), syntax.text(caps["target"][0])
+            if name != target:
+                table.setdefault(name, []).append((caps["name"][0].start_byte, target))
+        cache[fn.id] = table
+    bound = [target for at, target in sorted(table.get(key, [])) if at < node.start_byte]
+    return bound[-1] if bound else key  # the latest binding before the use
 
 
 def _dedupe(rows: list[Row]) -> list[Row]:
