@@ -1,10 +1,12 @@
-"""The checks stage: evaluate every rule on base and head and sort findings into new / pre-existing / fixed.
+"""The checks stage: evaluate every rule on base and head and sort findings into
+new / changed / no-baseline / improved / pre-existing / fixed.
 
 A PR should be blamed only for what it changed, so rules run on the merge-base
-tree too and findings are matched by fingerprint (rule + the keys involved,
-never line numbers, which move with every edit above them). Base and head share
-most blobs, so facts extracted per blob (checks/facts.py) make the second side
-nearly free.
+tree too and findings are matched by identity (rule + the keys involved + the
+place pair of a relation, never line numbers, which move with every edit above
+them), then compared by state (what is wrong). Base and head share most blobs,
+so facts extracted per blob (checks/facts.py, cached on disk by checks/factcache.py)
+make the second side nearly free.
 
 Bad input never stops the audit: a query that does not compile, a fact that
 matches nothing or a file that does not parse becomes an ``Unchecked`` entry
