@@ -26,7 +26,7 @@ import tree_sitter as ts
 from checks import syntax
 from checks.facts import read_blobs
 
-VERSION = 5  # bump when a pattern changes: cached rows of an older pattern set are not reused
+VERSION = 6  # bump when a pattern changes: cached rows of an older pattern set are not reused
 MAX_BYTES = 400_000  # generated tables and vendored amalgamations say nothing about the code's intent
 
 
@@ -42,6 +42,7 @@ class Kind:
     ctx_filter: str | None = None  # a regex the context must match (registration-like callees)
     values: bool = False  # the pattern captures @value too (tables)
     affixed: bool = False  # a family only when its members share an affix (``*_layer`` methods, not every method)
+    whole_file: bool = False  # no @_ctx: the file is the context (module-level definitions)
 
 
 _REGISTER = r"(^|\.)(register\w*|\w+_register|def|impl|define|custom_op|register_fake|add_\w*op\w*)$"
@@ -94,6 +95,19 @@ KINDS: tuple[Kind, ...] = (
         "(class_definition name: (identifier) @_ctx body: (block (function_definition name: (identifier) @key)){pred})",
         affixed=True,
     ),
+    Kind(
+        "py-functions",
+        ("python",),
+        "(module (function_definition name: (identifier) @key){pred})\n"
+        "(module (decorated_definition definition: (function_definition name: (identifier) @key)){pred})",
+        affixed=True,
+        whole_file=True,
+    ),
+    Kind(
+        "dict-values",
+        ("python",),
+        "(assignment left: [(identifier) (attribute)] @_ctx right: (dictionary (pair value: (identifier) @key)){pred})",
+    ),
     Kind("compare", ("python",), "(comparison_operator [(identifier) (attribute)] @_ctx (string) @key{pred})"),
     Kind(
         "py-register",
@@ -112,7 +126,7 @@ def query_text(kind: Kind, ctx: str | None, lang: str, label: str = "") -> str:
     ``label``: for case labels, the enum prefix (``GGML_UNARY_OP_``) the labels must start with, so one
     switch over two enums is two families.
     """
-    pred = "" if ctx is None or kind.scope else f' (#eq? @_ctx "{_escape(ctx)}")'
+    pred = "" if ctx is None or kind.scope or kind.whole_file else f' (#eq? @_ctx "{_escape(ctx)}")'
     if label:
         pred += f' (#match? @key "^{re.escape(label)}")'
     text = kind.pattern.replace("{pred}", pred) if "{pred}" in kind.pattern else kind.pattern[:-1] + pred + ")"
@@ -245,7 +259,9 @@ def _members(lang: str, data: bytes, offset: int) -> list[Member]:
         if not keys:
             continue
         node = keys[0]
-        if kind.scope:
+        if kind.whole_file:
+            ctx = "<module>"
+        elif kind.scope:
             fn = _enclosing_function(node)
             if fn is None:
                 continue

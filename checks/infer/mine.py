@@ -24,6 +24,8 @@ from checks.infer.families import KIND_BY_NAME, FileMembers
 NAME = re.compile(r"^[A-Za-z_][\w.:]*$")
 AFFIXES = r"(?i:^(?:register_|task_|op_))|(?i:(?:_task|_op|_kernel|_impl|_fn)$)"
 CUT = r"[\s(<].*$"
+# Families that use names rather than declare them: a relation needs a declaring side (enum, table, registry).
+_USES = {"case", "py-functions", "py-methods"}
 CASE_CLASS_MIN = 8  # switches that agree with no declared list must share at least this many labels
 # Members a family may hold and its partner lack: sentinels, not names.
 SENTINEL = re.compile(
@@ -60,10 +62,15 @@ class Family:
             "enum": "enum", "case": "case labels in", "array": "array", "c-register": "registrations via",
             "py-enum": "enum class", "dict": "dict keys of", "list": "list", "compare": "names compared with",
             "py-register": "registrations via", "c-map": "map entries of", "py-methods": "methods of class",
+            "py-functions": "functions", "dict-values": "dict values of",
         }[self.kind]
         where = self.paths[0] if len(self.paths) == 1 else f"{len(self.paths)} files"
-        if self.label:
+        if self.label and self.kind == "case":
             what = f"case labels {self.label}* in"
+        elif self.label:
+            what = f"{what} {self.label}*"
+            if self.kind == "py-functions":
+                return f"{what} ({where})"
         return f"{what} {self.ctx} ({where})"
 
     @property
@@ -116,6 +123,17 @@ def _prefix(raws: list[str]) -> str:
     return "" if any(len(r) == len(common) for r in raws) else common
 
 
+def _prefix_groups(raws: list[str], min_size: int) -> list[str]:
+    """``_``-ended prefixes shared by at least ``min_size`` names and by more of them than any longer one."""
+    counts: dict[str, int] = defaultdict(int)
+    for r in set(raws):
+        for i, ch in enumerate(r[:-1]):
+            if ch == "_" and i > 0:
+                counts[r[: i + 1]] += 1
+    keep = [p for p, n in counts.items() if n >= min_size]
+    return sorted(p for p in keep if not any(q != p and q.startswith(p) and counts[q] == counts[p] for q in keep))
+
+
 def _suffix(raws: list[str]) -> str:
     """The ``_``-started suffix every member shares (``_layer``, ``_TASK``), or ""."""
     if len(raws) < 3:
@@ -163,20 +181,28 @@ def build_families(files: list[FileMembers], min_size: int) -> list[Family]:
             if len(part) < len(rows):
                 groups[(f"case[{label}]", key[1], key[2])] = part
                 langs[(f"case[{label}]", key[1], key[2])] = langs[key]
+    # Definitions are a family only by a shared prefix (``apply_liger_kernel_to_*``): one per such prefix.
+    for key, rows in list(groups.items()):
+        if not KIND_BY_NAME[key[0]].affixed:
+            continue
+        for label in _prefix_groups([r[0] for r in rows], min_size):
+            groups[(f"{key[0]}[{label}]", key[1], key[2])] = [r for r in rows if r[0].startswith(label)]
+            langs[(f"{key[0]}[{label}]", key[1], key[2])] = langs[key]
     out: list[Family] = []
     for key, rows in groups.items():
         kind, _, ctx = key
         label = ""
-        if kind.startswith("case["):
-            kind, label = "case", kind[5:-1]
+        if kind.endswith("]"):
+            kind, _, label = kind[:-1].partition("[")
         cut = [re.sub(CUT, "", r[0]) for r in rows]
-        if len(set(cut)) < min_size or not all(NAME.match(c) for c in cut) or not NAME.match(ctx.replace("->", ".")):
+        named = ctx == "<module>" or NAME.match(ctx.replace("->", "."))
+        if len(set(cut)) < min_size or not all(NAME.match(c) for c in cut) or not named:
             continue
         if any(ch in ctx for ch in '"\\*?[') or any(ch in p for _, p, _, _ in rows for ch in "*?[!"):
             continue
         names = sorted(set(cut))
         prefix, suffix = _prefix(names), _suffix(names)
-        if KIND_BY_NAME[kind].affixed and not (prefix or suffix):
+        if KIND_BY_NAME[kind].affixed and not label:
             continue
         paths = sorted({p for _, p, _, _ in rows})
         fam = Family(kind, ctx, langs[key], paths, prefix, suffix, label=label)
@@ -221,7 +247,7 @@ def mine(families: list[Family], min_support: int, min_ratio: float = 0.5, max_r
     for cid, idx in classes.items():
         core = [families[i] for i in sorted(idx, key=lambda i: (-len(families[i].names), families[i].id))]
         rep = next(i for i in idx if families[i] is core[0])
-        declares = [f for f in core if f.kind != "case"]
+        declares = [f for f in core if f.kind not in _USES]
         # Supersets, as classes: keep the smallest ones (transitive reduction).
         sup = {class_of[b] for b in contained.get(rep, {}) if class_of[b] != cid}
         if all(f.kind in ("case", "array") for f in core):  # the compiler already keeps labels inside their enum
@@ -229,14 +255,18 @@ def mine(families: list[Family], min_support: int, min_ratio: float = 0.5, max_r
         minimal = {c for c in sup if not any(o != c and class_of[o] != c and o in sup and _inside(o, c, contained, classes)
                                                for o in sup)}
         supersets = [max((families[i] for i in classes[c]), key=lambda f: (len(f.names), f.id)) for c in sorted(minimal)]
-        switches_only = not declares and not any(f.kind != "case" for f in supersets)
+        switches_only = not declares and not any(f.kind not in _USES for f in supersets)
+        if switches_only and any(f.kind != "case" for f in core + supersets):
+            continue  # helper functions named alike in two modules is chance, not a registry
         if switches_only and (len(core) < 2 or len(core[0].names) < CASE_CLASS_MIN):
             continue  # a few switches agreeing is chance; many labels in exactly the same set is a belief
         if switches_only:
             supersets = []
         if len(core) < 2 and not supersets:
             continue
-        if not switches_only and len({p for f in core + supersets for p in f.paths}) < 2:
+        if not switches_only and len({p for f in core + supersets for p in f.paths}) < 2 and not (
+            {f.kind for f in core + supersets} & _USES
+        ):
             continue
         inv = Invariant("same-set", core, supersets)
         universe = set().union(*(f.names for f in core))
@@ -286,7 +316,11 @@ def _containment(families: list[Family], min_support: int, min_ratio: float) -> 
         for b in index[rarest]:
             fb = families[b]
             same_file = bool(set(fa.paths) & set(fb.paths))
-            if b == a or (same_file and not (fa.kind == fb.kind == "case")) or len(fa.names) < min_ratio * len(fb.names):
+            # In one file: switches against switches, or definitions against the table that lists them;
+            # never two views of one literal (a dict's keys and values).
+            if same_file and (fa.ctx == fb.ctx or not ({fa.kind, fb.kind} & _USES)):
+                continue
+            if b == a or len(fa.names) < min_ratio * len(fb.names):
                 continue
             missing = [n for n in fa.names if n not in fb.names]
             if len(missing) > 4 or any(not _sentinel(fa, n) for n in missing):
