@@ -61,7 +61,9 @@ def _source_of(config: Config, entry: Fact | Rule) -> str:
             facts, rules = _pack(name)
         except Exception:
             continue
-        if (facts if isinstance(entry, Fact) else rules).get(entry.id) == entry:
+        if isinstance(entry, Fact) and facts.get(entry.id) == entry:
+            return f"checks/packs/{name}.toml"
+        if isinstance(entry, Rule) and entry.source == "pack" and entry.id in rules:
             return f"checks/packs/{name}.toml"
     return config.source
 
