@@ -183,7 +183,7 @@ def build_families(files: list[FileMembers], min_size: int) -> list[Family]:
                 langs[(f"case[{label}]", key[1], key[2])] = langs[key]
     # Definitions are a family only by a shared prefix (``apply_liger_kernel_to_*``): one per such prefix.
     for key, rows in list(groups.items()):
-        if not KIND_BY_NAME[key[0]].affixed:
+        if key[0].endswith("]") or not KIND_BY_NAME[key[0]].affixed:
             continue
         for label in _prefix_groups([r[0] for r in rows], min_size):
             groups[(f"{key[0]}[{label}]", key[1], key[2])] = [r for r in rows if r[0].startswith(label)]

@@ -151,3 +151,35 @@ def test_python_registrations_spread_over_files_are_one_family(tmp_path):
     found = audit(r.path, base, head)
     assert [f.source for f in found.findings] == ["inferred"]
     assert "'phi'" in found.findings[0].message and "list:SUPPORTED@config.py" in found.findings[0].message
+
+
+def _switch(fn: str, labels: list[str]) -> str:
+    cases = "".join(f"        case {x}: return {i};\n" for i, x in enumerate(labels))
+    return f"int {fn}(int v) {{\n    switch (v) {{\n{cases}        default: return -1;\n    }}\n}}\n"
+
+
+def test_a_switch_over_two_enums_is_checked_per_enum(tmp_path):
+    r = GitRepo(tmp_path / "backend")
+    ops = ["OP_ADD", "OP_MUL", "OP_SILU", "OP_GELU", "OP_ROPE"]
+    types = ["TYPE_F32", "TYPE_F16", "TYPE_BF16", "TYPE_Q8"]
+    header = "enum op_kind {\n" + "".join(f"    {o},\n" for o in ops) + "};\n"
+    header += "enum dtype {\n" + "".join(f"    {t},\n" for t in types) + "};\n"
+    files = {"include/ops.h": header, "src/supports.cpp": _switch("supports", ops + types[:2])}
+    base = r.commit_files(files, "backend supports every op")
+    head = r.commit_files({"include/ops.h": header.replace("    OP_ROPE,\n", "    OP_ROPE,\n    OP_TOPK,\n")}, "add topk")
+    found = audit(r.path, base, head)
+    assert len(found.findings) == 1, [f.message for f in found.findings]
+    msg = found.findings[0].message
+    assert "'topk' is in enum:op_kind@include/ops.h but missing from case:supports[OP_*]@src/supports.cpp" in msg
+
+
+def test_definitions_and_the_table_listing_them_agree_in_one_file(tmp_path):
+    r = GitRepo(tmp_path / "patches")
+    models = ["llama", "qwen2", "gemma", "mistral"]
+    defs = "".join(f"def apply_patch_to_{m}():\n    pass\n\n\n" for m in models)
+    table = "MODEL_TO_PATCH = {\n" + "".join(f'    "{m}": apply_patch_to_{m},\n' for m in models) + "}\n"
+    base = r.commit_files({"pkg/patch.py": defs + table}, "four patched models")
+    head = r.commit_files({"pkg/patch.py": defs + "def apply_patch_to_phi3():\n    pass\n\n\n" + table}, "phi3, unlisted")
+    found = audit(r.path, base, head)
+    assert len(found.findings) == 1, [f.message for f in found.findings]
+    assert "'phi3'" in found.findings[0].message and "MODEL_TO_PATCH" in found.findings[0].message
