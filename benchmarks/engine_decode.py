@@ -235,6 +235,203 @@ def parity_rows(name, cfg, hf, engines, device, args) -> list[str]:
     return out
 
 
+# --- the roofline: tokens/s against the bytes a decode step must read -----------------------------------
+
+def copy_ceiling(device: torch.device) -> float:
+    """Device-to-device copy, bytes read + written per second (the same ceiling the kernel benchmarks use)."""
+    n = (1 << 30) if device.type == "cuda" else (1 << 22)
+    src = torch.randn(n // 4, device=device)
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    sync(device)
+    t0 = time.perf_counter()
+    for _ in range(10):
+        dst.copy_(src)
+    sync(device)
+    return 2 * n * 10 / (time.perf_counter() - t0)
+
+
+def static_bytes(model, batch: int) -> int:
+    """Weights every decode step reads whatever the routing: all parameters except the routed experts and the
+    embedding table (of which only ``batch`` rows are read), at their stored width."""
+    total = 0
+    for name, p in model.named_parameters():
+        if ".mlp.experts." in name:
+            continue
+        if name.endswith("embed_tokens.weight"):
+            total += batch * p.shape[1] * p.element_size()
+            continue
+        total += p.numel() * p.element_size()
+    return total
+
+
+def expert_bytes(model) -> int:
+    """One routed expert's three matrices (gate, up, down), at their stored width."""
+    for layer in model.decoder_layers:
+        ex = getattr(layer.mlp, "experts", None)
+        if ex is not None:
+            return sum(w[0].numel() * w.element_size() for w in (ex.gate_proj, ex.up_proj, ex.down_proj))
+    return 0
+
+
+class RoutingTap:
+    """Counts the distinct routed experts of each MoE layer over the forwards run while it is attached."""
+
+    def __init__(self, model):
+        self.counts: list[int] = []
+        self._hooks = [layer.mlp.gate.register_forward_hook(self._hook) for layer in model.decoder_layers
+                       if hasattr(layer.mlp, "gate")]
+
+    def _hook(self, module, args, out):
+        self.counts.append(int(torch.unique(out[1]).numel()))
+
+    def close(self) -> None:
+        for h in self._hooks:
+            h.remove()
+
+
+def _graph_rate(step, batch: int, steps: int, device: torch.device) -> float:
+    """tokens/s of ``steps`` calls of ``step(i)`` (decode steps), timed after two warm-up calls."""
+    for i in range(2):
+        step(i)
+    sync(device)
+    t0 = time.perf_counter()
+    for i in range(2, steps + 2):
+        step(i)
+    sync(device)
+    return batch * steps / (time.perf_counter() - t0)
+
+
+@torch.inference_mode()
+def roofline(args, device: torch.device, dtype: torch.dtype) -> list[str]:
+    """Decode tokens/s of each engine form at each batch, as a share of the HBM bound: the bytes one step must
+    read (every non-expert weight, the experts the batch actually routes to, the latent KV of every layer)
+    over the copy ceiling measured in this run. Anchors in the same run: HF transformers and the torch
+    backend under torch.compile (reduce-overhead, max-autotune)."""
+    from engine.loader import load_tensors
+    from engine.triton_decode import PagedDecoder
+
+    name = args.roofline_config
+    cfg_dict = dict(PRESETS[name], num_nextn_predict_layers=0, **args.overrides)
+    tensors = random_weights(cfg_dict, seed=0, dtype=dtype, device=device)
+    cfg = parse_config(cfg_dict, name)
+    ceiling = copy_ceiling(device)
+    max_len = args.prompt_len + args.steps + 8
+    forms: dict[str, object] = {}
+    for backend in ("triton", "torch"):
+        try:
+            forms[backend] = load_tensors(cfg, tensors, dtype=dtype, device=device, backend=backend,
+                                          max_positions=max_len)
+        except Exception as exc:  # a backend that cannot be built is a result
+            forms[backend] = exc
+    hf = None
+    if not args.skip_hf:
+        try:
+            hf = hf_model(cfg_dict, tensors, dtype, device)
+        except Exception as exc:
+            hf = exc
+    del tensors
+    ref = forms["torch"] if not isinstance(forms["torch"], Exception) else forms["triton"]
+    per_expert = expert_bytes(ref)
+    kv_row = (cfg.kv_lora_rank + cfg.qk_rope_head_dim) * torch.tensor([], dtype=dtype).element_size()
+    lines = [f"roofline {name} ({args.dtype}, {device.type}): copy ceiling {ceiling / 1e12:.2f} TB/s; "
+             f"one routed expert {per_expert / 1e6:.1f} MB; non-expert weights {static_bytes(ref, 1) / 1e6:.0f} MB"]
+    header = ["batch", "experts/layer", "MB/step", "bound tok/s", "ours (triton, graph)", "torch eager",
+              "compile reduce-overhead", "compile max-autotune", "HF transformers"]
+    rows = []
+    gen = torch.Generator().manual_seed(3)
+    compiled: dict[str, object] = {}
+    for batch in args.roofline_batches:
+        ids = torch.randint(2, cfg.vocab_size, (batch, args.prompt_len), generator=gen).to(device)
+        lens = torch.full((batch,), args.prompt_len, device=device)
+        cells: dict[str, str] = {}
+        bound = None
+        # ours: the paged decoder (Triton ops, CUDA graph where it can); its eager steps also count the routing
+        model = forms["triton"]
+        if isinstance(model, Exception):
+            cells["ours"] = "n/a"
+        else:
+            try:
+                dec = PagedDecoder(model)
+                dec.setup(batch, max_len)
+                logits = dec.prefill(ids, lens)
+                tap = RoutingTap(model)
+                nxt = logits.argmax(-1)
+                for i in range(3):  # eager steps at the positions the timed steps overwrite
+                    nxt = dec._decode_eager(nxt, lens + i).argmax(-1)
+                tap.close()
+                n_moe = max(1, sum(hasattr(layer.mlp, "gate") for layer in model.decoder_layers))
+                experts = sum(tap.counts) / max(1, len(tap.counts))
+                mid = args.prompt_len + args.steps // 2  # mean context over the timed steps
+                nbytes = (static_bytes(model, batch) + n_moe * experts * per_expert
+                          + cfg.num_hidden_layers * batch * mid * kv_row)
+                bound = batch / (nbytes / ceiling)
+                cells["experts"] = f"{experts:.1f}"
+                cells["mb"] = f"{nbytes / 1e6:,.0f}"
+                cells["bound"] = f"{bound:,.0f}"
+                rate = _graph_rate(lambda i, d=dec, n=nxt, ln=lens: d.step(n, ln + i), batch, args.steps, device)
+                cells["ours"] = f"{rate:,.0f} ({100 * rate / bound:.0f}%)" + ("" if dec.graphed else " eager")
+                dec = None
+            except Exception as exc:
+                cells["ours"] = "error"
+                lines.append(f"roofline ours b{batch}: {type(exc).__name__}: {exc}".splitlines()[0])
+        def pct(r: float, bound=bound) -> str:
+            return f"{r:,.0f}" + (f" ({100 * r / bound:.0f}%)" if bound else "")
+
+        model = forms["torch"]
+        for label, mode in (("eager", None), ("reduce-overhead", "reduce-overhead"), ("max-autotune", "max-autotune")):
+            if isinstance(model, Exception) or over_budget(args) or (mode and args.no_compile):
+                cells[label] = "n/a" if isinstance(model, Exception) else "skipped"
+                continue
+            try:
+                model.setup_cache(batch, max_len, "absorbed", static=mode is not None)
+                pos = torch.arange(args.prompt_len, device=device).unsqueeze(0).expand(batch, -1)
+                nxt = model(ids, pos).argmax(-1, keepdim=True)
+                fn = model if mode is None else compiled.get(mode)
+                if fn is None:
+                    fn = compiled[mode] = compile_step(model, mode)
+                t0 = time.perf_counter()
+                fn(nxt, (lens + 0).unsqueeze(1))  # compiles on first use of this batch size
+                sync(device)
+                took = time.perf_counter() - t0
+                rate = _graph_rate(lambda i, f=fn, n=nxt, ln=lens: f(n, (ln + 1 + i).unsqueeze(1)), batch, args.steps,
+                                   device)
+                cells[label] = pct(rate) + (f" [first call {took:.0f}s]" if mode else "")
+            except Exception as exc:
+                cells[label] = "error"
+                lines.append(f"roofline torch {label} b{batch}: {type(exc).__name__}: {exc}".splitlines()[0])
+        if isinstance(hf, Exception) or hf is None:
+            cells["hf"] = "n/a"
+        elif over_budget(args):
+            cells["hf"] = "skipped"
+        else:
+            try:
+                dt = time_decode(lambda k, m=hf, x=ids: hf_greedy(m, x, k), args.steps, device, args.repeats)
+                cells["hf"] = pct(batch * (args.steps - 1) / dt) if dt else "noisy"
+            except Exception as exc:
+                cells["hf"] = "error"
+                lines.append(f"roofline HF b{batch}: {type(exc).__name__}: {exc}".splitlines()[0])
+        rows.append([str(batch)] + [cells.get(k, "-") for k in ("experts", "mb", "bound", "ours", "eager",
+                                                               "reduce-overhead", "max-autotune", "hf")])
+        print("# roofline row: " + "  ".join(rows[-1]), flush=True)
+    if isinstance(hf, Exception):
+        lines.append(f"roofline HF: not built: {type(hf).__name__}: {hf}".splitlines()[0])
+    lines.append(table(rows, header))
+    lines.append("(%) = tokens/s over the bound: batch / (MB/step over the copy ceiling). The torch backend's "
+                 "expert loop (data-dependent shapes) runs eagerly inside the compiled step.")
+    return lines
+
+
+def compile_step(model, mode: str):
+    """The torch backend's decode step under ``torch.compile(mode=...)`` over a static cache; the reference
+    expert loop stays eager (its per-expert token counts are data-dependent shapes)."""
+    ops = model.ops
+    ops._cache["moe_experts"] = torch.compiler.disable(ops.moe_experts)
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+    return torch.compile(model, mode=mode)
+
+
 def table(rows: list[list[str]], header: list[str]) -> str:
     allrows = [header] + rows
     w = [max(len(r[i]) for r in allrows) for i in range(len(header))]
@@ -259,7 +456,22 @@ def main(argv: list[str] | None = None) -> int:
                    help="seconds after which remaining timings are skipped (the run must end in < 4 min on the H200)")
     p.add_argument("--set", default="{}", help='config overrides for every preset, as JSON, e.g. \'{"num_hidden_layers": 2}\'')
     p.add_argument("--quick", action="store_true", help="tiny config, small batches, few steps (CPU smoke run)")
+    p.add_argument("--smoke", action="store_true", help="--quick on CPU, float32, every section once (CI)")
+    p.add_argument("--sections", default="table,roofline", help="comma list: table (vs HF), roofline")
+    p.add_argument("--roofline-config", default=None, help="preset (default small; --quick: tiny)")
+    p.add_argument("--roofline-batches", default=None, help="comma list (default 1,8,32,128; --quick: 2)")
+    p.add_argument("--no-compile", action="store_true", help="roofline: skip the torch.compile anchors")
     args = p.parse_args(argv)
+    if args.smoke:
+        args.quick, args.device, args.dtype = True, "cpu", "float32"
+        args.batches = args.batches or "2"
+        args.steps, args.parity_steps, args.roofline_config, args.roofline_batches = 3, 3, "tiny", "2"
+        if "triton" in args.backends:  # the table times the torch forms; the roofline runs the Triton decoder
+            args.backends = "torch"
+        args.no_compile = True  # inductor's CPU build takes minutes; the GPU run has the compile anchors
+    args.sections = args.sections.split(",")
+    args.roofline_config = args.roofline_config or ("tiny" if args.quick else "small")
+    args.roofline_batches = [int(b) for b in (args.roofline_batches or ("2" if args.quick else "1,8,32,128")).split(",")]
     args.configs = (args.configs or ("tiny" if args.quick else "tiny,small")).split(",")
     args.batches = [int(b) for b in (args.batches or ("1,4" if args.quick else "1,32")).split(",")]
     args.steps = args.steps or (12 if args.quick else 32)
@@ -285,19 +497,21 @@ def main(argv: list[str] | None = None) -> int:
         env.append("transformers missing: HF columns skipped")
     if device.type == "cuda":
         env.append(torch.cuda.get_device_name(device))
-        env.append("sm%d%d" % torch.cuda.get_device_capability(device))
+        env.append("sm{}{}".format(*torch.cuda.get_device_capability(device)))
     if args.overrides:
         env.append(f"config overrides {args.overrides}")
     print(f"# engine decode benchmark: {', '.join(env)}; {args.dtype}; prompt {args.prompt_len} tokens, "
           f"{args.steps} new tokens timed (decode only), best of {args.repeats}", flush=True)
     t0 = args.started = time.perf_counter()
     rows, notes = [], []
-    for name in args.configs:
+    failed = []
+    for name in args.configs if "table" in args.sections else []:
         try:
             r, n = bench_config(name, args, device, dtype)
-        except Exception:
+        except Exception as exc:
             traceback.print_exc()
-            notes.append(f"{name}: failed (traceback above)")
+            print(f"section error: table {name}: {type(exc).__name__}: {exc}", flush=True)
+            failed.append(f"table {name}")
             continue
         rows += r
         notes += n
@@ -308,9 +522,23 @@ def main(argv: list[str] | None = None) -> int:
     for line in notes:
         print(line)
     print()
-    print(table(rows, header) if rows else "no results")
+    if "table" in args.sections:
+        print(table(rows, header) if rows else "no results")
+    if "roofline" in args.sections:
+        try:
+            for line in roofline(args, device, dtype):
+                print(line)
+        except Exception as exc:
+            traceback.print_exc()
+            print(f"section error: roofline: {type(exc).__name__}: {exc}", flush=True)
+            failed.append("roofline")
+    if args.smoke:  # every cell must have produced a number or a reason, not an error
+        bad = [ln for ln in notes if " failed: " in ln or ": not built: " in ln]
+        for ln in bad:
+            print(f"section error: {ln}")
+        failed += bad
     print(f"\ntotal {time.perf_counter() - t0:.0f} s")
-    return 0 if rows else 1
+    return 1 if failed or ("table" in args.sections and not rows) else 0
 
 
 if __name__ == "__main__":

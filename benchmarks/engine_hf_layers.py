@@ -1,6 +1,7 @@
 """Where do our engine and HF transformers part ways? Layer-by-layer hidden states on the same weights.
 
     PYTHONPATH=. python3 benchmarks/engine_hf_layers.py [--device cuda] [--dtypes bfloat16,float32]
+    python benchmarks/engine_hf_layers.py --smoke        # tiny preset, fp32, CPU: the script runs
 
 For each preset and dtype: the same random checkpoint in both models, one batch of prompts, and per
 decoder layer the max |Δ| and cosine of the outputs, plus, for MoE layers, the share of (token, slot)
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import traceback
 from pathlib import Path
 
 import torch
@@ -80,20 +82,29 @@ def compare(preset: str, dtype: torch.dtype, device: torch.device, prompt_len: i
     return lines
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtypes", default="bfloat16,float32")
     ap.add_argument("--presets", default="tiny,small")
     ap.add_argument("--prompt-len", type=int, default=16)
     ap.add_argument("--batch", type=int, default=4)
-    args = ap.parse_args()
+    ap.add_argument("--smoke", action="store_true", help="tiny preset, float32, CPU (CI)")
+    args = ap.parse_args(argv)
+    if args.smoke:
+        args.device, args.dtypes, args.presets, args.batch = "cpu", "float32", "tiny", 2
     device = torch.device(args.device)
+    failed = 0
     for preset in args.presets.split(","):
         for name in args.dtypes.split(","):
-            for line in compare(preset, getattr(torch, name), device, args.prompt_len, args.batch):
-                print(line, flush=True)
+            try:
+                for line in compare(preset, getattr(torch, name), device, args.prompt_len, args.batch):
+                    print(line, flush=True)
+            except Exception as exc:  # one preset/dtype that breaks must not hide the others
+                print(f"section error: {preset} {name}: {type(exc).__name__}: {exc}\n{traceback.format_exc()[-1500:]}")
+                failed += 1
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -149,12 +149,16 @@ class PagedLayerCache:
 
 class ModelCache:
     """Every layer's cache, and the once-per-forward hook: ``begin(pos)`` returns the step's ``end`` for dense
-    caches, and for the paged one records ``seq_lens = pos[:, -1] + 1`` on the device instead (no sync)."""
+    caches, and for the paged one records ``seq_lens = pos[:, -1] + 1`` on the device instead (no sync).
+    A ``static`` dense cache attends over all ``max_len`` rows (masked by position, as gpt-fast does): no
+    host sync and one shape for every step, which is what ``torch.compile`` and graph capture want."""
 
-    def __init__(self, layers: list[LayerCache], pool: PagedLatentCache | None = None):
-        self.layers, self.pool = layers, pool
+    def __init__(self, layers: list[LayerCache], pool: PagedLatentCache | None = None, static_len: int | None = None):
+        self.layers, self.pool, self.static_len = layers, pool, static_len
 
     def begin(self, pos: torch.Tensor) -> int | None:
+        if self.static_len is not None:
+            return self.static_len
         if self.pool is None:
             return int(pos.max()) + 1
         self.pool.seq_lens[: pos.shape[0]].copy_(pos[:, -1] + 1)
@@ -162,8 +166,9 @@ class ModelCache:
 
 
 def dense_cache(cfg, heads: int, batch: int, max_len: int, layout: str, n_layers: int, ops: OpSet,
-                dtype: torch.dtype, device) -> ModelCache:
-    """Contiguous caches for ``n_layers`` attention layers, ``layout`` ``"naive"`` or ``"absorbed"``."""
+                dtype: torch.dtype, device, static: bool = False) -> ModelCache:
+    """Contiguous caches for ``n_layers`` attention layers, ``layout`` ``"naive"`` or ``"absorbed"``;
+    ``static``: every step attends over all ``max_len`` rows (see :class:`ModelCache`)."""
     if layout == "naive":
         layers = [DenseNaiveCache(batch, max_len, heads, cfg.qk_head_dim, cfg.v_head_dim, dtype, device)
                   for _ in range(n_layers)]
@@ -172,7 +177,7 @@ def dense_cache(cfg, heads: int, batch: int, max_len: int, layout: str, n_layers
                   for _ in range(n_layers)]
     else:
         raise ValueError(f"mla mode must be one of ('naive', 'absorbed'), got {layout!r}")
-    return ModelCache(layers)
+    return ModelCache(layers, static_len=max_len if static else None)
 
 
 def paged_cache(pool: PagedLatentCache, ops: OpSet) -> ModelCache:

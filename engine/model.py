@@ -347,16 +347,17 @@ class DeepseekV3(nn.Module):
     def mtp_layers(self) -> list[MTPLayer]:
         return list(self.model.layers[self.cfg.num_hidden_layers:])
 
-    def setup_cache(self, batch: int, max_len: int, mla: str = "naive") -> None:
+    def setup_cache(self, batch: int, max_len: int, mla: str = "naive", static: bool = False) -> None:
         """Allocate (and zero) a dense KV cache for every layer, MTP included: ``batch`` sequences of up to
-        ``max_len`` tokens, per-head K/V (``mla="naive"``) or the absorbed latent (``"absorbed"``)."""
+        ``max_len`` tokens, per-head K/V (``mla="naive"``) or the absorbed latent (``"absorbed"``). ``static``
+        attends over all ``max_len`` rows every step (no host sync; for ``torch.compile``)."""
         if mla not in MLA_MODES:
             raise ValueError(f"mla mode must be one of {MLA_MODES}, got {mla!r}")
         self.check_max_len(max_len)
         dtype = self.model.embed_tokens.weight.dtype
         heads = self.decoder_layers[0].self_attn.n_heads if self.cfg.num_hidden_layers else 0
         self.use_cache(dense_cache(self.cfg, heads, batch, max_len, mla, len(self.model.layers), self.ops, dtype,
-                                   self.rope_cos.device))
+                                   self.rope_cos.device, static))
         self.mla_mode = mla
 
     def use_cache(self, cache: ModelCache) -> None:

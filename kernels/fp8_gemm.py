@@ -13,9 +13,11 @@ Two kernels share the math. The static-shape one (``GemmConfig.plain``, every de
 the K trip count in and indexes row-major operands with 32-bit offsets; it is the fast one. The general
 one takes any strides and 64-bit offsets, for views and operands past 2³¹ elements.
 
-Tiles are keyed on compute capability (:func:`gemm_config`). Nothing here uses TMA descriptors or
-Hopper-only intrinsics by hand; on sm90 Triton lowers ``tl.dot`` to wgmma, elsewhere to mma, so the
-sm120 path differs only in tile sizes and pipeline depth (it has ~100 KB of shared memory, not 228 KB).
+Tiles are keyed on compute capability (:func:`gemm_config`). On sm90 Triton lowers ``tl.dot`` to wgmma,
+elsewhere to mma, so the sm120 path differs only in tile sizes and pipeline depth (it has ~100 KB of shared
+memory, not 228 KB). A third kernel (``GemmConfig.tma``) is persistent and takes its A and B tiles through
+TMA tensor descriptors, optionally warp-specialised: the Hopper features Triton 3.x exposes, swept against
+the static-shape kernel in benchmarks/tune_heavy.py.
 Devices without fp8 tensor cores (cc < 8.9) upcast the operands to bf16 inside the kernel.
 """
 
@@ -90,6 +92,8 @@ class GemmConfig:
     k_pair: bool = False  # issue two K steps' dots before promoting either (two MMAs in flight)
     fused_reduce: bool = False  # split-K: the last program of a tile sums the partials (one launch, not two)
     plain: bool = False  # the static-shape kernel (N, K and the K trip count compiled in; contiguous operands)
+    tma: bool = False  # the persistent kernel fed by TMA tensor descriptors (sm90+; contiguous operands)
+    warp_spec: bool = False  # tma only: warp-specialised persistent loop (producer/consumer warps), no split-K
 
 
 def gemm_config(m: int, n: int, k: int, capability: tuple[int, int] | None, num_sms: int = 132) -> GemmConfig:
@@ -312,6 +316,78 @@ def _fp8_gemm_plain_kernel(
 
 
 @triton.jit
+def _fp8_gemm_tma_kernel(
+    a_desc, b_desc, a_s_ptr, b_s_ptr, c_ptr, ws_ptr, cnt_ptr, M,
+    N: tl.constexpr, K: tl.constexpr, KB_PER_SPLIT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr, NUM_PROGS: tl.constexpr, WARP_SPEC: tl.constexpr,
+    UPCAST: tl.constexpr, EXACT: tl.constexpr, FUSED_REDUCE: tl.constexpr,
+):
+    """Persistent: ``NUM_PROGS`` programs walk the (tile, K-split) work items. A and B tiles arrive through
+    TMA descriptors (the copy engine; rows past M and K come back as zeros), so no address arithmetic or
+    masks sit in the K loop. With ``WARP_SPEC`` the loop over tiles is warp-specialised: producer warps
+    issue the TMA loads while consumer warps run the dots."""
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = (N + BLOCK_N - 1) // BLOCK_N
+    k_blocks = (K + BLOCK_K - 1) // BLOCK_K
+    work = num_m * num_n * SPLIT_K
+    for w in tl.range(tl.program_id(0), work, NUM_PROGS, warp_specialize=WARP_SPEC):
+        pid_k = w % SPLIT_K
+        t = w // SPLIT_K
+        if GROUP_M == 0:
+            pid_m = t % num_m
+            pid_n = t // num_m
+        else:
+            in_group = GROUP_M * num_n
+            first_m = (t // in_group) * GROUP_M
+            size_m = tl.minimum(num_m - first_m, GROUP_M)
+            pid_m = first_m + (t % in_group) % size_m
+            pid_n = (t % in_group) // size_m
+        kb0 = pid_k * KB_PER_SPLIT
+        if k_blocks % KB_PER_SPLIT == 0:
+            steps = KB_PER_SPLIT
+        else:
+            steps = tl.minimum(KB_PER_SPLIT, k_blocks - kb0)
+        rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        as_ptrs = a_s_ptr + (rows % M) * k_blocks + kb0
+        if BLOCK_N <= BLOCK_K:
+            bs_ptr = b_s_ptr + ((pid_n * BLOCK_N) // BLOCK_K) * k_blocks + kb0
+        else:
+            bs_ptrs = b_s_ptr + ((cols % N) // BLOCK_K) * k_blocks + kb0
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for i in range(steps):
+            k0 = (kb0 + i) * BLOCK_K
+            a = a_desc.load([pid_m * BLOCK_M, k0])
+            b = b_desc.load([pid_n * BLOCK_N, k0])
+            if UPCAST:
+                part = tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16).T)
+            else:
+                part = tl.dot(a, b.T)
+            if BLOCK_N <= BLOCK_K:
+                acc += part * (tl.load(as_ptrs + i) * tl.load(bs_ptr + i))[:, None]
+            else:
+                acc += part * tl.load(as_ptrs + i)[:, None] * tl.load(bs_ptrs + i)[None, :]
+        mask = (rows < M)[:, None] & (cols < N)[None, :]
+        if SPLIT_K == 1:
+            tl.store(c_ptr + rows[:, None] * N + cols[None, :], cast_rne(acc, c_ptr.dtype.element_ty, EXACT),
+                     mask=mask)
+        else:
+            tl.store(ws_ptr + (pid_k * M + rows[:, None]) * N + cols[None, :], acc, mask=mask)
+            if FUSED_REDUCE:  # the last split of a tile to arrive sums the partials and resets the counter
+                tl.debug_barrier()
+                done = tl.atomic_add(cnt_ptr + t, 1, sem="acq_rel", scope="gpu")
+                if done == SPLIT_K - 1:
+                    total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                    for s in range(SPLIT_K):
+                        total += tl.load(ws_ptr + (s * M + rows[:, None]) * N + cols[None, :], mask=mask,
+                                         other=0.0, cache_modifier=".cg")
+                    tl.store(c_ptr + rows[:, None] * N + cols[None, :],
+                             cast_rne(total, c_ptr.dtype.element_ty, EXACT), mask=mask)
+                    tl.atomic_xchg(cnt_ptr + t, 0, sem="relaxed", scope="gpu")
+
+
+@triton.jit
 def _split_k_reduce_kernel(
     ws_ptr, c_ptr, MN, N, stride_cm, stride_cn, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr, EXACT: tl.constexpr
 ):
@@ -373,7 +449,9 @@ def fp8_gemm(
     fused = config.fused_reduce and split > 1
     counters = _tile_counters(a.device, tiles) if fused else ws
     grid = (tiles, split)
-    if config.plain and _plain_ok(a, a_s, b, b_s, c, split):
+    if config.tma and _plain_ok(a, a_s, b, b_s, c, split) and k % 16 == 0:
+        _launch_tma(a, a_s, b, b_s, c, ws, counters, kb_per_split, tiles, split, fused, cap, config)
+    elif config.plain and _plain_ok(a, a_s, b, b_s, c, split):
         _fp8_gemm_plain_kernel[grid](
             a, a_s, b, b_s, c, ws, counters, m,
             N=n, K=k, KB_PER_SPLIT=kb_per_split,
@@ -399,6 +477,26 @@ def _plain_ok(a, a_s, b, b_s, c, split) -> bool:
     n = b.shape[0]
     return (a.stride() == (k, 1) and b.stride() == (k, 1) and c.stride() == (n, 1) and a_s.is_contiguous()
             and b_s.is_contiguous() and max(m * k, n * k, split * m * n) < 2**31)
+
+
+def _launch_tma(a, a_s, b, b_s, c, ws, counters, kb_per_split, tiles, split, fused, cap, config) -> None:
+    """The persistent TMA kernel: one program per SM (or per work item, when there are fewer)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    m, k = a.shape
+    n = b.shape[0]
+    sms = torch.cuda.get_device_properties(a.device).multi_processor_count if cap else 4
+    progs = max(1, min(sms, tiles * split))
+    a_desc = TensorDescriptor.from_tensor(a, [config.block_m, BLOCK])
+    b_desc = TensorDescriptor.from_tensor(b, [config.block_n, BLOCK])
+    _fp8_gemm_tma_kernel[(progs,)](
+        a_desc, b_desc, a_s, b_s, c, ws, counters, m,
+        N=n, K=k, KB_PER_SPLIT=kb_per_split,
+        BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=BLOCK,
+        SPLIT_K=split, GROUP_M=config.group_m, NUM_PROGS=progs, WARP_SPEC=config.warp_spec and split == 1,
+        UPCAST=cap is not None and cap < (8, 9), EXACT=interpreting(), FUSED_REDUCE=fused,
+        num_warps=config.num_warps, num_stages=config.num_stages,
+    )
 
 
 def _launch_general(a, a_s, b, b_s, c, ws, counters, kb_per_split, grid, split, fused, cap, config) -> None:

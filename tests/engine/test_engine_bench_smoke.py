@@ -16,7 +16,7 @@ def test_benchmark_quick_cpu_run_prints_the_table(capsys):
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     rc = bench.main(["--device", "cpu", "--quick", "--dtype", "float32", "--batches", "1", "--steps", "8",
-                     "--parity-steps", "4", "--backends", "torch"])
+                     "--parity-steps", "4", "--backends", "torch", "--sections", "table"])
     out = capsys.readouterr().out
     assert rc == 0, out
     row = next(line for line in out.splitlines() if line.startswith("tiny "))

@@ -31,10 +31,10 @@ def _install(model, kind: str, batch: int, max_len: int) -> None:
     if kind == "paged":
         _paged(model, batch, max_len)
     else:
-        model.setup_cache(batch, max_len, kind)
+        model.setup_cache(batch, max_len, kind.removesuffix("-static"), static=kind.endswith("-static"))
 
 
-@pytest.mark.parametrize("kind", ["naive", "absorbed", "paged"])
+@pytest.mark.parametrize("kind", ["naive", "absorbed", "paged", "naive-static", "absorbed-static"])
 def test_chunked_prompt_then_decode_equals_one_prefill(tiny_model, kind):
     """A prompt fed as 7 + 5 tokens, then one decode step, gives the logits of feeding all 13 at once: the
     second chunk must attend to rows the first chunk left in the cache (pages, for the paged cache)."""
@@ -67,6 +67,8 @@ def test_paged_decode_step_reads_lengths_from_the_device(tiny_model):
     assert tiny_model.kv_cache.begin(pos) is None
     assert pool.seq_lens.tolist() == [4, 6]
     assert tiny_model.kv_cache.begin(torch.tensor([[0, 1], [0, 1]])) == 2
+    tiny_model.setup_cache(2, 8, "absorbed", static=True)  # a static cache: the whole length, no sync
+    assert tiny_model.kv_cache.begin(pos) == 8
 
 
 def _calls(tree: ast.AST, name: str) -> int:

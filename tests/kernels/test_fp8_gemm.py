@@ -152,3 +152,23 @@ def test_bad_shapes_name_the_operand(shapes, needle):
     b = torch.zeros(bn, bk, dtype=torch.float8_e4m3fn)
     with pytest.raises(ValueError, match=needle.replace("[", r"\[")):
         fp8_gemm(a, torch.ones(a_s), b, torch.ones(b_s))
+
+
+@pytest.mark.parametrize(
+    "mnk, cfg",
+    [
+        ((5, 96, 256), GemmConfig(16, 32, 1, 0, 4, 1, tma=True)),  # rows and columns past the edge: TMA zero-fill
+        ((33, 130, 384), GemmConfig(16, 64, 1, 2, 4, 1, tma=True)),  # grouped order over a persistent loop
+        ((3, 256, 640), GemmConfig(16, 256, 1, 0, 4, 1, tma=True)),  # N tile wider than a scale block
+        ((2, 64, 128 * 7), GemmConfig(16, 32, 3, 0, 4, 1, tma=True)),  # split-K work items, second-kernel sum
+        ((4, 72, 128 * 6), GemmConfig(16, 32, 3, 0, 4, 1, tma=True, fused_reduce=True)),
+        ((20, 64, 256), GemmConfig(16, 32, 1, 0, 4, 1, tma=True, warp_spec=True)),
+    ],
+)
+def test_persistent_tma_kernel_matches_reference(mnk, cfg, device):
+    m, n, k = mnk
+    a, a_s, b, b_s = _operands(m, n, k, seed=sum(mnk) + 1, device=device)
+    out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=device)
+    fp8_gemm(a, a_s, b, b_s, out=out, config=cfg)
+    assert not torch.isnan(out).any()
+    torch.testing.assert_close(out.float(), fp8_gemm_ref(a, a_s, b, b_s).float(), rtol=2**-7, atol=1e-2)
