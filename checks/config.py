@@ -89,6 +89,8 @@ class Settings:
     max_file_bytes: int = 2_000_000  # facts skip larger files (generated code), and say so
     quiet: list[str] = field(default_factory=list)  # path globs whose parse notes are not reported
     cache_dir: str = ""  # fact-row cache; default $DRIFT_AUDIT_CACHE or $XDG_CACHE_HOME/drift-audit
+    gpu_runner: str = ""  # runner label for implicit test files whose imports need a GPU (runner/select.py)
+    symbol_selection: bool = True  # select tests by the names a change touches, not only its modules
     # Inference (checks/infer) and co-change history (checks/cochange.py); docs/inference.md.
     infer: bool | None = None  # inferred rules; None: on when the config declares no rule
     infer_min_support: int = 4  # names a relation must hold at base to become a rule
