@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 ENV_PREFIX = "DRIFT_AUDIT_"
-SECRET_FIELDS = ("private_key", "webhook_secret")
+SECRET_FIELDS = ("private_key", "webhook_secret", "results_key")
 
 
 class SettingsError(ValueError):
@@ -27,6 +27,7 @@ class BotSettings:
     app_id: int = 0
     private_key: str = field(default="", repr=False)  # PEM text; or private_key_file
     webhook_secret: str = field(default="", repr=False)
+    results_key: str = field(default="", repr=False)  # verifies GPU results (docs/runners.md); else $DRIFT_AUDIT_RESULTS_KEY
     github_url: str = "https://api.github.com"  # GHE: https://HOST/api/v3
     public_url: str = "http://127.0.0.1:8080"  # where /audits/<id> is reachable, for details_url
     db: str = "drift-audit.db"

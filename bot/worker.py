@@ -529,7 +529,7 @@ class Service:
         try:
             if actions is None:
                 raise RuntimeError("no GPU results collector is installed on this bot")
-            incoming = actions.Collector(repo).collect(job.run_id, record.audit_id, head_sha=record.head_sha)
+            incoming = actions.Collector(repo, key=self.settings.results_key or None).collect(job.run_id, record.audit_id, head_sha=record.head_sha)
         except Exception as exc:  # missing / malformed / oversized artifact: error rows, never a silent pass
             if isinstance(exc, GithubException) and exc.status >= 500:
                 raise

@@ -19,6 +19,7 @@ from tests.gitrepo import commit, git, init_repo
 from tests.webhooks import FIXTURES
 
 SECRET = "It's a Secret to Everybody"
+RESULTS_KEY = "the bot's results key"  # DRIFT_AUDIT_RESULTS_KEY: GPU results are verified under it
 REPO = "octo-org/octo-repo"
 
 
@@ -33,6 +34,16 @@ def check_run_pr(number: int, head: str, base: str, repo: str = REPO) -> dict:
         "url": f"https://api.github.com/repos/{repo}/pulls/{number}", "id": 1000 + number, "number": number,
         "head": {"ref": "feature", "sha": head, "repo": ref}, "base": {"ref": "main", "sha": base, "repo": ref},
     }
+
+
+def signed_results(repo: str, label: str, results) -> dict[str, str | bytes]:
+    """The artifact files the GPU workflow's recording step uploads: results.json and its signature."""
+    from checks.model import to_json
+    from runner import signing
+
+    body = to_json(results).encode()
+    dispatch = signing.Dispatch(repo, results.audit_id, label, results.head_sha)
+    return {"results.json": body, signing.SIG_FILE: signing.sign(body, signing.repo_key(RESULTS_KEY, repo), dispatch)}
 
 
 def installation_lite(installation_id: int = 1) -> dict:
@@ -164,6 +175,7 @@ class Bot:
             seconds_between_writes=0,
             http_backoff=0.01,
             workers=workers,
+            results_key=RESULTS_KEY,
         )
         values.update(overrides)
         self.settings = BotSettings(**values)

@@ -6,7 +6,7 @@ import json
 import re
 
 from bot.publish import COMMENT_MARKER, reply_marker
-from checks.model import DeviceFingerprint, Results, SuiteResult, to_json
+from checks.model import DeviceFingerprint, Results, SuiteResult
 from runner.actions import artifact_name, run_title
 from tests.bot.conftest import (
     REPO,
@@ -14,6 +14,7 @@ from tests.bot.conftest import (
     fixture_payload,
     installation_lite,
     pr_payload,
+    signed_results,
     wait_for,
     workflow_run_payload,
 )
@@ -127,7 +128,7 @@ def test_gpu_suites_wait_for_a_writer_and_results_come_back(bot_factory, gpu_rep
             [DeviceFingerprint("sm90", gpu="NVIDIA H200", compute_capability="9.0")],
         )
         st.add_artifact(
-            run["id"], artifact_name(inputs["audit_id"], inputs["label"]), {"results.json": to_json(results)}
+            run["id"], artifact_name(inputs["audit_id"], inputs["label"]), signed_results(REPO, inputs["label"], results)
         )
         sent.append(run)
 
@@ -273,7 +274,7 @@ def test_retry_reruns_only_failed_suites(bot_factory, gpu_repo):
         outcome = "failed" if len(runs) == 0 else "passed"
         results = Results(inputs["audit_id"], inputs["head_sha"], [SuiteResult("parity-loader", "sm90", outcome)])
         st.add_artifact(
-            run["id"], artifact_name(inputs["audit_id"], inputs["label"]), {"results.json": to_json(results)}
+            run["id"], artifact_name(inputs["audit_id"], inputs["label"]), signed_results(REPO, inputs["label"], results)
         )
         runs.append(run)
 
@@ -352,7 +353,7 @@ def test_a_new_push_closes_the_audit_waiting_for_gpu_results(bot_factory, gpu_re
         inputs = record["inputs"]
         run = st.add_run(REPO, head_sha=inputs["head_sha"], display_title=run_title(inputs["audit_id"], inputs["label"]))
         results = Results(inputs["audit_id"], inputs["head_sha"], [SuiteResult("parity-loader", "sm90", "passed")])
-        st.add_artifact(run["id"], artifact_name(inputs["audit_id"], inputs["label"]), {"results.json": to_json(results)})
+        st.add_artifact(run["id"], artifact_name(inputs["audit_id"], inputs["label"]), signed_results(REPO, inputs["label"], results))
         runs.append(run)
 
     state.on_dispatch = on_dispatch
