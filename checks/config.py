@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import tomllib
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from importlib import resources
 from typing import Any
 
@@ -481,19 +482,25 @@ def _validate_fact(fact: Fact) -> str | None:
     return None
 
 
+@lru_cache(maxsize=16)
+def _pack_config(name: str) -> Config:
+    """A built-in pack, parsed once per process (its text never changes while it runs)."""
+    text = resources.files("checks.packs").joinpath(f"{name}.toml").read_text()
+    return parse_config(text, f"rule pack '{name}'", include_default_pillars=True)
+
+
 def _packs(names: list[str], source: str, at: str = "") -> tuple[list[Fact], list[Rule]]:
     """Facts and rules of the built-in rule packs named in [settings] packs (checks/packs/<name>.toml)."""
     facts: list[Fact] = []
     rules: list[Rule] = []
     for name in names:
         try:
-            text = resources.files("checks.packs").joinpath(f"{name}.toml").read_text()
+            pack = _pack_config(name)
         except (FileNotFoundError, ModuleNotFoundError):
             known = sorted(p.name[:-5] for p in resources.files("checks.packs").iterdir() if p.name.endswith(".toml"))
             raise ConfigError(
                 f"{at}: [settings] packs: unknown rule pack '{name}'; {_closest(name, known)} (docs/rules.md)"
             ) from None
-        pack = parse_config(text, f"rule pack '{name}'", include_default_pillars=True)
         facts += pack.facts
         rules += pack.rules
     return facts, rules

@@ -50,6 +50,7 @@ import json
 import re
 import threading
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 import pathspec
@@ -299,6 +300,7 @@ def validate_options(fact: Fact) -> None:
 _ESCAPES = set('\\"ntr0')
 
 
+@lru_cache(maxsize=1024)
 def lint_query(text: str) -> str | None:
     """Query mistakes tree-sitter accepts silently: a predicate outside its pattern's parentheses
     (ignored), and a regex escape like ``\\w`` that the query language unescapes to ``w``."""

@@ -160,7 +160,7 @@ def test_fuzzed_configs_give_config_errors_with_file_and_line_never_a_crash():
     lines = SEED_CONFIG.splitlines()
     parse_config(SEED_CONFIG, "cfg.toml")  # the seed itself is valid
     errors = accepted = 0
-    for _ in range(3000):
+    for _ in range(2500):
         text = "\n".join(_mutate(lines, rng)) + "\n"
         try:
             parse_config(text, "cfg.toml")
@@ -171,4 +171,4 @@ def test_fuzzed_configs_give_config_errors_with_file_and_line_never_a_crash():
             assert re.match(r"^cfg\.toml(:\d+)?: \S", msg), msg
             if "invalid TOML" not in msg:
                 assert re.match(r"^cfg\.toml:\d+: ", msg), (msg, text)
-    assert errors > 1000 and accepted > 100
+    assert errors > 1000 and accepted > 100, (errors, accepted)
