@@ -228,6 +228,11 @@ class Experts(nn.Module):
         self.gate_proj_scale_inv = self.up_proj_scale_inv = self.down_proj_scale_inv = None
 
 
+# Pairs per expert from which MoE runs w8a8 on fp8 experts: prefill-sized batches, where the expert GEMMs
+# are compute-bound and fp8 dots run at twice the bf16 rate (decode stays w8a16: it is bound by weight bytes).
+W8A8_PAIRS_PER_EXPERT = 64
+
+
 class MoE(nn.Module):
     def __init__(self, cfg: ModelConfig, ops: OpSet, tp: TP, dtype: torch.dtype | None):
         super().__init__()
@@ -242,8 +247,11 @@ class MoE(nn.Module):
         x = x.reshape(-1, shape[-1])
         weights, ids = self.gate(x)
         ex = self.experts
+        a8 = (ex.gate_proj.dtype == torch.float8_e4m3fn
+              and ids.numel() >= W8A8_PAIRS_PER_EXPERT * ex.gate_proj.shape[0]
+              and x.shape[-1] % 128 == 0 and ex.gate_proj.shape[1] % 128 == 0)
         y = self.ops.moe_experts(x, weights, ids, ex.gate_proj, ex.up_proj, ex.down_proj,
-                                 ex.gate_proj_scale_inv, ex.up_proj_scale_inv, ex.down_proj_scale_inv)
+                                 ex.gate_proj_scale_inv, ex.up_proj_scale_inv, ex.down_proj_scale_inv, act_fp8=a8)
         if self.shared_experts is not None:
             y = y + self.shared_experts(x)
         return self.tp.all_reduce(y).view(shape)

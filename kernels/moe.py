@@ -10,7 +10,10 @@ second multiplies by the down projection, scales by the routing weight, and a su
 
 Weights are bf16 (``[E, I, D]`` gate and up, ``[E, D, I]`` down, HF orientation) or fp8 e4m3 with
 128×128 ``weight_scale_inv`` blocks, dequantised tile by tile in the kernel (w8a16: the weight bytes, which
-bound decode, are halved; activations stay bf16).
+bound decode, are halved; activations stay bf16). ``act_fp8=True`` (fp8 weights, sm89+ or the interpreter)
+is w8a8 as DeepSeek-V3 runs its experts: the tokens and the SiLU·mul intermediate are quantised in 1×128
+blocks (``act_quant``) and both GEMMs are native fp8 dots with ``a_s ⊗ w_s`` applied per K block, which
+is what prefill (compute-bound) wants.
 """
 
 from __future__ import annotations
@@ -37,11 +40,22 @@ def _dequant_one(w: torch.Tensor, scale: torch.Tensor | None, e: int, dtype: tor
     return weight_dequant_ref(w[e], scale[e], block=BLOCK).to(dtype)
 
 
-def expert_loop(x, topk_weights, topk_ids, w1, w3, w2, w1_scale=None, w3_scale=None, w2_scale=None, dtype=None):
+def _qdq(x: torch.Tensor) -> torch.Tensor:
+    """``x`` through 1×128 fp8 quantisation and back (what a w8a8 GEMM sees of its activation)."""
+    from kernels.fp8_quant import act_dequant_ref, act_quant_ref
+
+    q, s = act_quant_ref(x)
+    return act_dequant_ref(q, s, out_dtype=torch.float32)
+
+
+def expert_loop(x, topk_weights, topk_ids, w1, w3, w2, w1_scale=None, w3_scale=None, w2_scale=None, dtype=None,
+                act_fp8: bool = False):
     """Per-expert loop in ``dtype`` (fp32 when None): gather the expert's tokens, MLP, scatter-add. Only
-    experts that received tokens have their weights converted."""
+    experts that received tokens have their weights converted. ``act_fp8``: the tokens and the
+    intermediate pass through 1×128 fp8 quantisation first (the w8a8 kernel's inputs; the intermediate is
+    rounded to ``x.dtype`` before, as the kernel stores it)."""
     dtype = dtype or torch.float32
-    xf = x.to(dtype)
+    xf = (_qdq(x) if act_fp8 else x).to(dtype)
     out = torch.zeros(x.shape[0], w2.shape[1], dtype=torch.float32, device=x.device)
     for e in range(w1.shape[0]):
         tok, slot = torch.where(topk_ids == e)
@@ -51,6 +65,8 @@ def expert_loop(x, topk_weights, topk_ids, w1, w3, w2, w1_scale=None, w3_scale=N
         g = xe @ _dequant_one(w1, w1_scale, e, dtype).t()
         u = xe @ _dequant_one(w3, w3_scale, e, dtype).t()
         h = torch.nn.functional.silu(g) * u
+        if act_fp8:
+            h = _qdq(h.to(x.dtype)).to(dtype)
         y = (h @ _dequant_one(w2, w2_scale, e, dtype).t()).float() * topk_weights[tok, slot, None].float()
         out.index_add_(0, tok, y)
     return out.to(x.dtype)
@@ -66,12 +82,13 @@ def moe_experts_ref(
     w1_scale: torch.Tensor | None = None,
     w3_scale: torch.Tensor | None = None,
     w2_scale: torch.Tensor | None = None,
+    act_fp8: bool = False,
 ) -> torch.Tensor:
     """fp32 oracle: ``x[T, D]``, ``topk_*[T, k]``, gate ``w1[E, I, D]``, up ``w3[E, I, D]``, down
     ``w2[E, D, I]`` (fp8 weights come with ``*_scale[E, ceil(rows/128), ceil(cols/128)]``). Returns
-    ``[T, D]`` in ``x.dtype``."""
+    ``[T, D]`` in ``x.dtype``. ``act_fp8``: w8a8 (see :func:`expert_loop`)."""
     _check(x, topk_weights, topk_ids, w1, w3, w2, w1_scale, w3_scale, w2_scale)
-    return expert_loop(x, topk_weights, topk_ids, w1, w3, w2, w1_scale, w3_scale, w2_scale)
+    return expert_loop(x, topk_weights, topk_ids, w1, w3, w2, w1_scale, w3_scale, w2_scale, act_fp8=act_fp8)
 
 
 def _check(x, topk_weights, topk_ids, w1, w3, w2, w1_scale, w3_scale, w2_scale) -> None:
@@ -243,11 +260,11 @@ def _expert_tile(
 
 @triton.jit
 def _gate_up_kernel(
-    x_ptr, w1_ptr, w3_ptr, s1_ptr, s3_ptr, h_ptr, sorted_ptr, bexp_ptr,
+    x_ptr, w1_ptr, w3_ptr, s1_ptr, s3_ptr, h_ptr, sorted_ptr, bexp_ptr, xs_ptr,
     NPAIRS, TOPK, D, INTER,
-    stride_xt, stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk, stride_ht,
+    stride_xt, stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk, stride_ht, stride_xst,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    FP8: tl.constexpr, F32_DOT: tl.constexpr, EXACT: tl.constexpr, PREC: tl.constexpr,
+    FP8: tl.constexpr, A8: tl.constexpr, F32_DOT: tl.constexpr, EXACT: tl.constexpr, PREC: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     e = tl.load(bexp_ptr + pid_m)
@@ -267,7 +284,14 @@ def _gate_up_kernel(
         wu = tl.load(w3_ptr + w_off, mask=k_ok[:, None], other=0.0)
         if F32_DOT:
             xa = xa.to(tl.float32)
-        if FP8:
+        if A8:  # fp8 × fp8 (fp32 upcasts under the interpreter), both block scales per K block
+            s_off = e64 * stride_se + (rn // 128) * stride_sn + (k0 // 128) * stride_sk
+            xs = tl.load(xs_ptr + tok * stride_xst + k0 // 128)
+            sg = tl.load(s1_ptr + s_off)
+            su = tl.load(s3_ptr + s_off)
+            acc_g += tl.dot(xa, wg.to(xa.dtype), input_precision=PREC) * (xs[:, None] * sg[None, :])
+            acc_u += tl.dot(xa, wu.to(xa.dtype), input_precision=PREC) * (xs[:, None] * su[None, :])
+        elif FP8:
             s_off = e64 * stride_se + (rn // 128) * stride_sn + (k0 // 128) * stride_sk
             sg = tl.load(s1_ptr + s_off)
             su = tl.load(s3_ptr + s_off)
@@ -285,11 +309,11 @@ def _gate_up_kernel(
 
 @triton.jit
 def _down_kernel(
-    h_ptr, w2_ptr, s2_ptr, y_ptr, wt_ptr, sorted_ptr, bexp_ptr,
+    h_ptr, w2_ptr, s2_ptr, y_ptr, wt_ptr, sorted_ptr, bexp_ptr, hs_ptr,
     NPAIRS, D, INTER,
-    stride_ht, stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk, stride_yt,
+    stride_ht, stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk, stride_yt, stride_hst,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    FP8: tl.constexpr, F32_DOT: tl.constexpr, PREC: tl.constexpr,
+    FP8: tl.constexpr, A8: tl.constexpr, F32_DOT: tl.constexpr, PREC: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     e = tl.load(bexp_ptr + pid_m)
@@ -307,7 +331,11 @@ def _down_kernel(
         w = tl.load(w2_ptr + w_off, mask=k_ok[:, None], other=0.0)
         if F32_DOT:
             ha = ha.to(tl.float32)
-        if FP8:
+        if A8:
+            s = tl.load(s2_ptr + e64 * stride_se + (rn // 128) * stride_sn + (k0 // 128) * stride_sk)
+            hs = tl.load(hs_ptr + rp * stride_hst + k0 // 128)
+            acc += tl.dot(ha, w.to(ha.dtype), input_precision=PREC) * (hs[:, None] * s[None, :])
+        elif FP8:
             s = tl.load(s2_ptr + e64 * stride_se + (rn // 128) * stride_sn + (k0 // 128) * stride_sk)
             acc += tl.dot(ha, w.to(ha.dtype), input_precision=PREC) * s[None, :]
         else:
@@ -333,9 +361,10 @@ def moe_experts(
     out: torch.Tensor | None = None,
     config: MoeConfig | None = None,
     align: str = "auto",
+    act_fp8: bool = False,
 ) -> torch.Tensor:
     """Triton twin of :func:`moe_experts_ref` (into ``out`` when given); ``align`` as in
-    :func:`align_by_expert`."""
+    :func:`align_by_expert`; ``act_fp8``: w8a8 (fp8 weights only)."""
     _check(x, topk_weights, topk_ids, w1, w3, w2, w1_scale, w3_scale, w2_scale)
     t, d = x.shape
     e, i, _ = w1.shape
@@ -349,29 +378,45 @@ def moe_experts(
         raise ValueError("moe: expert weights must be contiguous in their last dim")
     if w1.stride() != w3.stride() or (fp8 and w1_scale.stride() != w3_scale.stride()):
         raise ValueError("moe: w1 and w3 (and their scales) must share a layout")
+    if act_fp8 and not fp8:
+        raise ValueError("moe: act_fp8 (w8a8) needs fp8 expert weights")
+    if act_fp8 and cap is not None and cap < (8, 9):
+        raise ValueError(f"moe: act_fp8 needs fp8 tensor cores (sm89+); this device is sm{cap[0]}{cap[1]}")
+    if act_fp8 and (d % BLOCK or i % BLOCK):
+        raise ValueError(f"moe: act_fp8 needs hidden ({d}) and intermediate ({i}) sizes that are multiples of {BLOCK}")
     x = x.contiguous()
     sorted_ids, block_expert = align_by_expert(topk_ids, e, config.block_m, align)
     n_pairs = t * k
     h = torch.empty(n_pairs, i, dtype=x.dtype, device=x.device)
+    if act_fp8:
+        from kernels.fp8_quant import act_quant
+
+        xin, xs = act_quant(x)
+    else:
+        xin, xs = x, x
     y = torch.empty(n_pairs, d, dtype=torch.float32, device=x.device)
     s1, s3, s2 = (w1_scale, w3_scale, w2_scale) if fp8 else (w1, w3, w2)
     n_tiles = block_expert.numel()
     f32 = cap is None
     _gate_up_kernel[(n_tiles, triton.cdiv(i, config.block_n))](
-        x, w1, w3, s1, s3, h, sorted_ids, block_expert,
+        xin, w1, w3, s1, s3, h, sorted_ids, block_expert, xs,
         n_pairs, k, d, i,
-        x.stride(0), w1.stride(0), w1.stride(1), w1.stride(2),
-        s1.stride(0), s1.stride(1), s1.stride(2), h.stride(0),
-        BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, FP8=fp8, F32_DOT=f32,
+        xin.stride(0), w1.stride(0), w1.stride(1), w1.stride(2),
+        s1.stride(0), s1.stride(1), s1.stride(2), h.stride(0), xs.stride(0),
+        BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, FP8=fp8, A8=act_fp8, F32_DOT=f32,
         EXACT=interpreting(), PREC=dot_precision(x.dtype), num_warps=config.num_warps, num_stages=config.num_stages,
     )
     wts = topk_weights.reshape(-1).float().contiguous()
+    if act_fp8:
+        hin, hs = act_quant(h)
+    else:
+        hin, hs = h, h
     _down_kernel[(n_tiles, triton.cdiv(d, config.block_n))](
-        h, w2, s2, y, wts, sorted_ids, block_expert,
+        hin, w2, s2, y, wts, sorted_ids, block_expert, hs,
         n_pairs, d, i,
-        h.stride(0), w2.stride(0), w2.stride(1), w2.stride(2),
-        s2.stride(0), s2.stride(1), s2.stride(2), y.stride(0),
-        BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, FP8=fp8, F32_DOT=f32,
+        hin.stride(0), w2.stride(0), w2.stride(1), w2.stride(2),
+        s2.stride(0), s2.stride(1), s2.stride(2), y.stride(0), hs.stride(0),
+        BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, FP8=fp8, A8=act_fp8, F32_DOT=f32,
         PREC=dot_precision(x.dtype), num_warps=config.num_warps, num_stages=config.num_stages,
     )
     total = y.view(t, k, d).sum(1)
@@ -419,7 +464,10 @@ def moe_inputs(t, d, i, e, k, device, gen, fp8=False, dtype=torch.bfloat16, skew
 
 def _inputs(case: Case, device: torch.device, gen: torch.Generator) -> dict:
     p = case.params
-    return moe_inputs(*p["tdiek"], device, gen, fp8=p.get("fp8", False), dtype=case.dtype, skew=p.get("skew", False))
+    inp = moe_inputs(*p["tdiek"], device, gen, fp8=p.get("fp8", False), dtype=case.dtype, skew=p.get("skew", False))
+    if p.get("a8"):
+        inp["act_fp8"] = True
+    return inp
 
 
 _GPU = ("cuda",)
@@ -433,6 +481,7 @@ SPEC = ParitySpec(
     cases=[
         Case("t7 d160 i96 e8 k3", {"tdiek": (7, 160, 96, 8, 3)}),
         Case("t7 d160 i96 e8 k3 fp8", {"tdiek": (7, 160, 96, 8, 3), "fp8": True}),
+        Case("t9 d256 i128 e4 k2 w8a8", {"tdiek": (9, 256, 128, 4, 2), "fp8": True, "a8": True}),
         Case("t20 d64 i32 e16 k2 skew", {"tdiek": (20, 64, 32, 16, 2), "skew": True}),
         Case("t5 d64 i32 e4 k2 fp32", {"tdiek": (5, 64, 32, 4, 2)}, dtype=torch.float32),
         Case("t1 small", {"tdiek": (1, *_SMALL)}, devices=_GPU),
@@ -440,6 +489,7 @@ SPEC = ParitySpec(
         Case("t64 small", {"tdiek": (64, *_SMALL)}, devices=_GPU),
         Case("t4096 small", {"tdiek": (4096, *_SMALL)}, devices=_GPU),
         Case("t4096 small fp8", {"tdiek": (4096, *_SMALL), "fp8": True}, devices=_GPU),
+        Case("t4096 small w8a8", {"tdiek": (4096, *_SMALL), "fp8": True, "a8": True}, devices=_GPU),
     ],
     checks=[Check("gemm_diff", 1e-5, "two fp32-accumulated GEMMs with a bf16 intermediate; bf16 GEMM bound",
                   dtypes=(torch.bfloat16,)),

@@ -82,3 +82,14 @@ def test_bad_inputs_are_named(device):
     fp8 = moe_inputs(2, 64, 32, 4, 2, device, torch.Generator(device).manual_seed(2), fp8=True)
     with pytest.raises(ValueError, match="w3_scale of shape"):
         moe_experts(**dict(fp8, w3_scale=None))
+
+
+def test_w8a8_quantises_tokens_and_intermediate_and_needs_fp8_weights(device):
+    inp = moe_inputs(9, 256, 128, 4, 2, device, torch.Generator(device).manual_seed(3), fp8=True)
+    a8 = moe_experts(**inp, act_fp8=True)
+    assert gemm_diff(a8, moe_experts_ref(**inp, act_fp8=True)).value < 1e-5
+    # the activations really went through fp8: w8a8 is off the bf16-activation result by fp8 rounding
+    assert gemm_diff(a8, moe_experts_ref(**inp)).value > 1e-5
+    bf16 = moe_inputs(2, 128, 128, 4, 2, device, torch.Generator(device).manual_seed(4))
+    with pytest.raises(ValueError, match="needs fp8 expert weights"):
+        moe_experts(**bf16, act_fp8=True)
