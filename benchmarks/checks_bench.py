@@ -449,8 +449,10 @@ def parse_section(mirrors: list[str]) -> None:
         if not Path(mirror).exists():
             print(f"{mirror}: not fetched, skipped")
             continue
-        tree = Tree(mirror, subprocess.run(["git", "rev-parse", "HEAD"], cwd=mirror, capture_output=True, text=True,
-                                           check=True).stdout.strip())
+        clone = Path(tempfile.mkdtemp(prefix="drift-audit-parse-")) / "repo"
+        subprocess.run(["git", "clone", "-q", "--shared", "--no-checkout", mirror, str(clone)], check=True)
+        mirror = str(clone) if (clone / ".git").exists() else mirror
+        tree = Tree(mirror, _git(Path(mirror), "rev-parse", "HEAD"))
         paths = [p for p in tree.paths() if p.startswith(sub) and p.endswith((".cu", ".cuh", ".h", ".hpp", ".cc", ".cpp"))]
         from checks.facts import read_blobs
 
@@ -466,7 +468,7 @@ def parse_section(mirrors: list[str]) -> None:
             t0 = time.perf_counter()
             pp += syntax.parse("cuda", clean).root_node.has_error
             t_parse += time.perf_counter() - t0
-        name = mirror.split("/")[-2] + (f":{sub}" if sub else "")
+        name = spec.split("/")[-2] + (f":{sub}" if sub else "")
         print(f"{name:<36} {len(paths):>6} {raw / max(1, len(paths)):>10.0%} {pp / max(1, len(paths)):>9.0%} "
               f"{t_pp:>6.2f} {t_parse:>8.2f}")
 

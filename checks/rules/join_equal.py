@@ -19,6 +19,8 @@ Options:
 
 from __future__ import annotations
 
+from typing import Any
+
 from checks.config import Rule
 from checks.expr import Operand, OperandError, parse_operand
 from checks.facts import Row
@@ -89,15 +91,38 @@ def compare(rule: Rule, rows: Rows, texts: list[str], noun: str = "") -> list[Fi
                 got = _values(mine, row)
                 if len(got) >= 2 and not _agree(got):
                     out.append(_finding(rule, key, noun, got, [place[id(row)]]))
-        # Each row of one fact against each row of every later fact.
+        # Each row of one fact against each row of every later fact, by value groups: rows with one value
+        # compare once, so a key with many agreeing rows costs little; every disagreeing row is reported.
         for i, f in enumerate(present):
+            fa = _groups([o for o in ops if o.fact == f], indexed[f][key])
             for g in present[i + 1:]:
-                for ra in indexed[f][key]:
-                    for rb in indexed[g][key]:
-                        got = _values([o for o in ops if o.fact == f], ra)[:1] + _values([o for o in ops if o.fact == g], rb)[:1]
-                        if len(got) >= 2 and not _agree(got):
-                            out.append(_finding(rule, key, noun, got, [place[id(ra)], place[id(rb)]]))
+                gb = _groups([o for o in ops if o.fact == g], indexed[g][key])
+                for (gref, gval), rbs in gb.items():
+                    bad = [(fref, fval, ras) for (fref, fval), ras in fa.items() if not same(fval, gval)]
+                    for fref, fval, ras in bad:
+                        for rb in rbs:
+                            got = [(fref, fval, r) for r in ras] + [(gref, gval, rb)]
+                            out.append(_finding(rule, key, noun, got, [place[id(ras[0])], place[id(rb)]]))
     return out
+
+
+def _groups(ops: list[Operand], rows: list[Row]) -> dict[tuple[str, Any], list[Row]]:
+    """Rows by (operand, value) of their first operand that has a value, in first-seen order."""
+    out: dict[tuple[str, Any], list[Row]] = {}
+    for row in rows:
+        got = _values(ops, row)[:1]
+        if got:
+            ref, value, _ = got[0]
+            out.setdefault((ref, _hashable(value)), []).append(row)
+    return out
+
+
+def _hashable(value: Any) -> Any:
+    try:
+        hash(value)
+        return value
+    except TypeError:
+        return str(value)
 
 
 def _values(ops: list[Operand], row: Row) -> list[tuple[str, object, Row]]:
@@ -115,10 +140,13 @@ def _agree(got: list[tuple[str, object, Row]]) -> bool:
 
 
 def _finding(rule: Rule, key: str, noun: str, got: list[tuple[str, object, Row]], where: list[str]) -> Finding:
-    parts = ", ".join(f"{ref} = {show(v)} ({row.where()})" for ref, v, row in got)
+    shown = got if len(got) <= 4 else [*got[:2], *got[-1:]]
+    parts = ", ".join(f"{ref} = {show(v)} ({row.where()})" for ref, v, row in shown)
+    if len(shown) < len(got):
+        parts += f" (and {len(got) - len(shown)} more rows with {got[0][0]} = {show(got[0][1])})"
     detail = f"{noun or 'key'} '{key}' disagrees: {parts}"
     locations = [loc(row, f"{ref} = {show(v)}") for ref, v, row in got]
-    return finding(rule, detail, locations, [key, *where], state=[show(v) for _, v, _ in got])
+    return finding(rule, detail, locations, [key, *where], state=sorted({show(v) for _, v, _ in got}))
 
 
 def evaluate(rule: Rule, rows: Rows) -> list[Finding]:
