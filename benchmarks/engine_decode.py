@@ -372,6 +372,11 @@ def roofline(args, device: torch.device, dtype: torch.dtype) -> list[str]:
                 cells["bound"] = f"{bound:,.0f}"
                 rate = _graph_rate(lambda i, d=dec, n=nxt, ln=lens: d.step(n, ln + i), batch, args.steps, device)
                 cells["ours"] = f"{rate:,.0f} ({100 * rate / bound:.0f}%)" + ("" if dec.graphed else " eager")
+                if args.profile and device.type == "cuda":
+                    try:
+                        lines += profile_step(dec, nxt, lens, batch, 1e6 * batch / rate, nbytes, ceiling)
+                    except Exception as exc:  # the profile is a diagnosis, never the result
+                        lines.append(f"profile b{batch}: {type(exc).__name__}: {exc}".splitlines()[0])
                 dec = None
             except Exception as exc:
                 cells["ours"] = "error"
@@ -423,13 +428,34 @@ def roofline(args, device: torch.device, dtype: torch.dtype) -> list[str]:
     return lines
 
 
+def profile_step(dec, nxt, lens, batch: int, step_us: float, nbytes: float, ceiling: float) -> list[str]:
+    """Where one decode step's time goes: torch.profiler over eager steps (the graph replays the same kernels
+    without the launch gaps), kernels grouped by name, the top ones with their share of the GPU-busy time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    reps = 5
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for i in range(reps):
+            dec._decode_eager(nxt, lens + 10 + i)
+        torch.cuda.synchronize()
+    events = [e for e in prof.key_averages() if e.device_type.name == "CUDA" and e.self_device_time_total > 0]
+    busy = sum(e.self_device_time_total for e in events) / reps
+    events.sort(key=lambda e: -e.self_device_time_total)
+    out = [f"profile b{batch}: graph step {step_us:.1f} us; GPU busy {busy:.1f} us in "
+           f"{sum(e.count for e in events) // reps} kernels per step; bound {1e6 * nbytes / ceiling:.1f} us"]
+    for e in events[:10]:
+        per = e.self_device_time_total / reps
+        out.append(f"  {per:8.1f} us {100 * per / busy:5.1f}%  x{e.count // reps:<3d} {e.key[:90]}")
+    return out
+
+
 def compile_step(model, mode: str):
     """The torch backend's decode step under ``torch.compile(mode=...)`` over a static cache; the reference
     expert loop stays eager (its per-expert token counts are data-dependent shapes)."""
     ops = model.ops
     ops._cache["moe_experts"] = torch.compiler.disable(ops.moe_experts)
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
-    return torch.compile(model, mode=mode)
+    return torch.compile(model, mode=mode, dynamic=True)  # one compile serves every batch size
 
 
 def table(rows: list[list[str]], header: list[str]) -> str:
@@ -461,6 +487,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--roofline-config", default=None, help="preset (default small; --quick: tiny)")
     p.add_argument("--roofline-batches", default=None, help="comma list (default 1,8,32,128; --quick: 2)")
     p.add_argument("--no-compile", action="store_true", help="roofline: skip the torch.compile anchors")
+    p.add_argument("--profile", action="store_true", help="roofline: torch.profiler breakdown of our decode step")
     args = p.parse_args(argv)
     if args.smoke:
         args.quick, args.device, args.dtype = True, "cpu", "float32"

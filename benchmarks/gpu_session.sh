@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # One GPU session of measurements, in parts that each finish within ten minutes:
-#   a: the runner's GPU side on this machine's label (every parity and decode suite of
-#      .github/drift-audit.toml through `runner execute`), then the memory-bound kernels benchmark;
-#   b: the heavy kernels benchmark (FP8 GEMM, MoE, MLA decode, engine Triton decode), then the
-#      engine decode benchmark against HF transformers with the bf16 parity check;
-#   c: the engine against HF layer by layer (bf16 and fp32), then the heavy kernels benchmark again;
-#   final: the runner's sm90 suites, the heavy kernels and the engine decode benchmark, in one call.
+#   roofline: the kernel and engine tests on the GPU (compiled kernels; interpreter-only tests in their
+#      subprocess), the engine decode roofline (small config, batch 1/8/32/128, torch.compile and HF
+#      anchors, a profile of our step), then the FP8 GEMM / MLA tile sweep (TMA, persistent, warp-specialised);
+#   heavy: the heavy kernels benchmark (parity, GEMM, MLA, MoE incl. w8a8, engine greedy), then the
+#      memory-bound kernels (act_quant, weight_dequant against the copy ceiling);
+#   suite: the whole test suite (`python -m pytest -q`), counts in $OUT/pytest_all.log;
+#   smoke: every step with --smoke, on this machine's CPU (no GPU needed), to check the script itself.
 # Outputs land in $OUT (default ./.out). Review-side wheels in .whl/ are installed when present.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -28,22 +29,29 @@ step() {  # step NAME SECONDS CMD...: run with a limit, keep the log, never stop
   tail -n 40 "$OUT/$name.log"
 }
 
-case "${1:-a}" in
-  a)
-    step runner_sm90 260 runner/gpu_smoke.sh sm90 "$OUT"
-    step kernels_membound 230 python3 benchmarks/kernels_membound.py
+case "${1:-roofline}" in
+  roofline)
+    command -v git ncu || true
+    step pytest_gpu 170 python3 -m pytest -q -p no:cacheprovider tests/kernels tests/engine
+    step roofline 230 python3 benchmarks/engine_decode.py --sections roofline --profile --time-budget 190
+    step tune_heavy 170 python3 benchmarks/tune_heavy.py --budget 150
     ;;
-  b)
-    step kernels_heavy 280 python3 benchmarks/kernels_heavy.py
-    step engine_decode 260 python3 benchmarks/engine_decode.py
+  heavy)
+    step kernels_heavy 250 python3 benchmarks/kernels_heavy.py --budget 230 --skip "engine tok/s,engine vs HF transformers"
+    step kernels_membound 120 python3 benchmarks/kernels_membound.py --budget 110 --no-compile --out /tmp/kmb
+    cp /tmp/kmb/kernels_membound.json /tmp/kmb/kernels_membound.txt "$OUT/" 2>/dev/null  # not its .ptx files
     ;;
-  final)
-    step runner_sm90 200 runner/gpu_smoke.sh sm90 "$OUT"
-    step kernels_heavy 250 python3 benchmarks/kernels_heavy.py
-    step engine_decode 200 python3 benchmarks/engine_decode.py
+  suite)
+    command -v git || echo "no git on this machine: the suites that build git repositories will fail"
+    step pytest_all 560 python3 -m pytest -q -p no:cacheprovider -n 8
     ;;
-  c)
-    step engine_hf_layers 200 python3 benchmarks/engine_hf_layers.py --device cuda
-    step kernels_heavy 280 python3 benchmarks/kernels_heavy.py
+  smoke)
+    for f in engine_decode engine_hf_layers kernels_heavy kernels_membound tune_heavy; do
+      step "smoke_$f" 120 python3 "benchmarks/$f.py" --smoke
+    done
+    ;;
+  *)
+    echo "usage: $0 [roofline|heavy|suite|smoke]" >&2
+    exit 2
     ;;
 esac
