@@ -18,7 +18,7 @@ from collections import defaultdict
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-MAX_RULES = 12
+MAX_RULES = 40
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
