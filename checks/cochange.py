@@ -83,7 +83,7 @@ def history(repo: str, head: str, limit: int = 1000, cache_dir: Path | None = No
             cached = History(data["head"], [Commit(**c) for c in data["commits"]])
         except Exception:
             cached = None
-    if cached is not None and cached.head == head and len(cached.commits) >= min(limit, len(cached.commits)):
+    if cached is not None and cached.head == head:
         return History(head, cached.commits[:limit])
     commits: list[Commit] | None = None
     if cached is not None and _git(repo, "merge-base", "--is-ancestor", cached.head, head).returncode == 0:

@@ -81,7 +81,7 @@ def infer(
             pass
     cache = BlobCache(cache_dir)
     members = tree_members(tree, cache)
-    cache.save()
+    cache.save(keep={b for _, _, b in files})
     t1 = time.perf_counter()
     families = build_families(members, min_size=min_support)
     invariants = mine(families, min_support)

@@ -28,6 +28,7 @@ from checks.facts import read_blobs
 
 VERSION = 6  # bump when a pattern changes: cached rows of an older pattern set are not reused
 MAX_BYTES = 400_000  # generated tables and vendored amalgamations say nothing about the code's intent
+MAX_CACHED = 60_000  # blobs kept in a repo's on-disk member cache before it is pruned to one tree
 
 
 @dataclass(frozen=True)
@@ -324,9 +325,12 @@ class BlobCache:
             except Exception:  # a torn or foreign cache file is rebuilt, never trusted
                 self.data = {}
 
-    def save(self) -> None:
+    def save(self, keep: set[str] | None = None) -> None:
+        """Write the cache; past ``MAX_CACHED`` blobs only those in ``keep`` (the tree just read) stay."""
         if self.path is None or not self.dirty:
             return
+        if keep is not None and len(self.data) > MAX_CACHED:
+            self.data = {b: m for b, m in self.data.items() if b in keep}
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             tmp = self.path.with_suffix(f".tmp{os.getpid()}")
