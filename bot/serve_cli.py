@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import threading
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -40,6 +41,9 @@ def serve(args: argparse.Namespace) -> int:
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("drift_audit").info("settings: %s", settings.redacted())
+    from bot.payloads import warm
+
+    threading.Thread(target=warm, daemon=True, name="schemas").start()  # compiled before deliveries need them
     service = Service(settings, store)
     service.start()
     try:
