@@ -118,3 +118,14 @@ def test_every_list_is_capped_and_no_line_is_longer_than_a_screen(repo):
     assert max(len(line) for line in text.splitlines()) <= 600
     assert "… 35 more files" in text  # 25 of 60 listed
     assert re.search(r"`handler_\d+_y+` \+5\d more", text)  # a few symbols per line, the rest counted
+
+
+def test_inferred_invariants_are_listed_folded(tmp_path):
+    audit = demo_audit(tmp_path)
+    audit.findings.inferred = ["same-set: enum TaskType ⊆ task_type_to_name keys (support 5/5)", "@bot #3 [x](y)"]
+    text = report(audit).markdown
+    block = text.split("<details><summary>Inferred from the base: 2 invariants checked</summary>")[1]
+    block = block.split("</details>")[0]
+    assert "- same\\-set" not in block and "- same-set: enum TaskType" in block
+    assert "@\u200bbot \\#\u200b3 \\[x\\]\\(y\\)" in block
+    assert text.index("Inferred from the base") > text.index("#### Pillars")

@@ -82,7 +82,8 @@ def fuzzed_audit(rng: random.Random) -> Audit:
     ], devices=[DeviceFingerprint("sm90", gpu=p(), compute_capability=p(), driver=p())])
     co = Checkout("/r", "a" * 40, "b" * 40, "a" * 40)
     return Audit(AuditRequest("/r", "a", "b"), co, p(), ChangeSet("a" * 40, "b" * 40, "a" * 40), pillars,
-                 Findings(findings, unchecked, rules_run=["r1"]), plan, results, timings={"diff": 0.1})
+                 Findings(findings, unchecked, rules_run=["r1"], inferred=[p(), p()]), plan, results,
+                 timings={"diff": 0.1})
 
 
 class _Tags(HTMLParser):
