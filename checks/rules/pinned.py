@@ -14,6 +14,7 @@ from checks.rules.base import (
     Problem,
     Rows,
     RuleKind,
+    by_key,
     check_options,
     finding,
     literal,
@@ -44,12 +45,12 @@ def evaluate(rule: Rule, rows: Rows) -> list[Finding]:
     all_rows = [r for f in rule.facts for r in rows.get(f, [])]
     pins = rule.options.get("values")
     out: list[Finding] = []
+    table = by_key(all_rows)
     if pins is None:
         want = rule.options["value"]
-        keys = dict.fromkeys(r.key for r in all_rows)
-        targets = [(k, want, [r for r in all_rows if r.key == k]) for k in keys]
+        targets = [(k, want, rs) for k, rs in table.items()]
     else:
-        targets = [(k, v, [r for r in all_rows if r.key == k]) for k, v in pins.items()]
+        targets = [(k, v, table.get(k, [])) for k, v in pins.items()]
     for key, want, hits in targets:
         if not hits:
             out.append(finding(rule, f"'{key}' is pinned to {want} but no longer found", [], [key, "missing"]))
