@@ -35,8 +35,9 @@ Progress = Callable[[str], None]
 STANDARD_LABELS = ("cpu", "sm90", "sm100", "sm120")
 
 
-class RequestError(WorkspaceError):
-    """The request does not fit the repo (an unknown runner label, a reversed range): the user's to fix."""
+class RequestError(WorkspaceError, ValueError):
+    """The request does not fit the repo (an unknown runner label, a reversed range): the user's to fix,
+    never worth a retry (the worker treats ValueError so)."""
 
 
 class Backend(Protocol):
@@ -86,7 +87,7 @@ def workspace(request: AuditRequest, *, config_override: str | None = None) -> C
     base = resolve(repo, request.base) if request.base else default_base(repo, head)
     bases = repo.merge_base(base, head)
     merge_base = bases[0].hexsha if bases else base
-    if base != head and merge_base == head:
+    if request.trigger == "cli" and base != head and merge_base == head:  # a PR merged into its base is empty
         raise RequestError(
             f"reversed range: base {base[:12]} is a descendant of head {head[:12]} in {where}, so the diff "
             f"would be empty; swap them (--base {request.head} --head {request.base})"

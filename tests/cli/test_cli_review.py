@@ -149,3 +149,18 @@ def test_run_hands_the_plan_to_the_backend(repo):
     assert [s.id for s in seen[0].suites] == ["unit"]
     assert audit.results.suites[0].reason == "dispatched" and "dispatch" in audit.timings
     assert os.path.isdir(audit.checkout.repo) and audit.checkout.git is not None
+
+
+def test_a_pull_request_already_merged_into_its_base_is_an_empty_audit(repo):
+    repo.write("a.py", "x = 1\n")
+    head = repo.commit("the PR")
+    repo.write("a.py", "x = 2\n")
+    base = repo.commit("main moved on, the PR merged")
+    audit = pipeline.plan(AuditRequest(repo=str(repo.root), base=base, head=head, pr=7, trigger="pull_request"))
+    assert audit.changes.files == []
+    try:
+        pipeline.plan(AuditRequest(repo=str(repo.root), base=base, head=head))
+    except pipeline.RequestError as exc:
+        assert isinstance(exc, ValueError) and "reversed range" in str(exc)
+    else:
+        raise AssertionError("the CLI's reversed range must be refused")
