@@ -762,12 +762,18 @@ def _regex_rows_in(c: _Compiled, path: str, text: str) -> list[Row]:
     key_name = key_capture(c.fact)
     rows: list[Row] = []
     assert c.regex is not None
+    at, line = 0, 1  # matches come in order: count newlines from the previous one, not from the start
     for i, m in enumerate(c.regex.finditer(text)):
         key = str(i) if key_name == "@index" else m.group(key_name)
         if key is None:
             continue
         values = {k: v for k, v in m.groupdict().items() if k != key_name and v is not None and not k.startswith("_")}
-        line = text.count("\n", 0, m.start(key_name) if key_name != "@index" else m.start()) + 1
+        start = m.start(key_name) if key_name != "@index" else m.start()
+        if start >= at:
+            line += text.count("\n", at, start)
+        else:  # a key group before the previous match's key (overlapping groups): count afresh
+            line = text.count("\n", 0, start) + 1
+        at = start
         row = _finish(c, Row(c.fact.id, key, values, path, line))
         if row is not None:
             rows.append(row)
