@@ -444,6 +444,10 @@ def reference(config: Config, changes: ChangeSet, head: Tree) -> set[str]:
             out.add(s.id)  # no test files to follow (a harness command): its globs are all there is
         elif changed_py and any(graph.chain_to(t, changed_py) is not None for t in mine):
             out.add(s.id)
+    owned = [_command_paths(s.command) for s in config.suites]
+    for t in test_files:  # test files no declared suite runs become suites of their own, pytest:<path>
+        if changed_py and not any(_covers(cmd, t) for cmd in owned) and graph.chain_to(t, changed_py) is not None:
+            out.add(f"pytest:{t}")
     return out
 
 
@@ -556,9 +560,11 @@ def main(argv: list[str] | None = None) -> int:
         args.commits, args.own_limit = 14, 4
 
     table, errors, notes = [], [], []
+    own: dict[str, Tally] = {}
     try:
         if own_toml():
-            table += rows("this repo", replay_own(args.own_limit))
+            own = replay_own(args.own_limit)
+            table += rows("this repo", own)
         else:
             notes.append(f"no {CONFIG_PATH} at HEAD; own-history replay skipped")
     except Exception as exc:  # a section error fails the run, after the other section ran
@@ -586,10 +592,12 @@ def main(argv: list[str] | None = None) -> int:
         print(r)
     for n in notes:
         print(f"\n{n}")
-    if args.show_unselected and syn:
-        print("\nsynthetic pairs the name-level selector left out:")
-        for line in syn["names"].unselected:
-            print("  " + line)
+    if args.show_unselected:
+        for history, tallies in (("this repo", own), ("synthetic", syn)):
+            if tallies:
+                print(f"\n{history}: ground-truth pairs the name-level selector left out:")
+                for line in tallies["names"].unselected:
+                    print("  " + line)
     missed = syn["names"].missed if syn else []
     for m in missed:
         print("missed by drift-audit: " + m)

@@ -79,6 +79,7 @@ class ModuleInfo:
     trivial: frozenset[int] = frozenset()  # blank and comment-only lines
     runs: tuple[str, ...] = ()  # modules run in a subprocess ("-m pkg.cli", "-c 'import pkg'"): all of them is used
     attrs: dict[str, frozenset[str]] = field(default_factory=dict)  # name → attributes read off it (m.f, a.b.c)
+    escapes: frozenset[str] = frozenset()  # names used as values (in a tuple, passed on): any attribute may be read
 
 
     def changed_at(self, lines: Iterable[int]) -> Changed:
@@ -240,6 +241,9 @@ def module_info(path: str, data: bytes | None) -> ModuleInfo:
     )
     runs = tuple(dict.fromkeys(imp.module for imp in run_strings(tree)))
     attrs: dict[str, set[str]] = {}
+    bases = {id(sub.value) for sub in ast.walk(tree) if isinstance(sub, ast.Attribute)}
+    escapes = {sub.id for sub in ast.walk(tree)
+               if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Load) and id(sub) not in bases}
     for sub in ast.walk(tree):
         if isinstance(sub, ast.Attribute):
             chain, owner = [sub.attr], sub.value
@@ -249,7 +253,8 @@ def module_info(path: str, data: bytes | None) -> ModuleInfo:
             if isinstance(owner, ast.Name):
                 attrs.setdefault(owner.id, set()).update(chain)
     return ModuleInfo(tuple(stmts), tuple(bindings), refs, frozenset(dynamic), False, by_name,
-                      data if by_name else b"", trivial, runs, {k: frozenset(v) for k, v in attrs.items()})
+                      data if by_name else b"", trivial, runs, {k: frozenset(v) for k, v in attrs.items()},
+                      frozenset(escapes))
 
 
 _INFO: dict[tuple[str, str], ModuleInfo] = {}
@@ -354,10 +359,12 @@ class Impact:
             return ALL
         if b.local in info.dynamic:
             return frozenset(s_name for s in info.stmts if b.local in s.refs for s_name in s.names) or ALL
-        used = names & info.attrs.get(b.local, frozenset())
+        # "for m in (a, b): m.KIND": once the module is a value, any attribute read in the file may be on it
+        seen = info.refs if b.local in info.escapes else info.attrs.get(b.local, frozenset())
+        used = names & seen
         if not used:
             return frozenset()
-        users = [s for s in info.stmts if b.local in s.refs and s.refs & used]
+        users = [s for s in info.stmts if b.local in s.refs and (s.refs & used or b.local in info.escapes)]
         if any(s.effect for s in users):
             return ALL
         return frozenset(n for s in users for n in s.names) or frozenset(used)

@@ -127,3 +127,15 @@ def test_a_module_run_in_a_subprocess_is_used_whole(repo):
     repo.base = repo.commit_files(files, "cli")
     got = plan(repo, {"pkg/cli.py": files["pkg/cli.py"].replace("return 1", "return 2")})
     assert ids(got) == ["tests/test_cli.py", "tests/test_code.py"]
+
+
+def test_a_module_passed_around_as_a_value_is_followed(repo):
+    files = {
+        "pkg/kinds/__init__.py": "from pkg.kinds import a, b\n\nREGISTRY = {m.KIND: m for m in (a, b)}\n",
+        "pkg/kinds/a.py": "def check():\n    return 1\n\n\nKIND = ('a', check)\n",
+        "pkg/kinds/b.py": "KIND = ('b', None)\n",
+        "tests/test_kinds.py": "from pkg.kinds import REGISTRY\n\n\ndef test_k():\n    assert REGISTRY\n",
+    }
+    repo.base = repo.commit_files(files, "kinds")
+    got = plan(repo, {"pkg/kinds/a.py": files["pkg/kinds/a.py"].replace("return 1", "return 2")})
+    assert ids(got) == ["tests/test_kinds.py"]
