@@ -551,7 +551,8 @@ def _parse_one(i: int) -> tuple[int, list[tuple[list[tuple[str, dict, str, int]]
 def parse_parallel(facts: list[Fact], tree: Any, data: dict[str, bytes], limits: Limits = _DEFAULT_LIMITS,
                    workers: int | None = None) -> int:
     """Parse the uncached files of tree-sitter facts in forked processes; the rows land in the caches,
-    so ``extract`` then finds them. Returns the number of files parsed this way (0: it stayed serial)."""
+    so ``extract`` then finds them. Returns the number of files parsed this way (0: it stayed serial).
+    Regex facts run in this process."""
     import multiprocessing
     import os
 
