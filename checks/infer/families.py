@@ -121,7 +121,7 @@ KINDS: tuple[Kind, ...] = (
 KIND_BY_NAME = {k.name: k for k in KINDS}
 
 
-def query_text(kind: Kind, ctx: str | None, lang: str, label: str = "") -> str:
+def query_text(kind: Kind, ctx: str | None, lang: str, label: str = "", extra: str = "") -> str:
     """The kind's pattern for ``lang``, restricted to one context when ``ctx`` is given (the fact's query).
 
     ``label``: for case labels, the enum prefix (``GGML_UNARY_OP_``) the labels must start with, so one
@@ -130,6 +130,8 @@ def query_text(kind: Kind, ctx: str | None, lang: str, label: str = "") -> str:
     pred = "" if ctx is None or kind.scope or kind.whole_file else f' (#eq? @_ctx "{_escape(ctx)}")'
     if label:
         pred += f' (#match? @key "^{re.escape(label)}")'
+    if extra:
+        pred += " " + extra
     text = kind.pattern.replace("{pred}", pred) if "{pred}" in kind.pattern else kind.pattern[:-1] + pred + ")"
     if lang == "c":  # C has no qualified names, and one subscript index
         text = text.replace(" (qualified_identifier)", "").replace("indices: (subscript_argument_list ", "index: (")

@@ -26,6 +26,7 @@ AFFIXES = r"(?i:^(?:register_|task_|op_))|(?i:(?:_task|_op|_kernel|_impl|_fn)$)"
 CUT = r"[\s(<].*$"
 # Families that use names rather than declare them: a relation needs a declaring side (enum, table, registry).
 _USES = {"case", "py-functions", "py-methods"}
+_ORDERED = {"enum", "array", "list", "py-enum"}  # declarations whose order can carry meaning (indexed tables)
 CASE_CLASS_MIN = 8  # switches that agree with no declared list must share at least this many labels
 # Members a family may hold and its partner lack: sentinels, not names.
 SENTINEL = re.compile(
@@ -46,6 +47,7 @@ class Family:
     label: str = ""  # case labels: the enum prefix they were split by ("" = every label of the function)
     names: dict[str, tuple[str, str, int]] = field(default_factory=dict)  # norm → (raw, path, line)
     values: dict[str, str] = field(default_factory=dict)  # norm → value text (tables)
+    order: list[str] = field(default_factory=list)  # declarations (enum, array, list): names in line order
 
     @property
     def id(self) -> str:
@@ -89,7 +91,7 @@ class Family:
 class Invariant:
     """A relation that held at base: ``core`` families hold the same names, each ``superset`` holds them all."""
 
-    kind: str  # "same-set" | "table-equal"
+    kind: str  # "same-set" | "table-equal" | "order-equal" (run as table-equal over positions)
     core: list[Family]
     supersets: list[Family] = field(default_factory=list)
     exceptions: dict[str, list[str]] = field(default_factory=dict)  # family id → names it may lack
@@ -214,6 +216,9 @@ def build_families(files: list[FileMembers], min_size: int) -> list[Family]:
             fam.names.setdefault(name, (raw, path, line))
             if value:
                 fam.values.setdefault(name, value)
+        if kind in _ORDERED and len(paths) == 1:
+            fam.order = [n for n, (raw, _, _) in sorted(fam.names.items(), key=lambda kv: kv[1][2])
+                         if not SENTINEL.search(re.sub(CUT, "", raw))]
         if len(fam.names) >= min_size:
             out.append(fam)
     return out
@@ -282,6 +287,12 @@ def mine(families: list[Family], min_support: int, min_ratio: float = 0.5, max_r
                 if lack:
                     inv.exceptions[f.id] = lack
             out.append(inv)
+        ordered = [f for f in core if f.order and len(f.order) == len(set(f.order))]
+        for i, a in enumerate(ordered):  # an enum and the table indexed by it: same names at the same positions
+            b = next((b for b in ordered[i + 1:] if b.order == a.order and b.paths != a.paths), None)
+            if b is not None and len(a.order) >= min_support:
+                out.append(Invariant("order-equal", [a, b]))
+                break
         tables = [f for f in core if f.kind == "dict" and len(f.values) == len(f.names)]
         if len(tables) >= 2 and all(_same_values(tables[0], t) for t in tables[1:]):
             out.append(Invariant("table-equal", tables[:2]))

@@ -28,6 +28,18 @@ _NOT_VENDORED = [f"!**/{d}/**" for d in ("third_party", "3rdparty", "vendor", "v
 _NOT_VENDORED += ["!**/test_*.py", "!**/*_test.py"]
 
 
+# Bound markers (COUNT, *_END) hold no position in the table an enum indexes (tree-sitter regex syntax).
+_NOT_SENTINEL = '(#not-match? @value "(?i)(^|_)(count|begin|end|first|last|max|min|num|size|total|invalid|unknown|all)$")'
+
+
+def positional_fact_for(family: Family) -> Fact:
+    """The family's names by position (row key = index), for an order relation."""
+    kind = KIND_BY_NAME[family.kind]
+    query = query_text(kind, family.ctx, family.lang, family.label, extra=_NOT_SENTINEL).replace("@key", "@value")
+    options: dict = {"key": "@index", "sub": {"value": [family.sub, ""]}, "case": {"value": "lower"}}
+    return Fact(id=f"{family.id}#order", lang=family.lang, files=list(family.paths), query=query, options=options)
+
+
 def fact_for(family: Family) -> Fact:
     kind = KIND_BY_NAME[family.kind]
     options: dict = {"sub": {"key": [family.sub, ""]}, "case": "lower"}
@@ -46,7 +58,10 @@ def rule_id(inv: Invariant) -> str:
 
 def evidence(inv: Invariant, examples: int = 3) -> list[str]:
     head, others = inv.core[0], inv.families[1:]
-    if inv.kind == "table-equal":
+    if inv.kind == "order-equal":
+        lines = [f"support {len(head.order)}: {head.describe()} and {others[0].describe()} list the same names "
+                 "in the same order (one indexes the other)"]
+    elif inv.kind == "table-equal":
         lines = [f"support {inv.support}: {head.describe()} and {others[0].describe()} map every key to the same value"]
     else:
         rel = "hold exactly the same" if not inv.supersets else "hold the same"
@@ -67,6 +82,8 @@ def evidence(inv: Invariant, examples: int = 3) -> list[str]:
 
 
 def summary(inv: Invariant) -> str:
+    if inv.kind == "order-equal":
+        return f"{inv.core[0].describe()} and {inv.core[1].describe()} in the same order"
     if inv.kind == "table-equal":
         return f"{inv.core[0].describe()} equals {inv.core[1].describe()}"
     if inv.supersets and len(inv.core) == 1:
@@ -77,8 +94,8 @@ def summary(inv: Invariant) -> str:
 
 
 def to_config(inv: Invariant, pillars: list[Pillar], severity: str = "warning") -> tuple[list[Fact], Rule]:
-    facts = [fact_for(f) for f in inv.families]
-    options: dict = {}
+    facts = [positional_fact_for(f) if inv.kind == "order-equal" else fact_for(f) for f in inv.families]
+    options: dict = {"field": "value"} if inv.kind == "order-equal" else {}
     if inv.kind == "same-set":
         if inv.supersets:
             options["extra_ok"] = [f.id for f in inv.supersets]
@@ -86,7 +103,7 @@ def to_config(inv: Invariant, pillars: list[Pillar], severity: str = "warning") 
             options["exceptions"] = dict(inv.exceptions)
     rule = Rule(
         id=rule_id(inv),
-        kind=inv.kind,
+        kind="table-equal" if inv.kind == "order-equal" else inv.kind,
         facts=[f.id for f in facts],
         pillar=pillar_of(inv.core[0].paths[0], pillars),
         severity=severity,
