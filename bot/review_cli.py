@@ -33,6 +33,7 @@ exit codes:
   1  the verdict failed (a failing finding under [settings] fail_on, or a failed suite)
   2  bad input: not a repository, unknown revision, pillar, runner, suite or format,
      a reversed range, a bad config, an output path that cannot be written
+  141  stdout was closed early (`drift-audit … | head`): nothing is wrong, nothing more is said
 """
 
 
