@@ -288,10 +288,10 @@ def mine(families: list[Family], min_support: int, min_ratio: float = 0.5, max_r
                     inv.exceptions[f.id] = lack
             out.append(inv)
         ordered = [f for f in core if f.order and len(f.order) == len(set(f.order))]
-        for i, a in enumerate(ordered):  # an enum and the table indexed by it: same names at the same positions
-            b = next((b for b in ordered[i + 1:] if b.order == a.order and b.paths != a.paths), None)
-            if b is not None and len(a.order) >= min_support:
-                out.append(Invariant("order-equal", [a, b]))
+        for i, first in enumerate(ordered):  # an enum and the table indexed by it: same names at the same positions
+            second = next((o for o in ordered[i + 1:] if o.order == first.order and o.paths != first.paths), None)
+            if second is not None and len(first.order) >= min_support:
+                out.append(Invariant("order-equal", [first, second]))
                 break
         tables = [f for f in core if f.kind == "dict" and len(f.values) == len(f.names)]
         if len(tables) >= 2 and all(_same_values(tables[0], t) for t in tables[1:]):
