@@ -178,8 +178,12 @@ class Forward:
     sha: str
     subject: str
     inferred: list[Finding] = field(default_factory=list)
-    cochange: int = 0
+    notes: list[Finding] = field(default_factory=list)  # co-change warnings
     seconds: float = 0.0
+
+    @property
+    def cochange(self) -> int:
+        return len(self.notes)
 
 
 def ordinary(repo: Path, n: int, skip: set[str]) -> list[tuple[str, str]]:
@@ -205,9 +209,13 @@ def noise(repos: dict[str, Path], n: int, skip: set[str]) -> list[Forward]:
             found, _ = audit(repo, git(repo, "rev-parse", f"{sha}^").strip(), sha)
             fw = Forward(name, sha, subject, seconds=time.perf_counter() - t0)
             fw.inferred = [f for f in found.with_status("new") if f.source == "inferred"]
-            fw.cochange = sum(1 for f in found.findings if f.source == "cochange")
+            fw.notes = [f for f in found.findings if f.source == "cochange"]
             out.append(fw)
     return out
+
+
+def _verdict(verdicts: dict, fw: Forward, f: Finding) -> str:
+    return verdicts.get((fw.sha[:12], f.fingerprint), {}).get("verdict", "")
 
 
 def judged() -> dict[tuple[str, str], dict]:
@@ -266,14 +274,25 @@ def report(repos, times, replays, forwards, verdicts, started) -> tuple[str, lis
                   f"judged noise: **{len(false)} = {100 * len(false) / total:.1f} per 100** "
                   f"(target ≤ {TARGETS['false_per_100']:.0f}); judged true drift: {len(true)}; unjudged: {len(unjudged)}",
                   "",
-                  f"co-change notes (warnings, never failing): {co} = {100 * co / total:.1f} per 100 commits "
-                  "(not judged one by one)", "",
+                  f"co-change notes (warnings, never failing): {co} = {100 * co / total:.1f} per 100 commits; "
+                  f"judged noise: {sum(1 for fw in forwards for f in fw.notes if _verdict(verdicts, fw, f) == 'noise')}, "
+                  f"judged a real missed change: "
+                  f"{sum(1 for fw in forwards for f in fw.notes if _verdict(verdicts, fw, f) == 'drift')} "
+                  "(table below)", "",
                   f"median audit time per commit: {sorted(fw.seconds for fw in forwards)[total // 2]:.2f} s", "",
                   "| repo | commit | subject | finding | verdict | note |", "|---|---|---|---|---|---|"]
         for fw, f in found:
             v = verdicts.get((fw.sha[:12], f.fingerprint), {})
             lines.append(f"| {fw.repo} | {fw.sha[:10]} | {fw.subject[:50]} | {f.message[:160]} | "
                          f"{v.get('verdict', 'UNJUDGED')} | {v.get('note', '')} |")
+        lines += ["", "Co-change notes:", "", "| repo | commit | subject | note | verdict | why |", "|---|---|---|---|---|---|"]
+        for fw in forwards:
+            for f in fw.notes:
+                v = verdicts.get((fw.sha[:12], f.fingerprint), {})
+                lines.append(f"| {fw.repo} | {fw.sha[:10]} | {fw.subject[:50]} | {f.message[:160]} | "
+                             f"{v.get('verdict', 'UNJUDGED')} | {v.get('note', '')} |")
+                if not v:
+                    print(f"UNJUDGED-NOTE {fw.repo} {fw.sha[:12]} {f.fingerprint} {f.message[:200]}", file=sys.stderr)
         lines += ["", "Commits replayed:", ""]
         lines += [f"- {fw.repo} {fw.sha[:10]} {fw.subject[:80]}" for fw in forwards]
         lines.append("")
