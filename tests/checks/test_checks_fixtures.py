@@ -6,18 +6,20 @@ and the expected findings with their states, run as a real two-commit git repo t
     tests/checks/fixtures/<name>/head/...        the head tree
     tests/checks/fixtures/<name>/expected.toml   [[finding]] rule, status, message (a substring),
                                                  locations ("path:line", a subset), pillar, source;
-                                                 failing = N; unchecked = ["substring", ...] (all of them)
+                                                 failing = N; unchecked = ["substring", ...] (all of them);
+                                                 or config_error = "substring": the config is refused
 """
 
 from __future__ import annotations
 
+import re
 import tomllib
 from pathlib import Path
 
 import pytest
 
 from checks.audit import run_checks
-from checks.config import parse_config
+from checks.config import ConfigError, parse_config
 from checks.diff import build_changeset
 from checks.model import AuditRequest
 from checks.packs.sample import commit, init_repo
@@ -52,6 +54,11 @@ def _matches(want: dict, got) -> bool:
 def test_fixture(name, tmp_path):
     path = FIXTURES / name
     expected = tomllib.loads((path / "expected.toml").read_text())
+    if "config_error" in expected:
+        with pytest.raises(ConfigError) as exc:
+            parse_config((path / "config.toml").read_text(), "config.toml")
+        assert re.match(r"^config\.toml:\d+: ", str(exc.value)) and expected["config_error"] in str(exc.value), str(exc.value)
+        return
     found = run_fixture(path, tmp_path)
     got = list(found.findings)
     shown = [(f.rule, f.status, f.message, [f"{x.path}:{x.line}" for x in f.locations]) for f in got]
