@@ -13,15 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import json
 import logging
 import re
 from dataclasses import dataclass
-from functools import lru_cache
 from types import SimpleNamespace
 from typing import Any
 
-import jinja2
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect, Request
@@ -33,6 +30,7 @@ from bot.payloads import PayloadError
 from bot.queue import JobRow, JobStore
 from bot.security import page_key, verify_signature
 from bot.settings import BotSettings
+from checks.model import Audit, from_json
 
 log = logging.getLogger("drift_audit.app")
 _SIGNATURE = re.compile(r"^sha256=[0-9a-fA-F]{64}$")
@@ -74,15 +72,6 @@ def _intake(settings: BotSettings, store: JobStore, event: str, delivery: str, s
     if isinstance(decision, Ignored):
         return _Answer(202, {"status": "ignored", "reason": decision.reason})
     return _Answer(202, {"status": "queued", "job": job_id}, queued=True)
-
-
-@lru_cache(maxsize=1)
-def _pages() -> jinja2.Environment:
-    return jinja2.Environment(
-        loader=jinja2.PackageLoader("bot", "templates"),
-        autoescape=jinja2.select_autoescape(["html", "j2"], default=True),
-        undefined=jinja2.StrictUndefined,
-    )
 
 
 def _job_view(row: JobRow | None) -> SimpleNamespace | None:
@@ -133,14 +122,12 @@ def create_app(settings: BotSettings, store: JobStore, service: Any = None) -> S
 
     async def audit_page(request: Request) -> HTMLResponse:
         """The check run's details link; it carries a key, so ids cannot be enumerated."""
+        from runner.report.html import details_page
+
         key = request.path_params["audit_id"]
-        record = None
         given = request.query_params.get("key", "")
         if not hmac.compare_digest(given.encode(), page_key(settings.webhook_secret, key).encode()):
-            return HTMLResponse(
-                _pages().get_template("audit.html.j2").render(missing=key, record=None, audit=None, job=None),
-                status_code=404,
-            )
+            return HTMLResponse(details_page(None, missing=key[:100]), status_code=404)
         if key.startswith("job-") and key[4:].isdigit() and len(key) < 24:
             record = await run_in_threadpool(store.audit_for_job, int(key[4:]))
             job = _job_view(await run_in_threadpool(store.get, int(key[4:])))
@@ -148,13 +135,9 @@ def create_app(settings: BotSettings, store: JobStore, service: Any = None) -> S
             record = await run_in_threadpool(store.audit, key)
             job = _job_view(await run_in_threadpool(store.get, record.job_id)) if record else None
         if record is None and job is None:
-            return HTMLResponse(
-                _pages().get_template("audit.html.j2").render(missing=key, record=None, audit=None, job=None),
-                status_code=404,
-            )
-        audit = json.loads(record.audit_json) if record else None
-        html = _pages().get_template("audit.html.j2").render(missing=None, record=record, audit=audit, job=job)
-        return HTMLResponse(html)
+            return HTMLResponse(details_page(None, missing=key[:100]), status_code=404)
+        audit = from_json(Audit, record.audit_json) if record else None
+        return HTMLResponse(await run_in_threadpool(details_page, audit, record=record, job=job))
 
     return Starlette(
         routes=[

@@ -42,7 +42,7 @@ from bot.security import Gate, details_url, gpu_gate
 from bot.settings import BotSettings
 from bot.sweeper import Sweeper
 from checks.config import ConfigError
-from checks.model import Audit, AuditOptions, AuditRequest, Results, SuiteResult, from_json, to_json
+from checks.model import Audit, AuditOptions, AuditRequest, Report, Results, SuiteResult, from_json, to_json
 from runner.select import SelectionError
 
 log = logging.getLogger("drift_audit.worker")
@@ -576,17 +576,19 @@ class Service:
 def _plan_and_run(request: AuditRequest, dispatch: GpuDispatch, *, blob_url: str | None,
                   details_url: str) -> Audit | Unrunnable:
     """plan → run (suites go to ``dispatch``, never this host) → report; ``Unrunnable`` for the user's errors."""
-    from bot.pipeline import run_audit  # heavy: git, tree-sitter, the checks
+    from runner import pipeline  # heavy: git, tree-sitter, the checks
 
     try:
-        audit = run_audit(request, blob_url=blob_url, details_url=details_url, dispatch=dispatch, render=False)
+        audit = pipeline.plan(request)
+        if pipeline.wants_run(request.options):
+            audit = pipeline.run(audit, dispatch)
     except USER_ERRORS as exc:
         return Unrunnable(str(exc))
     audit.report = _render(audit, blob_url=blob_url, details_url=details_url)
     return audit
 
 
-def _render(audit: Audit, *, blob_url: str | None, details_url: str | None) -> Any:
-    from bot.report import render
+def _render(audit: Audit, *, blob_url: str | None, details_url: str | None) -> Report:
+    from runner.report import Context, report
 
-    return render(audit, blob_url=blob_url, details_url=details_url)
+    return report(audit, Context(blob_url=blob_url, details_url=details_url))
