@@ -560,6 +560,10 @@ def parse_parallel(facts: list[Fact], tree: Any, data: dict[str, bytes], limits:
     n = workers or min(8, os.cpu_count() or 1)
     if n < 2 or "fork" not in multiprocessing.get_all_start_methods():
         return 0
+    if threading.active_count() > 1:
+        # A fork copies locks other threads may hold (the parse cache's, logging's): in a threaded
+        # server the children could hang, so it stays serial there; its memory caches stay warm anyway.
+        return 0
     units: dict[tuple[str, str], list[_Compiled]] = {}
     size = 0
     for fact in facts:

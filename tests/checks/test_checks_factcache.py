@@ -73,3 +73,21 @@ def test_size_cap_is_reported_and_binary_content_is_skipped(tmp_path):
     got = extract(FACT, Tree(str(repo), sha), None, Limits(max_bytes=500))
     assert [r.key for r in got.rows] == ["ok"]
     assert len(got.problems) == 1 and got.problems[0].startswith("src/big.py:1: skipped: 1,221 bytes is over the size cap")
+
+
+def test_parallel_parse_gives_the_rows_a_serial_parse_gives(tmp_path, monkeypatch):
+    repo = init_repo(tmp_path / "r")
+    files = {f"src/m{i}.py": "".join(f"def f{i}_{j}(a{', b' * (j % 3)}):\n    pass\n" for j in range(20)) for i in range(12)}
+    sha = commit(repo, files, "base")
+    tree = Tree(str(repo), sha)
+    other = Fact("names", "python", ["src/*.py"], query="(function_definition name: (identifier) @key)")
+    _forget()
+    serial = {f.id: [(r.key, r.values, r.path, r.line) for r in extract(f, tree).rows] for f in (FACT, other)}
+    _forget()
+    monkeypatch.setattr(facts, "PARALLEL_MIN_BYTES", 0)
+    data = facts.prefetch([FACT, other], tree)
+    assert facts.parse_parallel([FACT, other], tree, data, workers=2) == 12  # one unit per file, both facts in it
+    sigs = [facts.compile_fact(f).signature for f in (FACT, other)]
+    assert all((s, p, tree.blob_sha(p)) in facts._rows_cache for s in sigs for p in files)  # rows came from the pool
+    parallel = {f.id: [(r.key, r.values, r.path, r.line) for r in extract(f, tree, data).rows] for f in (FACT, other)}
+    assert parallel == serial and len(serial[FACT.id]) == 240
