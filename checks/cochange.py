@@ -103,7 +103,7 @@ def history(repo: str, head: str, limit: int = 1000, cache_dir: Path | None = No
     return out
 
 
-def pairs_for(hist: History, changed: list[str], min_support: int = 4, min_confidence: float = 0.8) -> list[Pair]:
+def pairs_for(hist: History, changed: list[str], min_support: int = 5, min_confidence: float = 0.9) -> list[Pair]:
     """Strong "A → B" rules for each changed A whose B this change leaves alone."""
     touched = set(changed)
     out: list[Pair] = []
@@ -131,8 +131,8 @@ def notes(
     *,
     exists: set[str] | None = None,
     limit: int = 1000,
-    min_support: int = 4,
-    min_confidence: float = 0.8,
+    min_support: int = 5,
+    min_confidence: float = 0.9,
     severity: str = "warning",
     cache_dir: Path | None = None,
     pillar_of=None,
