@@ -291,7 +291,9 @@ class ImportGraph:
 # Importing any of these means the test runs its code on a GPU (triton: unless run by its interpreter).
 GPU_MODULES = ("torch.cuda", "triton", "cupy", "pycuda", "cuda", "numba.cuda", "cutlass", "tilelang", "tensorrt",
                "flash_attn", "nvidia")
-_CUDA_USE = re.compile(rb"\btorch\.cuda\.|\.cuda\(\)|device\s*=\s*['\"]cuda|['\"]cuda:\d['\"]")
+_CUDA_USE = re.compile(rb"\btorch\.cuda\.(?!is_available|device_count)|\.cuda\(\)|device\s*=\s*['\"]cuda|['\"]cuda:\d['\"]")
+# A test that asks whether CUDA is there runs on a CPU machine too (skipping or taking a CPU path).
+_CUDA_GUARD = re.compile(rb"\bcuda\.is_available\(|\bcuda\.device_count\(")
 
 
 def _gpu_module(imp: Import) -> str | None:
@@ -319,7 +321,7 @@ def gpu_need(graph: ImportGraph, test_file: str, extensions: frozenset[str] = fr
     missing_via: str | None = None
     interpreted = False
     own = graph.read(test_file) or b""
-    if _CUDA_USE.search(own):
+    if _CUDA_USE.search(own) and not _CUDA_GUARD.search(own):
         return f"{test_file} uses CUDA tensors"
     while queue:
         cur = queue.popleft()

@@ -29,6 +29,8 @@ BASE = {
     "tests/test_declared.py": "import fastops\nfrom pkg.util import value\n\n\ndef test_d():\n    assert value()\n",
     "tests/test_cuda.py": "import torch\nfrom pkg.util import value\n\n\ndef test_c():\n"
                           "    assert torch.ones(1).cuda().sum() == value()\n",
+    "tests/test_either.py": "import torch\nfrom pkg.util import value\n\nDEV = 'cuda' if torch.cuda.is_available() "
+                            "else 'cpu'\n\n\ndef test_e():\n    assert torch.ones(1, device=DEV).sum() == value()\n",
 }
 SM120_ONLY = '''
 [[suite]]
@@ -57,6 +59,7 @@ def test_imports_decide_the_runner_label(git_repo):
         "tests/interp/test_interp.py": ("cpu", "imports: tests/interp/test_interp.py → pkg/kern.py → pkg/util.py"),
         "tests/test_cuda.py": ("sm90", "runs on sm90: tests/test_cuda.py uses CUDA tensors"),
         "tests/test_declared.py": ("sm90", "runs on sm90: tests/test_declared.py imports fastops, a compiled extension"),
+        "tests/test_either.py": ("cpu", "imports: tests/test_either.py → pkg/util.py"),  # asks is_available()
         "tests/test_ext.py": ("sm90", "runs on sm90: ext/__init__.py imports ext._C, a compiled extension"),
         "tests/test_plain.py": ("cpu", "imports: tests/test_plain.py → pkg/util.py"),
         "tests/test_triton.py": ("sm90", "runs on sm90: pkg/kern.py imports triton"),
