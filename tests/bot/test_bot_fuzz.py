@@ -22,8 +22,8 @@ from runner.actions import run_title
 from tests.bot.conftest import SECRET, check_run_pr, fixture_payload, installation_lite, signed
 
 SEED = 1414
-IN_PROCESS = 2500
-OVER_HTTP = 150
+IN_PROCESS = 2000
+OVER_HTTP = 100
 WEIRD = ["2a", 5, -1, 0, 2**63, None, True, False, [], {}, 1.5, "", "x" * 5000, [1, "a"], {"id": "1"},
          "../../../etc/passwd", "\u0000\u202e", "a" * 40, "/audit full"]
 

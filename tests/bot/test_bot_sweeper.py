@@ -30,16 +30,16 @@ def test_kill9_in_each_window_leaves_no_check_run_unconcluded(tmp_path, ghstub, 
     repo_path, base, head = engine_repo
     state.add_repo(REPO, str(repo_path))
     state.add_pull(REPO, 21, head_sha=head, base_sha=base)
-    svc = ServiceProcess(tmp_path, stub_url, state, max_attempts=1, sweep_seconds=0.5)
+    svc = ServiceProcess(tmp_path, stub_url, state, max_attempts=1, sweep_seconds=0.5, http_retries=1)
     store = SqliteJobStore(str(svc.db))
     if window == "after the last attempt failed":
         # publishing fails (GitHub 5xx on the comment list), so the only attempt fails; the failure report then
         # stalls on its first request and the process dies before it sends the PATCH that would conclude the run
         state.fault.rate, state.fault.kinds = 1.0, (502,)
         state.fault.paths, state.fault.methods = ("/issues/21/comments",), ("GET",)
-        state.delays["GET /check-runs/"] = 2.0
+        state.delays["GET /check-runs/"] = 1.5
     else:
-        state.delays["PATCH /check-runs/"] = 2.0  # the worker is moving the run to in_progress when it dies
+        state.delays["PATCH /check-runs/"] = 1.5  # the worker is moving the run to in_progress when it dies
     svc.start()
     try:
         _deliver(svc, pr_payload("opened", number=21, head=head, base=base))
@@ -52,7 +52,7 @@ def test_kill9_in_each_window_leaves_no_check_run_unconcluded(tmp_path, ghstub, 
         assert run["status"] != "completed"  # the window is real: nothing concluded it before the kill
         state.fault.rate = 0.0
         state.delays.clear()
-        time.sleep(2.2)  # the stand-in applies whatever request the dead process left in flight
+        time.sleep(1.7)  # the stand-in applies whatever request the dead process left in flight
         svc.start()
         wait_for(lambda: state.check_runs[run["id"]]["status"] == "completed", timeout=30)
         concluded = state.check_runs[run["id"]]
@@ -103,3 +103,19 @@ def test_a_permanent_failure_reason_reaches_the_details_page(bot_factory, engine
     (run,) = state.check_runs_for(REPO, head)
     page = httpx.get(state.check_runs[run["id"]]["details_url"], timeout=10)
     assert page.status_code == 200 and "404" in page.text and "failed" in page.text
+
+
+def test_an_audit_whose_gpu_results_never_come_is_concluded_after_gpu_timeout(bot_factory, gpu_repo):
+    make, state = bot_factory
+    repo_path, base, head = gpu_repo
+    state.add_repo(REPO, str(repo_path))
+    state.add_pull(REPO, 24, head_sha=head, base_sha=base)
+    state.add_workflow(REPO, inputs=["plan", "plan_url", "head_sha", "label", "audit_id"])
+    bot = make(gpu_timeout=1.0, sweep_seconds=0.3)  # the runner never reports back
+    bot.deliver("pull_request", pr_payload("opened", number=24, head=head, base=base))
+    wait_for(lambda: state.dispatches, timeout=30)
+    (run,) = state.check_runs_for(REPO, head)
+    wait_for(lambda: state.check_runs[run["id"]]["status"] == "completed", timeout=15)
+    assert state.check_runs[run["id"]]["conclusion"] == "neutral"
+    assert state.check_runs[run["id"]]["output"]["title"] == "GPU results did not arrive"
+    wait_for(lambda: bot.store.audit_for_job(bot.store.jobs()[0].id).status == "done", timeout=5)
