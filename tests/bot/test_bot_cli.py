@@ -30,3 +30,19 @@ def test_serve_reports_missing_and_bad_settings(tmp_path, capsys, monkeypatch):
     cfg.write_text("app_id = 5\nwebhook_secret = [1\n")
     assert main(["serve", "--settings", str(cfg)]) == 2
     assert "not valid TOML" in capsys.readouterr().err
+
+
+def test_serve_refuses_a_database_written_by_a_newer_build(tmp_path, capsys, monkeypatch):
+    import sqlite3
+
+    from bot.queue import SqliteJobStore
+
+    db = tmp_path / "jobs.db"
+    SqliteJobStore(str(db)).close()
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE meta SET value = '99' WHERE name = 'schema'")
+    for name, value in (("APP_ID", "5"), ("PRIVATE_KEY", "pem"), ("WEBHOOK_SECRET", "s")):
+        monkeypatch.setenv(f"DRIFT_AUDIT_{name}", value)
+    assert main(["serve", "--db", str(db)]) == 2
+    err = capsys.readouterr().err
+    assert str(db) in err and "newer drift-audit" in err and "--db" in err
