@@ -35,6 +35,7 @@ _LEVELS = [
     {"files": 3, "symbols": 2, "findings": 15, "cases": 3, "places": 3, "evidence": 1},
 ]
 SYMBOL_BUDGET = 160  # characters of symbol names on one line of the pillar detail
+LINE_BUDGET = 400  # characters of prose items (suite reasons) on one line
 SEVERITY_ICON = {"error": "🔴", "warning": "🟡", "note": "🔵"}
 OUTCOME_ICON = {"passed": "✅", "failed": "❌", "error": "❌", "timeout": "⏱️", "segfault": "💥", "abort": "💥",
                 "cuda-error": "💥", "skipped": "⏭️", "not-run": "⚪", "not-runnable": "🚫"}
@@ -75,6 +76,7 @@ def environment() -> jinja2.Environment:
     env.filters["clip"] = clip
     env.filters["seconds"] = _seconds
     env.filters["fenced"] = fenced
+    env.filters["joined"] = joined
     env.globals["blob_link"] = blob_link
     env.tests["contains_pillar"] = lambda reasons, pid: any(f"pillar '{pid}'" in r for r in reasons)
     return env
@@ -163,6 +165,21 @@ def _own_prefix(entry: str) -> re.Pattern[str]:
     if not m:
         return re.compile(r"(?!)")
     return re.compile(rf"^{re.escape(m.group(0))}(?: \([^)]*\))?: ")
+
+
+def joined(items: list[str], cap: int, budget: int = LINE_BUDGET) -> str:
+    """Prose items on one line, "; "-separated: at most ``cap`` of them and about ``budget`` characters,
+    the rest counted ("; … 3 more"), so no line outgrows a screen."""
+    shown: list[str] = []
+    used = 0
+    for item in items[:cap]:
+        piece = clip(item, max(budget - used, 80))
+        if shown and used + len(piece) > budget:
+            break
+        shown.append(text(piece))
+        used += len(piece) + 2
+    hidden = len(items) - len(shown)
+    return "; ".join(shown) + (f"; … {hidden} more" if hidden else "")
 
 
 def fenced(body: str) -> str:

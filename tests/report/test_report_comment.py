@@ -129,3 +129,12 @@ def test_inferred_invariants_are_listed_folded(tmp_path):
     assert "- same\\-set" not in block and "- same-set: enum TaskType" in block
     assert "@\u200bbot \\#\u200b3 \\[x\\]\\(y\\)" in block
     assert text.index("Inferred from the base") > text.index("#### Pillars")
+
+
+def test_suite_reasons_stay_on_one_screen_line(tmp_path):
+    audit = demo_audit(tmp_path)
+    assert audit.plan is not None
+    audit.plan.suites[0].reasons = [f"imports: tests/unit/test_{i}.py → {'pkg/' * 20}mod_{i}.py" for i in range(40)]
+    text = report(audit).markdown
+    line = next(ln for ln in text.splitlines() if ln.startswith(f"- `{audit.plan.suites[0].id}` on "))
+    assert len(line) <= 600 and re.search(r"; … \d+ more$", line)
