@@ -71,25 +71,26 @@ def _score(x, valid, FUNC: tl.constexpr):
 
 @triton.jit
 def _route_kernel(logit_ptr, bias_ptr, tok_ptr, table_ptr, w_ptr, id_ptr, E, scaling,
-                  K: tl.constexpr, BLOCK_E: tl.constexpr, FUNC: tl.constexpr, HASH: tl.constexpr,
+                  K: tl.constexpr, KP: tl.constexpr, BLOCK_E: tl.constexpr, FUNC: tl.constexpr, HASH: tl.constexpr,
                   HAS_BIAS: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     e = tl.arange(0, BLOCK_E)
     valid = e < E
     x = tl.load(logit_ptr + t * E + e, mask=valid, other=0.0).to(tl.float32)
     s = _score(x, valid, FUNC)
-    kk = tl.arange(0, K)
+    kk = tl.arange(0, KP)
+    km = kk < K
     if HASH:
         tok = tl.load(tok_ptr + t)
-        ids = tl.load(table_ptr + tok * K + kk).to(tl.int64)
+        ids = tl.load(table_ptr + tok * K + kk, mask=km, other=-1).to(tl.int64)
         w = tl.sum(tl.where(e[None, :] == ids[:, None], s[None, :], 0.0), axis=1)
     else:
         sel = s
         if HAS_BIAS:
             sel = sel + tl.load(bias_ptr + e, mask=valid, other=0.0)
         sel = tl.where(valid, sel, float("-inf"))
-        ids = tl.zeros([K], dtype=tl.int64)
-        w = tl.zeros([K], dtype=tl.float32)
+        ids = tl.zeros([KP], dtype=tl.int64)
+        w = tl.zeros([KP], dtype=tl.float32)
         for j in tl.static_range(K):
             m = tl.max(sel, axis=0)
             pick = tl.min(tl.where(sel == m, e, BLOCK_E), axis=0)  # ties to the lower id, like torch.topk
@@ -98,15 +99,13 @@ def _route_kernel(logit_ptr, bias_ptr, tok_ptr, table_ptr, w_ptr, id_ptr, E, sca
             w = tl.where(kk == j, sv, w)
             sel = tl.where(e == pick, float("-inf"), sel)
     w = w / (tl.sum(w, axis=0) + 1e-20) * scaling
-    tl.store(w_ptr + t * K + kk, w)
-    tl.store(id_ptr + t * K + kk, ids)
+    tl.store(w_ptr + t * K + kk, w, mask=km)
+    tl.store(id_ptr + t * K + kk, ids, mask=km)
 
 
 def _launch(logits, k, scaling, func, *, bias=None, tokens=None, table=None, out=None):
     if func not in SCORE_FUNCS:
         raise ValueError(f"router score function must be one of {SCORE_FUNCS}, got {func!r}")
-    if k & (k - 1):
-        raise ValueError(f"router: top-k must be a power of two for the Triton router, got {k}")
     lg = logits.reshape(-1, logits.shape[-1]).contiguous()
     t, e = lg.shape
     w, ids = out if out is not None else (torch.empty(t, k, dtype=torch.float32, device=lg.device),
@@ -114,7 +113,7 @@ def _launch(logits, k, scaling, func, *, bias=None, tokens=None, table=None, out
     dummy = lg
     if t:
         _route_kernel[(t,)](lg, bias if bias is not None else dummy, tokens if tokens is not None else dummy,
-                            table if table is not None else dummy, w, ids, e, float(scaling), K=k,
+                            table if table is not None else dummy, w, ids, e, float(scaling), K=k, KP=next_pow2(k),
                             BLOCK_E=next_pow2(e), FUNC=SCORE_FUNCS.index(func), HASH=table is not None,
                             HAS_BIAS=bias is not None)
     return w, ids
@@ -165,9 +164,10 @@ def _cases(hash_: bool) -> list[Case]:
     h = {"hash": hash_}
     return [
         Case("7x16 top4", {"shape": (7, 16, 4), **h}, dtype=torch.float32),
+        Case("6x32 top6", {"shape": (6, 32, 6), **h}, dtype=torch.float32),
         Case("5x256 top8 softmax", {"shape": (5, 256, 8), "func": "softmax", **h}, dtype=torch.float32),
         Case("3x64 top2 sigmoid", {"shape": (3, 64, 2), "func": "sigmoid", **h}, dtype=torch.float32),
-        Case("flash 4096x256 top8", {"shape": (4096, 256, 8), **h}, dtype=torch.float32, devices=("cuda",)),
+        Case("flash 4096x256 top6", {"shape": (4096, 256, 6), **h}, dtype=torch.float32, devices=("cuda",)),
     ]
 
 

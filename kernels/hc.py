@@ -47,11 +47,11 @@ def hc_pre_ref(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: tor
     return collapsed, post, comb
 
 
-def hc_post_ref(out: torch.Tensor, x: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
-    """``new[..., i, :] = post_i · out + Σ_j comb[j, i] · x[..., j, :]``, in ``x.dtype`` (the mixing weights are
-    cast to it first, as the model does)."""
+def hc_post_ref(o: torch.Tensor, x: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
+    """``new[..., i, :] = post_i · o + Σ_j comb[j, i] · x[..., j, :]`` for the block output ``o``, in ``x.dtype``
+    (the mixing weights are cast to it first, as the model does)."""
     dt = x.dtype
-    return post.to(dt).unsqueeze(-1) * out.unsqueeze(-2) + torch.matmul(comb.to(dt).transpose(-1, -2), x)
+    return post.to(dt).unsqueeze(-1) * o.unsqueeze(-2) + torch.matmul(comb.to(dt).transpose(-1, -2), x)
 
 
 def hc_head_ref(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, eps: float,

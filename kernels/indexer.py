@@ -13,6 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels._launch import next_pow2
 from kernels.arch import interpreting
 from kernels.harness import Case, Check, ParitySpec
 
@@ -42,21 +43,22 @@ def indexer_topk_ref(q, weights, keys, n_visible, scale: float, topk: int) -> to
 # --- Triton ------------------------------------------------------------------------------------------
 
 @triton.jit
-def _scores_kernel(q_ptr, w_ptr, k_ptr, nv_ptr, o_ptr, S, T, scale, H: tl.constexpr, D: tl.constexpr,
-                   BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
+def _scores_kernel(q_ptr, w_ptr, k_ptr, nv_ptr, o_ptr, S, T, scale, H: tl.constexpr, HP: tl.constexpr,
+                   D: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)  # b*S + s
     b = row // S
     t = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
     tm = t < T
-    h = tl.arange(0, H)
+    h = tl.arange(0, HP)  # heads padded to the MMA's 16 rows
+    hm = h < H
     nv = tl.load(nv_ptr + row)
-    acc = tl.zeros([H, BLOCK_T], dtype=tl.float32)
+    acc = tl.zeros([HP, BLOCK_T], dtype=tl.float32)
     for d0 in tl.static_range(0, D, BLOCK_D):
         d = d0 + tl.arange(0, BLOCK_D)
-        qv = tl.load(q_ptr + row * H * D + h[:, None] * D + d[None, :]).to(tl.float32)  # [H, BD]
+        qv = tl.load(q_ptr + row * H * D + h[:, None] * D + d[None, :], mask=hm[:, None], other=0.0).to(tl.float32)
         kv = tl.load(k_ptr + b * T * D + t[None, :] * D + d[:, None], mask=tm[None, :], other=0.0).to(tl.float32)
         acc += tl.dot(qv, kv, input_precision="ieee")
-    w = tl.load(w_ptr + row * H + h).to(tl.float32)
+    w = tl.load(w_ptr + row * H + h, mask=hm, other=0.0).to(tl.float32)
     sc = tl.sum(tl.maximum(acc, 0.0) * scale * w[:, None], axis=0)
     sc = tl.where(t < nv, sc, float("-inf"))
     tl.store(o_ptr + row * T + t, sc, mask=tm)
@@ -68,12 +70,12 @@ def indexer_scores(q, weights, keys, n_visible, scale: float, *, out: torch.Tens
     o = out if out is not None else torch.empty(b, s, t, dtype=torch.float32, device=q.device)
     bt = 32 if interpreting() else 64
     bd = min(d, 64)
-    if d % bd or h & (h - 1):
-        raise ValueError(f"indexer: heads ({h}) must be a power of two and head dim ({d}) a multiple of {bd}")
+    if d % bd or bd < 16:
+        raise ValueError(f"indexer: head dim ({d}) must be a multiple of {bd} (and at least 16)")
     if b * s and t:
         _scores_kernel[(b * s, triton.cdiv(t, bt))](q.contiguous(), weights.float().contiguous(), keys.contiguous(),
                                                     n_visible.to(torch.int32).contiguous(), o, s, t, float(scale),
-                                                    H=max(h, 1), D=d, BLOCK_T=bt, BLOCK_D=bd)
+                                                    H=h, HP=max(16, next_pow2(h)), D=d, BLOCK_T=bt, BLOCK_D=bd)
     return o
 
 

@@ -19,6 +19,17 @@ OPS: dict[str, str] = {
     "noaux_tc": "kernels.routing:SPEC_TRITON",
     "mla_decode": "kernels.mla_decode:SPEC_DENSE",
     "paged_mla_decode": "kernels.mla_decode",
+    "kv584_store": "kernels.kv584:SPEC_STORE",
+    "kv584_load": "kernels.kv584:SPEC_LOAD",
+    "sparse_mla_decode": "kernels.sparse_mla",
+    "compress_store": "kernels.compressor",
+    "hc_pre": "kernels.hc:SPEC_PRE",
+    "hc_post": "kernels.hc:SPEC_POST",
+    "indexer_topk": "kernels.indexer",
+    "mxfp4_dequant": "kernels.mxfp4:SPEC_DEQUANT",
+    "mxfp4_moe": "kernels.mxfp4:SPEC_MOE",
+    "sqrtsoftplus_topk": "kernels.hash_routing:SPEC_TOPK",
+    "hash_routing": "kernels.hash_routing:SPEC_HASH",
 }
 
 

@@ -8,6 +8,12 @@ can attend to "nothing". Keys are also values (MQA with one 512-wide head).
 from __future__ import annotations
 
 import torch
+import triton
+import triton.language as tl
+
+from kernels._tl import cast_rne, e4m3_to_f32
+from kernels.arch import capability, fp8_hw_cast, interpreting
+from kernels.harness import Case, Check, ParitySpec
 
 
 def sink_attention_ref(q: torch.Tensor, kv: torch.Tensor, mask: torch.Tensor, sinks: torch.Tensor,
@@ -20,3 +26,127 @@ def sink_attention_ref(q: torch.Tensor, kv: torch.Tensor, mask: torch.Tensor, si
     logits = torch.cat([s, sink], dim=-1)
     p = (logits - logits.amax(dim=-1, keepdim=True)).softmax(dim=-1)[..., :-1]
     return torch.einsum("bsht,btd->bshd", p, kv.float()).to(q.dtype)
+
+
+def sparse_mla_decode_ref(q: torch.Tensor, pool: torch.Tensor, indices: torch.Tensor, sinks: torch.Tensor,
+                          scale: float) -> torch.Tensor:
+    """Decode over the 584-byte pool: ``q[B, H, 512]`` attends to the slots ``indices[B, K]`` (``-1``: none;
+    the window's tokens and the indexer's picks), keys dequantised exactly; returns ``[B, H, 512]``."""
+    from kernels.kv584 import kv584_load_ref
+
+    b, k = indices.shape
+    kv = kv584_load_ref(pool, indices.reshape(-1)).view(b, k, -1)
+    return sink_attention_ref(q.unsqueeze(1), kv, (indices >= 0).unsqueeze(1), sinks, scale)[:, 0]
+
+
+# --- Triton ------------------------------------------------------------------------------------------
+
+@triton.jit
+def _sparse_decode_kernel(q_ptr, pool_ptr, pool16_ptr, idx_ptr, sink_ptr, o_ptr, K, H, qk_scale,
+                          BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, HW_CAST: tl.constexpr,
+                          F32_DOT: tl.constexpr, ROW: tl.constexpr, NOPE: tl.constexpr, SOFF: tl.constexpr):
+    """One program per (row, block of heads): gathers BLOCK_T slots at a time, dequantises them to bf16
+    (exact: e4m3 times a power of two, and bf16 rope), and runs an online softmax that starts from the sink."""
+    b = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    hm = h < H
+    c = tl.arange(0, 512)
+    q = tl.load(q_ptr + (b * H + h[:, None]) * 512 + c[None, :], mask=hm[:, None], other=0.0)
+    q = cast_rne(q.to(tl.float32), tl.bfloat16, F32_DOT)
+    if F32_DOT:  # the interpreter's bf16 dot is wrong (triton 3.9): the same exact products in fp32
+        q = q.to(tl.float32)
+    sink = tl.load(sink_ptr + h, mask=hm, other=0.0).to(tl.float32) * 1.4426950408889634
+    m = sink
+    lsum = tl.full([BLOCK_H], 1.0, tl.float32)
+    acc = tl.zeros([BLOCK_H, 512], dtype=tl.float32)
+    is_nope = c < NOPE
+    for t0 in range(0, K, BLOCK_T):
+        t = t0 + tl.arange(0, BLOCK_T)
+        slot = tl.load(idx_ptr + b * K + t, mask=t < K, other=-1).to(tl.int64)
+        ok = slot >= 0
+        sl = tl.maximum(slot, 0)
+        byte = tl.load(pool_ptr + sl[:, None] * ROW + c[None, :], mask=ok[:, None] & is_nope[None, :], other=0)
+        if HW_CAST:
+            v = byte.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+        else:
+            v = e4m3_to_f32(byte)
+        e = tl.load(pool_ptr + sl[:, None] * ROW + SOFF + c[None, :] // 64, mask=ok[:, None] & is_nope[None, :],
+                    other=127).to(tl.int32)
+        nope = v * ((e & 0xFF) << 23).to(tl.float32, bitcast=True)
+        r16 = tl.load(pool16_ptr + sl[:, None] * (ROW // 2) + NOPE // 2 + (c[None, :] - NOPE),
+                      mask=ok[:, None] & (c >= NOPE)[None, :], other=0)
+        kv = tl.where(is_nope[None, :], nope, r16.to(tl.bfloat16, bitcast=True).to(tl.float32))
+        if not F32_DOT:
+            kv = kv.to(tl.bfloat16)  # exact: e4m3 times a power of two fits bf16
+        s = tl.dot(q, tl.trans(kv), input_precision="ieee" if F32_DOT else "tf32") * qk_scale  # log2 domain
+        s = tl.where(ok[None, :], s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        alpha = tl.exp2(m - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        lsum = lsum * alpha + tl.sum(p, axis=1)
+        pd = cast_rne(p, tl.bfloat16, F32_DOT)
+        if F32_DOT:
+            pd = pd.to(tl.float32)
+        acc = acc * alpha[:, None] + tl.dot(pd, kv, input_precision="ieee" if F32_DOT else "tf32")
+        m = m_new
+    o = acc / lsum[:, None]
+    tl.store(o_ptr + (b * H + h[:, None]) * 512 + c[None, :], o.to(o_ptr.dtype.element_ty), mask=hm[:, None])
+
+
+def sparse_mla_decode(q: torch.Tensor, pool: torch.Tensor, indices: torch.Tensor, sinks: torch.Tensor, scale: float,
+                      *, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Triton :func:`sparse_mla_decode_ref`: bf16 tensor-core dots over exactly dequantised keys."""
+    from kernels.kv584 import HEAD_DIM, NOPE_DIM, SCALE_OFFSET, TOKEN_BYTES, _flat
+
+    b, h, d = q.shape
+    if d != HEAD_DIM:
+        raise ValueError(f"sparse_mla_decode: q must be [B, H, {HEAD_DIM}], got {tuple(q.shape)}")
+    flat = _flat(pool)
+    o = out if out is not None else torch.empty_like(q)
+    cap = capability(q.device)
+    bh = 16
+    bt = 16 if cap is None else 32
+    k = indices.shape[1]
+    if b and k:
+        _sparse_decode_kernel[(b, triton.cdiv(h, bh))](q.contiguous(), flat, flat.view(torch.int16),
+                                                       indices.to(torch.int32).contiguous(), sinks.float().contiguous(),
+                                                       o, k, h, float(scale) * 1.4426950408889634, BLOCK_H=bh,
+                                                       BLOCK_T=bt, HW_CAST=fp8_hw_cast(cap), F32_DOT=interpreting(),
+                                                       ROW=TOKEN_BYTES, NOPE=NOPE_DIM, SOFF=SCALE_OFFSET,
+                                                       num_warps=8 if cap else 1)
+    elif b:
+        o.zero_()
+    return o
+
+
+# --- parity ------------------------------------------------------------------------------------------
+
+def _inputs(case: Case, device: torch.device, gen: torch.Generator) -> dict:
+    from kernels.kv584 import HEAD_DIM, kv584_store_ref, new_pool
+
+    b, h, k, pages, page = case.params["shape"]
+    pool = new_pool(pages, page, device)
+    n = pages * page
+    kv = torch.randn(n, HEAD_DIM, generator=gen, device=device)
+    kv584_store_ref(kv, pool, torch.arange(n, device=device))
+    idx = torch.stack([torch.randperm(n, generator=gen, device=device)[:k] for _ in range(b)]).to(torch.int32)
+    drop = torch.rand(b, k, generator=gen, device=device) < case.params.get("drop", 0.2)
+    idx = idx.masked_fill(drop, -1)
+    if b > 1:
+        idx[-1] = -1  # a row with nothing to attend: only the sink
+    q = (torch.randn(b, h, HEAD_DIM, generator=gen, device=device) * 0.5).to(case.dtype)
+    return {"q": q, "pool": pool, "indices": idx, "sinks": torch.randn(h, generator=gen, device=device),
+            "scale": HEAD_DIM ** -0.5}
+
+
+SPEC = ParitySpec(
+    op="sparse_mla_decode", make_inputs=_inputs, reference=sparse_mla_decode_ref,
+    kernel=lambda out, **i: sparse_mla_decode(**i, out=out[0]),
+    cases=[Case("2x16 heads k40", {"shape": (2, 16, 40, 4, 16)}),
+           Case("3x20 heads k17", {"shape": (3, 20, 17, 2, 16)}),
+           Case("flash decode b32 h64 k640", {"shape": (32, 64, 640, 512, 64)}, devices=("cuda",)),
+           Case("flash decode b64 h64 k640", {"shape": (64, 64, 640, 1024, 64)}, devices=("cuda",))],
+    checks=[Check("gemm_diff", 2e-5, "bf16 probabilities into fp32-accumulated dots over exact keys (FlashMLA's "
+                  "choice), plus the bf16 output's own rounding, which alone is ~5e-6")],
+    description="sparse MLA decode over the 584-byte FP8 pool with a per-head sink",
+)

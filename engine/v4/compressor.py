@@ -86,7 +86,7 @@ class Indexer(_Pool):
                 n_visible: torch.Tensor) -> torch.Tensor:
         """Indices ``[B, S, k]`` of the chosen entries, ``-1`` where fewer are visible."""
         c = self.cfg
-        keys = self.pool(x, step, cache)
+        keys = self.pool(x, step, cache)[:, : int(n_visible.max())]  # what some query can see, as HF ranks
         b, s, _ = x.shape
         cos, sin = step.rope["compress"]
         q = self.q_b_proj(q_lat).view(b, s, c.index_n_heads, c.index_head_dim)

@@ -1,0 +1,250 @@
+"""The paged FP8 KV pool of DeepSeek-V4: 584 bytes per token.
+
+One token's 512-wide key (= value) is stored as
+
+======  =====  ==========================================================================
+bytes   width  content
+======  =====  ==========================================================================
+0       448    the nope channels, float8_e4m3fn, in 7 tiles of 64
+448     128    the 64 rope channels, bfloat16 (little-endian), unquantised: rope must stay exact
+576     7      one UE8M0 scale per nope tile (``2^(byte-127)``, the power of two at or above amax/448)
+583     1      padding (zero), so a token row is 8-byte aligned
+======  =====  ==========================================================================
+
+Rows live in pages of ``page_size`` tokens; a slot index is ``page * page_size + offset``. ``kv584_store``
+packs rows into slots, ``kv584_load`` unpacks slots; both are bit-exact with the references (the scale is
+a power of two, so ``x / scale`` is exact and only the e4m3 rounding, RNE, remains).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels._tl import cast_rne, e4m3_bits, e4m3_to_f32
+from kernels.arch import capability, fp8_hw_cast, interpreting
+from kernels.harness import Case, Check, ParitySpec
+
+NOPE_DIM = 448
+ROPE_DIM = 64
+TILE = 64
+N_TILES = NOPE_DIM // TILE  # 7
+ROPE_BYTES = ROPE_DIM * 2  # bf16
+SCALE_BYTES = N_TILES + 1  # 7 UE8M0 scales + 1 pad byte
+TOKEN_BYTES = NOPE_DIM + ROPE_BYTES + SCALE_BYTES  # 584
+HEAD_DIM = NOPE_DIM + ROPE_DIM  # 512
+ROPE_OFFSET = NOPE_DIM
+SCALE_OFFSET = NOPE_DIM + ROPE_BYTES  # 576
+AMAX_FLOOR = 1e-4
+FP8_MAX = 448.0
+
+
+def new_pool(num_pages: int, page_size: int = 64, device: str | torch.device = "cpu") -> torch.Tensor:
+    """An empty pool ``[num_pages, page_size, TOKEN_BYTES]`` uint8."""
+    return torch.zeros(num_pages, page_size, TOKEN_BYTES, dtype=torch.uint8, device=device)
+
+
+def _flat(pool: torch.Tensor) -> torch.Tensor:
+    if pool.dtype != torch.uint8 or pool.shape[-1] != TOKEN_BYTES:
+        raise ValueError(f"kv584: the pool must be uint8 [..., {TOKEN_BYTES}], got {pool.dtype} {tuple(pool.shape)}")
+    return pool.view(-1, TOKEN_BYTES)
+
+
+def pack_ref(kv: torch.Tensor) -> torch.Tensor:
+    """The oracle: ``kv[N, 512]`` (any float dtype) → ``[N, 584]`` uint8 rows."""
+    if kv.shape[-1] != HEAD_DIM:
+        raise ValueError(f"kv584: rows must be {HEAD_DIM} wide ({NOPE_DIM} nope + {ROPE_DIM} rope), got {kv.shape[-1]}")
+    n = kv.shape[0]
+    nope = kv[:, :NOPE_DIM].float().view(n, N_TILES, TILE)
+    amax = nope.abs().amax(dim=-1).clamp_min(AMAX_FLOOR)
+    s = amax / torch.full_like(amax, FP8_MAX)
+    m, e = torch.frexp(s)
+    e = torch.where(m == 0.5, e - 1, e)  # the power of two at or above s
+    scale = torch.ldexp(torch.ones_like(s), e)
+    q = (nope / scale.unsqueeze(-1)).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).view(torch.uint8)
+    rope = kv[:, NOPE_DIM:].to(torch.bfloat16).contiguous().view(torch.uint8)
+    scales = (e + 127).to(torch.uint8)
+    pad = torch.zeros(n, 1, dtype=torch.uint8, device=kv.device)
+    return torch.cat([q.reshape(n, NOPE_DIM), rope.reshape(n, ROPE_BYTES), scales, pad], dim=1)
+
+
+def unpack_ref(rows: torch.Tensor) -> torch.Tensor:
+    """``[N, 584]`` uint8 → ``[N, 512]`` fp32 (exact: e4m3 times a power of two; bf16 widened)."""
+    n = rows.shape[0]
+    q = rows[:, :NOPE_DIM].contiguous().view(torch.float8_e4m3fn).float().view(n, N_TILES, TILE)
+    e = rows[:, SCALE_OFFSET:SCALE_OFFSET + N_TILES].to(torch.int32) - 127
+    nope = q * torch.ldexp(torch.ones_like(e, dtype=torch.float32), e).unsqueeze(-1)
+    rope = rows[:, ROPE_OFFSET:SCALE_OFFSET].contiguous().view(torch.bfloat16).float()
+    return torch.cat([nope.reshape(n, NOPE_DIM), rope], dim=1)
+
+
+def kv584_store_ref(kv: torch.Tensor, pool: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """Pack ``kv[N, 512]`` into ``pool``'s slots (``-1``: skip); returns the pool."""
+    flat = _flat(pool)
+    keep = slots >= 0
+    flat[slots[keep].long()] = pack_ref(kv[keep])
+    return pool
+
+
+def kv584_load_ref(pool: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """The rows at ``slots[N]`` unpacked to ``[N, 512]`` fp32 (zeros where the slot is ``-1``)."""
+    rows = _flat(pool)[slots.clamp(min=0).long()]
+    return unpack_ref(rows).masked_fill((slots < 0).unsqueeze(-1), 0.0)
+
+
+# --- Triton ------------------------------------------------------------------------------------------
+
+@triton.jit
+def pack_row(x, row_ptr, row16_ptr, HW_CAST: tl.constexpr, EXACT: tl.constexpr, NOPE: tl.constexpr = NOPE_DIM,
+             SOFF: tl.constexpr = SCALE_OFFSET):
+    """Store one token's fp32 ``x[512]`` as its bytes at ``row_ptr`` (``row16_ptr``: the same row as int16);
+    offsets come from the layout constants above."""
+    t2 = tl.reshape(x, [8, 64])  # tiles 0..6 nope, tile 7 rope
+    tile = tl.arange(0, 8)
+    amax = tl.maximum(tl.max(tl.abs(t2), axis=1), 1e-4)
+    s = tl.math.div_rn(amax, tl.full(amax.shape, 448.0, tl.float32))
+    b = s.to(tl.int32, bitcast=True)
+    ebyte = ((b >> 23) & 0xFF) + tl.where((b & 0x7FFFFF) != 0, 1, 0)  # biased exponent of the scale
+    inv = ((254 - ebyte) << 23).to(tl.float32, bitcast=True)  # 2^-(e) exactly
+    y = t2 * inv[:, None]
+    y = tl.minimum(tl.maximum(y, -448.0), 448.0)
+    if HW_CAST:
+        code = y.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+    else:
+        code = e4m3_bits(y).to(tl.uint8)
+    c = tl.arange(0, 64)
+    nt = NOPE // 64
+    tl.store(row_ptr + tile[:, None] * 64 + c[None, :], code, mask=(tile < nt)[:, None])
+    rope = tl.sum(tl.where((tile == nt)[:, None], t2, 0.0), axis=0)  # [64]
+    r16 = cast_rne(rope, tl.bfloat16, EXACT).to(tl.int16, bitcast=True)
+    tl.store(row16_ptr + NOPE // 2 + c, r16)
+    tl.store(row_ptr + SOFF + tile, tl.where(tile < nt, ebyte, 0).to(tl.uint8))
+
+
+@triton.jit
+def unpack_row(row_ptr, row16_ptr, HW_CAST: tl.constexpr, NOPE: tl.constexpr = NOPE_DIM,
+               SOFF: tl.constexpr = SCALE_OFFSET):
+    """One token's bytes → fp32 ``[512]``."""
+    c = tl.arange(0, 512)
+    is_nope = c < NOPE
+    byte = tl.load(row_ptr + c, mask=is_nope, other=0)
+    if HW_CAST:
+        v = byte.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+    else:
+        v = e4m3_to_f32(byte)
+    e = tl.load(row_ptr + SOFF + c // 64, mask=is_nope, other=127).to(tl.int32)
+    nope = v * ((e & 0xFF) << 23).to(tl.float32, bitcast=True)
+    r16 = tl.load(row16_ptr + NOPE // 2 + (c - NOPE), mask=c >= NOPE, other=0)
+    rope = r16.to(tl.bfloat16, bitcast=True).to(tl.float32)
+    return tl.where(is_nope, nope, rope)
+
+
+@triton.jit
+def _store_kernel(kv_ptr, slot_ptr, pool_ptr, pool16_ptr, stride_kv, HW_CAST: tl.constexpr, EXACT: tl.constexpr,
+                  ROW: tl.constexpr = TOKEN_BYTES):
+    i = tl.program_id(0).to(tl.int64)
+    slot = tl.load(slot_ptr + i).to(tl.int64)
+    if slot >= 0:
+        x = tl.load(kv_ptr + i * stride_kv + tl.arange(0, 512)).to(tl.float32)
+        pack_row(x, pool_ptr + slot * ROW, pool16_ptr + slot * (ROW // 2), HW_CAST, EXACT)
+
+
+@triton.jit
+def _load_kernel(pool_ptr, pool16_ptr, slot_ptr, o_ptr, HW_CAST: tl.constexpr, ROW: tl.constexpr = TOKEN_BYTES):
+    i = tl.program_id(0).to(tl.int64)
+    slot = tl.load(slot_ptr + i).to(tl.int64)
+    c = tl.arange(0, 512)
+    sl = tl.maximum(slot, 0)
+    x = unpack_row(pool_ptr + sl * ROW, pool16_ptr + sl * (ROW // 2), HW_CAST)
+    tl.store(o_ptr + i * 512 + c, tl.where(slot >= 0, x, 0.0))
+
+
+def kv584_store(kv: torch.Tensor, pool: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """Triton :func:`kv584_store_ref` (one program per token)."""
+    flat = _flat(pool)
+    if kv.dim() != 2 or kv.shape[1] != HEAD_DIM or kv.stride(1) != 1 or slots.shape != (kv.shape[0],):
+        raise ValueError(f"kv584: kv must be [N, {HEAD_DIM}] (unit stride) with slots [N], got "
+                         f"{tuple(kv.shape)} and {tuple(slots.shape)}")
+    hw = fp8_hw_cast(capability(kv.device))
+    if kv.shape[0]:
+        _store_kernel[(kv.shape[0],)](kv, slots.to(torch.int64).contiguous(), flat, flat.view(torch.int16),
+                                      kv.stride(0), HW_CAST=hw, EXACT=interpreting(), num_warps=2)
+    return pool
+
+
+def kv584_load(pool: torch.Tensor, slots: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Triton :func:`kv584_load_ref`."""
+    flat = _flat(pool)
+    o = out if out is not None else torch.empty(slots.shape[0], HEAD_DIM, dtype=torch.float32, device=pool.device)
+    hw = fp8_hw_cast(capability(pool.device))
+    if slots.shape[0]:
+        _load_kernel[(slots.shape[0],)](flat, flat.view(torch.int16), slots.to(torch.int64).contiguous(), o,
+                                        HW_CAST=hw, num_warps=2)
+    return o
+
+
+# --- parity ------------------------------------------------------------------------------------------
+
+def _rows(n: int, gen: torch.Generator, device, dtype) -> torch.Tensor:
+    """Rows spanning magnitudes tile by tile, with exact binade edges and e4m3 ties planted in tile 0."""
+    x = torch.randn(n, HEAD_DIM, generator=gen, device=device)
+    mag = torch.exp2(torch.randint(-12, 8, (n, N_TILES + 1), generator=gen, device=device).float())
+    x = (x.view(n, N_TILES + 1, TILE) * mag.unsqueeze(-1)).view(n, HEAD_DIM)
+    if n >= 2:
+        x[0, :8] = torch.tensor([448.0, -448.0, 124.9, 240.0, 256.0, 0.0, -0.0, 17.0], device=device)
+        x[1, :4] = torch.tensor([1.0, 1.0625, 1.1875, -2.0 ** -9], device=device)  # ties to even, a subnormal
+        x[1, 4:64] = 0.0  # a tile of zeros takes the amax floor
+    return x.to(dtype)
+
+
+def _store_inputs(case: Case, device: torch.device, gen: torch.Generator) -> dict:
+    n, pages, page = case.params["shape"]
+    perm = torch.randperm(pages * page, generator=gen, device=device)[:n]
+    slots = perm.clone()
+    if n > 3:
+        slots[3] = -1
+    pool = new_pool(pages, page, device)
+    pool.view(-1)[:] = torch.randint(0, 256, (pool.numel(),), generator=gen, device=device).to(torch.uint8)
+    return {"kv": _rows(n, gen, device, case.dtype), "pool": pool, "slots": slots}
+
+
+def _store_ref(kv, pool, slots):
+    return kv584_store_ref(kv, pool.clone(), slots)
+
+
+def _store_run(out, kv, pool, slots):
+    out[0].copy_(pool)
+    kv584_store(kv, out[0], slots)
+
+
+def _load_inputs(case: Case, device: torch.device, gen: torch.Generator) -> dict:
+    inp = _store_inputs(case, device, gen)
+    kv584_store_ref(**inp)
+    return {"pool": inp["pool"], "slots": inp["slots"]}
+
+
+def _load_run(out, pool, slots):
+    kv584_load(pool, slots, out=out[0])
+
+
+_CASES = [
+    Case("5 rows fp32", {"shape": (5, 2, 4)}, dtype=torch.float32),
+    Case("9 rows bf16", {"shape": (9, 3, 4)}),
+    Case("64 rows fp32 page16", {"shape": (64, 8, 16)}, dtype=torch.float32),
+    Case("flash 8192 rows", {"shape": (8192, 256, 64)}, devices=("cuda",)),
+    Case("flash 65536 rows fp32", {"shape": (65536, 1100, 64)}, dtype=torch.float32, devices=("cuda",)),
+]
+
+SPEC_STORE = ParitySpec(
+    op="kv584_store", make_inputs=_store_inputs, reference=_store_ref, kernel=_store_run, cases=_CASES,
+    checks=[Check("bit_exact", 0, "power-of-two scales make x/s exact; e4m3 and bf16 round to nearest even",
+                  name="pool")],
+    description="pack rows into the 584-byte paged FP8 pool (448 e4m3 + 64 bf16 rope + 7 UE8M0 + pad)",
+)
+SPEC_LOAD = ParitySpec(
+    op="kv584_load", make_inputs=_load_inputs, reference=kv584_load_ref, kernel=_load_run, cases=_CASES,
+    checks=[Check("bit_exact", 0, "e4m3 times a power of two and widened bf16 are exact in fp32")],
+    description="unpack slots of the 584-byte pool to fp32 rows",
+)
+SPEC = SPEC_STORE

@@ -1,0 +1,103 @@
+"""DeepSeek-V4 kernels against their references (CPU: the Triton interpreter; CUDA where present), the
+584-byte pool's layout byte by byte, and the references against HF's DeepseekV4 modules."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels import kv584
+from kernels.harness import format_table, run_spec
+from kernels.registry import load_spec
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+V4_OPS = ["kv584_store", "kv584_load", "sparse_mla_decode", "compress_store", "hc_pre", "hc_post", "indexer_topk",
+          "mxfp4_dequant", "mxfp4_moe", "sqrtsoftplus_topk", "hash_routing"]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("op", V4_OPS)
+def test_parity(op, device):
+    spec = load_spec(op)
+    assert spec.op == op and any("cuda" in c.devices and "cpu" not in c.devices for c in spec.cases)
+    rows = run_spec(spec, device)
+    assert rows and all(r.passed for r in rows), format_table(rows)
+
+
+def test_584_byte_layout_byte_by_byte():
+    assert kv584.TOKEN_BYTES == 584 == kv584.NOPE_DIM + 2 * kv584.ROPE_DIM + kv584.SCALE_BYTES
+    x = torch.zeros(1, 512)
+    x[0, 0] = 1.0
+    x[0, 1] = -448.0  # tile 0: amax 448 -> scale 1 (byte 127)
+    x[0, 64] = 3.0  # tile 1: amax 3 -> scale 2^-7 (3/448 rounded up to a power of two), 3 = 384 * 2^-7
+    x[0, 448] = 1.5  # first rope channel, bf16 0x3FC0 little-endian
+    row = kv584.pack_ref(x)[0]
+    assert row.shape == (584,) and row.dtype == torch.uint8
+    assert row[0] == 0x38 and row[1] == 0xFE  # e4m3 1.0 and -448
+    assert row[64] == torch.tensor([384.0]).to(torch.float8_e4m3fn).view(torch.uint8)[0]
+    assert (row[448], row[449]) == (0xC0, 0x3F)
+    assert row[576] == 127 and row[577] == 127 - 7 and row[583] == 0
+    assert row[578:583].tolist() == [127 - 22] * 5  # zero tiles take the amax floor: 1e-4/448 -> 2^-22
+    torch.testing.assert_close(kv584.unpack_ref(row[None]), x, rtol=0, atol=0)
+
+
+def test_store_skips_negative_slots_and_load_zeroes_them():
+    pool = kv584.new_pool(2, 4)
+    kv = torch.randn(3, 512)
+    kv584.kv584_store(kv, pool, torch.tensor([5, -1, 0]))
+    assert pool.view(-1, 584)[[1, 2, 3, 4, 6, 7]].eq(0).all()
+    out = kv584.kv584_load(pool, torch.tensor([0, -1, 5]))
+    assert out[1].eq(0).all()
+    torch.testing.assert_close(out[[0, 2]], kv584.unpack_ref(kv584.pack_ref(kv[[2, 0]])), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="584"):
+        kv584.kv584_load(torch.zeros(2, 583, dtype=torch.uint8), torch.tensor([0]))
+
+
+def test_hc_reference_matches_hf_hyper_connection():
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.deepseek_v4.modeling_deepseek_v4 import DeepseekV4HyperConnection
+
+    from engine.v4.tiny import TINY
+    from kernels.hc import hc_post_ref, hc_pre_ref
+
+    cfg = transformers.DeepseekV4Config(**{k: v for k, v in TINY.items() if k not in ("architectures",)})
+    hc = DeepseekV4HyperConnection(cfg)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        hc.fn.copy_(torch.randn(hc.fn.shape, generator=g) * 0.05)
+        hc.base.copy_(torch.randn(hc.base.shape, generator=g))
+        hc.scale.copy_(1 + 0.3 * torch.randn(3, generator=g))
+    x = torch.randn(2, 3, 4, 64, generator=g)
+    with torch.no_grad():
+        post, comb, col = hc(x)
+    c2, p2, m2 = hc_pre_ref(x, hc.fn, hc.base, hc.scale, cfg.hc_sinkhorn_iters, cfg.hc_eps, cfg.rms_norm_eps)
+    torch.testing.assert_close((c2, p2, m2), (col, post, comb), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(m2.sum(-1), torch.ones(2, 3, 4), rtol=0, atol=1e-3)  # doubly stochastic
+    torch.testing.assert_close(m2.sum(-2), torch.ones(2, 3, 4), rtol=0, atol=1e-3)
+    o = torch.randn(2, 3, 64, generator=g)
+    want = post.unsqueeze(-1) * o.unsqueeze(-2) + torch.matmul(comb.transpose(-1, -2), x)
+    torch.testing.assert_close(hc_post_ref(o, x, p2, m2), want, rtol=1e-5, atol=1e-6)
+
+
+def test_mxfp4_layout_low_nibble_first_and_scales_are_powers_of_two():
+    from kernels.mxfp4 import E2M1, mxfp4_dequant_ref, mxfp4_quantize
+
+    w = torch.tensor([[0x21] + [0] * 15], dtype=torch.uint8).view(torch.int8)  # nibbles: 1 (0.5), then 2 (1.0)
+    s = torch.tensor([[128]], dtype=torch.uint8).view(torch.float8_e8m0fnu)  # 2^1
+    out = mxfp4_dequant_ref(w, s)
+    assert out[0, :2].tolist() == [2 * E2M1[1], 2 * E2M1[2]] and out[0, 2:].eq(0).all()
+    x = torch.randn(4, 64) * 3
+    q, sc = mxfp4_quantize(x)
+    back = mxfp4_dequant_ref(q, sc)
+    assert (back - x).abs().max() <= (mxfp4_dequant_ref(q, sc).abs().amax() / 6 * 2)  # within an e2m1 step
+    assert q.shape == (4, 32) and sc.shape == (4, 2)
+    with pytest.raises(ValueError, match="disagree"):
+        mxfp4_dequant_ref(q, sc[:, :1])
+
+
+def test_arch_paths_keyed_on_compute_capability():
+    from kernels.arch import fp8_hw_cast
+    from kernels.mxfp4 import fp4_hw
+
+    assert fp4_hw((12, 0)) and fp4_hw((10, 0)) and not fp4_hw((9, 0)) and not fp4_hw(None)
+    assert fp8_hw_cast((9, 0)) and fp8_hw_cast((12, 0))  # the pool's e4m3 convert on both targets
