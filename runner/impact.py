@@ -280,6 +280,8 @@ class Impact:
     info: Callable[[str], ModuleInfo]
     changed: dict[str, Changed]  # changed module → its changed names (ALL for the whole module)
     state: dict[str, Changed] = field(default_factory=dict, init=False)
+    # module → {name it binds a changed module to at top level: that module's changed names} (``pkg.sub.f``)
+    exports: dict[str, dict[str, Changed]] = field(default_factory=dict, init=False)
     parent: dict[str, str | None] = field(default_factory=dict, init=False)
 
     def run(self, tests: list[str]) -> None:
@@ -302,35 +304,71 @@ class Impact:
         while work:
             mod = work.popleft()
             for user in users.get(mod, []):
-                got = self._through(user, mod)
-                if not got:
-                    continue
-                old = self.state.get(user, frozenset())
-                new = ALL if ALL in (old, got) else frozenset(old | got)  # type: ignore[operator]
-                if new != old:
-                    self.state[user] = new
+                got, exported = self._through(user, mod)
+                grew = False
+                if got:
+                    old = self.state.get(user, frozenset())
+                    new = ALL if ALL in (old, got) else frozenset(old | got)  # type: ignore[operator]
+                    if new != old:
+                        self.state[user] = new
+                        grew = True
+                mine = self.exports.setdefault(user, {})
+                for local, sub_names in exported.items():
+                    before = mine.get(local, frozenset())
+                    after = ALL if ALL in (before, sub_names) else frozenset(before | sub_names)  # type: ignore[operator]
+                    if after != before:
+                        mine[local] = after
+                        grew = True
+                if grew:
                     self.parent.setdefault(user, mod)
                     work.append(user)
 
-    def _through(self, user: str, mod: str) -> Changed:
-        """What of ``user`` changes because ``mod`` changed as ``self.state[mod]`` says."""
-        names = self.state[mod]
+    def _through(self, user: str, mod: str) -> tuple[Changed, dict[str, Changed]]:
+        """(what of ``user`` changes, the module bindings it re-exports) because ``mod`` changed.
+
+        A top-level ``from . import sub`` or ``import a.b`` makes the module an attribute of ``user``
+        (``pkg.sub.f``): that binding is re-exported, so ``user``'s importers are checked for it, but the
+        binding alone does not make ``user`` itself changed (a test is selected only for what it uses).
+        """
+        names = self.state.get(mod, frozenset())
+        via = self.exports.get(mod, {})
         if mod in self.graph.conftests(user):
-            return ALL  # fixtures by name and autouse: any change in a conftest reaches its tests
+            return ALL, {}  # fixtures by name and autouse: any change in a conftest reaches its tests
         info = self.info(user)
-        if info.opaque or info.may_load(mod, names):  # dotted strings fed to import_module land here too
-            return ALL
+        if names and (info.opaque or info.may_load(mod, names)):  # dotted strings fed to import_module too
+            return ALL, {}
         for run in () if info.imports_by_name else info.runs:  # a subprocess runs the module: all of it may run
             if self.graph.module_file(run, user) == mod or mod in self.graph.resolve(run, user):
-                return ALL
+                return ALL, {}
         seeds: set[str] = set()
+        exported: dict[str, Changed] = {}
         for b in info.bindings:
-            hit = self._binding_hit(user, b, mod, names, info)
+            hit = self._binding_hit(user, b, mod, names, info) if names else frozenset()
+            if hit != ALL and via and self._module_object(user, b, mod):
+                hit = self._through_exports(b, via, info) or hit
             if hit == ALL:
-                return ALL
+                return ALL, {}
             if hit:
                 seeds |= hit
-        return info.close(seeds) if seeds else frozenset()
+            if names and self._module_object(user, b, mod) and b.local in info.stmts[b.stmt].names:
+                exported[b.local] = names
+        return (info.close(seeds) if seeds else frozenset()), exported
+
+    @staticmethod
+    def _through_exports(b: Binding, via: dict[str, Changed], info: ModuleInfo) -> Changed:
+        """``import pkg`` then ``pkg.sub.f``: a changed module re-exported by ``pkg`` as ``sub``."""
+        seen = info.refs if b.local in info.escapes else info.attrs.get(b.local, frozenset())
+        for local, sub_names in via.items():
+            if local in seen and (sub_names == ALL or sub_names & seen):
+                users = [s for s in info.stmts if b.local in s.refs]
+                return frozenset(n for s in users for n in s.names) or ALL
+        return frozenset()
+
+    def _module_object(self, user: str, b: Binding, mod: str) -> bool:
+        """Whether ``b`` binds ``mod`` itself as a module object (``import mod``, ``from pkg import mod``)."""
+        if b.name is None:
+            return self.graph.module_file(b.module, user) == mod
+        return b.name != "*" and self.graph.module_file(f"{b.module}.{b.name}", user) == mod
 
     def _binding_hit(self, user: str, b: Binding, mod: str, names: Changed, info: ModuleInfo) -> Changed:
         full = self.graph.module_file(b.module, user)

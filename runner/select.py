@@ -365,11 +365,26 @@ def inert_files(changes: ChangeSet, head, head_paths: set[str], changed: dict[st
             if user == mod:
                 continue
             if info.opaque or info.may_load(mod, removed[mod]) \
-                    or any(impact._binding_hit(user, b, mod, removed[mod], info) for b in info.bindings):
+                    or any(impact._binding_hit(user, b, mod, removed[mod], info) for b in info.bindings) \
+                    or _through_package(graph, user, info, mod, removed[mod]):
                 del removed[mod]
     for mod, names in removed.items():
         out[mod] = "only adds or removes " + ", ".join(sorted(names)) + ", which nothing in the tree uses"
     return out
+
+
+def _through_package(graph: ImportGraph, user: str, info, mod: str, names: frozenset[str]) -> bool:
+    """``import pkg`` then ``pkg.mod.name``: the attribute chain off a package binding reaches ``mod``'s names."""
+    for b in info.bindings:
+        if b.name is not None or mod in graph.resolve(b.module, user):
+            continue
+        package_inits = graph.resolve(b.module.split(".", 1)[0], user)
+        if not any(mod.startswith(init.rsplit("/", 1)[0] + "/") for init in package_inits if "/" in init):
+            continue
+        seen = info.refs if b.local in info.escapes else info.attrs.get(b.local, frozenset())
+        if names & seen:
+            return True
+    return False
 
 
 def _bound_names(info) -> frozenset[str]:

@@ -139,3 +139,19 @@ def test_a_module_passed_around_as_a_value_is_followed(repo):
     repo.base = repo.commit_files(files, "kinds")
     got = plan(repo, {"pkg/kinds/a.py": files["pkg/kinds/a.py"].replace("return 1", "return 2")})
     assert ids(got) == ["tests/test_kinds.py"]
+
+
+def test_a_submodule_reached_as_a_package_attribute(repo):
+    files = {
+        "lib/__init__.py": "from lib import ops\n",
+        "lib/ops.py": "def f():\n    return 1\n\n\ndef g():\n    return 2\n",
+        "tests/test_attr.py": "import lib\n\n\ndef test_f():\n    assert lib.ops.f() == 1\n",
+        "tests/test_other_attr.py": "import lib\n\n\ndef test_g():\n    assert lib.ops.g() == 2\n",
+    }
+    repo.base = repo.commit_files(files, "lib")
+    got = plan(repo, {"lib/ops.py": files["lib/ops.py"].replace("return 1", "return 3")})
+    assert ids(got) == ["tests/test_attr.py"]
+    # removing f is not inert: lib.ops.f is read through the package
+    repo.base = repo.commit_files({}, "noop")
+    got = plan(repo, {"lib/ops.py": "def g():\n    return 2\n"})
+    assert ids(got) == ["tests/test_attr.py"]
