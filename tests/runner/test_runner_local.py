@@ -266,7 +266,8 @@ EXT_PKG = {  # a package whose compiled parts were never built on this machine
     "tests/test_missing_dep.py": "import cutlass_dsl_not_installed\n\n\ndef test_c():\n    pass\n",
     "tests/test_broken_name.py": "from fastk2.layer_gone import x\n\n\ndef test_d():\n    pass\n",
     "tests/test_broken_attr.py": "import sys\nsys.path.insert(0, '.')\nfrom fastk2 import nothing_like_this\n\n\n"
-                                 "def test_e():\n    pass\n",
+                                 "def test_e():\n    pass\n",    "conf/conftest.py": "import fastk\n",
+    "conf/test_under_conftest.py": "def test_f():\n    pass\n",
 }
 
 
@@ -286,6 +287,7 @@ def test_unbuilt_extensions_and_missing_modules_are_not_runnable(ext_tree):
         suite("dep", "python -m pytest -q tests/test_missing_dep.py"),
         suite("all-three", "python -m pytest -q tests/test_ext.py tests/test_declared.py tests/test_missing_dep.py"),
         suite("script", "python -c 'import fastk'"),
+        suite("conftest", "python -m pytest -q conf"),
     ])
     assert got["ext"].outcome == "not-runnable"
     assert got["ext"].reason == "1 test module(s) cannot be imported here: extension 'fastk._C' is not built here"
@@ -298,6 +300,7 @@ def test_unbuilt_extensions_and_missing_modules_are_not_runnable(ext_tree):
         ("tests.test_missing_dep", "not-runnable")]
     assert both.cases[0].message == "extension 'fastk._C' is not built here"
     assert (got["script"].outcome, got["script"].reason) == ("not-runnable", "extension 'fastk._C' is not built here")
+    assert (got["conftest"].outcome, got["conftest"].reason) == ("not-runnable", "extension 'fastk._C' is not built here")
     for r in got.values():  # one line of reason, a few lines of tail: no tracebacks in the comment
         assert "\n" not in r.reason and "Traceback" not in r.reason
         assert len(r.output_tail) <= 600 and r.output_tail.count("\n") < 6
