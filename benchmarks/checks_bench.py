@@ -243,7 +243,7 @@ def _real_config() -> str:
         _q("arch_constants", "cpp", arch, "(field_declaration declarator: (field_identifier) @key default_value: (_) @value)"),
         _q("epi_structs", "cpp", epi, "(struct_specifier name: (type_identifier) @key body: (field_declaration_list))"),
         _q("epi_operators", "cpp", epi, "(function_definition declarator: (function_declarator declarator: (operator_name) @key parameters: (parameter_list) @n))", len='["n"]'),
-        _q("kernel_asserts", "cpp", kern, "(call_expression function: (identifier) @_f arguments: (argument_list . (_) @key) (#eq? @_f \"static_assert\"))"),
+        _q("kernel_asserts", "cpp", kern, "(static_assert_declaration condition: (_) @key)"),
         _q("kernel_structs", "cpp", kern, "(struct_specifier name: (type_identifier) @key body: (field_declaration_list))"),
         _q("kernel_stages", "cpp", kern, "(field_declaration declarator: (field_identifier) @key default_value: (_) @value (#match? @key \"^k\"))"),
         _q("lib_enums", "python", lib, "(class_definition name: (identifier) @key superclasses: (argument_list (_) @base) (#match? @base \"Enum\"))"),

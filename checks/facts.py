@@ -790,7 +790,7 @@ def _query_rows(c: _Compiled, path: str, data: bytes, blob: str | None) -> tuple
         return [], None  # no parse for a file that cannot hold a row
     fact = c.fact
     if fact.lang in ("c", "cpp", "cuda") and fact.options.get("preprocess", True):
-        data = preprocess(data)  # same length and lines: rows keep their places
+        data = preprocess(data, fact.lang)  # same length and lines: rows keep their places
         tree = syntax.parse(fact.lang, data, key=f"{blob}:pp" if blob else None)
     else:
         tree = syntax.parse(fact.lang, data, key=blob)

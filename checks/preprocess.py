@@ -16,7 +16,11 @@ What is blanked:
   empty or as attributes only (``#define DEVICE_FN __device__ __forceinline__``);
 - a line that is only an ALL_CAPS macro call with no ``;`` (``DEFINE_OP(rms)``);
 - conditional directives: ``#if``/``#ifdef``/``#ifndef``/``#endif`` lines, and every
-  ``#elif``/``#else`` branch, so the first branch reads as plain code.
+  ``#elif``/``#else`` branch, so the first branch reads as plain code;
+- for ``lang = "c"``/``"cpp"`` (a CUDA header read with the C++ grammar), the CUDA keywords
+  ``__device__``, ``__host__``, ``__global__``, ``__constant__``, ``__shared__``, ``__managed__``,
+  ``__forceinline__``, ``__noinline__``, ``__restrict__``, ``__grid_constant__`` and
+  ``__launch_bounds__(...)``, which only the CUDA grammar reads.
 """
 
 from __future__ import annotations
@@ -134,11 +138,20 @@ def _previous_line(buf: bytearray, start: int) -> bytes:
     return b""
 
 
-def preprocess(data: bytes) -> bytes:
+_CUDA_WORDS = re.compile(rb"__(?:device|host|global|constant|shared|managed|forceinline|noinline|restrict|grid_constant)__")
+_CUDA_PAREN = re.compile(rb"__launch_bounds__\s*\(")
+
+
+def preprocess(data: bytes, lang: str = "cuda") -> bytes:
     """``data`` with unparseable macro forms replaced by spaces; same length, same newlines."""
     if b"__" not in data and b"#" not in data and not re.search(rb"[A-Z]_[A-Z]", data):
         return data
     buf = bytearray(data)
+    if lang != "cuda" and b"__" in data:
+        for m in _CUDA_WORDS.finditer(data):
+            _blank(buf, m.start(), m.end())
+        for m in _CUDA_PAREN.finditer(data):
+            _blank(buf, m.start(), _close(data, m.end() - 1))
     for m in _PAREN_ATTRS.finditer(data):
         _blank(buf, m.start(), _close(data, m.end() - 1))
     for m in _ALIGNAS.finditer(data):

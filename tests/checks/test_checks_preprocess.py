@@ -58,3 +58,10 @@ def test_macros_in_parameter_lists_no_longer_miscount():
     raw = Fact(fact.id, fact.lang, fact.files, query=fact.query, options={**fact.options, "preprocess": False})
     rows, problem = extract_text(raw, "a.cu", src)
     assert rows[0].values["n"] == 3 and problem is not None  # what the grammar alone makes of it
+
+
+def test_cuda_keywords_are_blanked_for_the_cpp_grammar_only():
+    data = b"static __constant__ uint4 X = {1, 2};\n__device__ __forceinline__ int f(int* __restrict__ a) { return 0; }\n"
+    assert syntax.parse("cpp", data).root_node.has_error
+    assert not syntax.parse("cpp", preprocess(data, "cpp")).root_node.has_error
+    assert b"__device__" in preprocess(data, "cuda")  # the CUDA grammar reads them: facts may query them
