@@ -1,0 +1,223 @@
+#!/usr/bin/env python3
+# ruff: noqa: E402  (torch and the kernels are imported after the interpreter switch)
+"""DeepSeek-V4 kernels and engine in one run: the copy ceiling, the memory-bound V4 kernels as % of it,
+sparse MLA decode over the 584-byte FP8 pool at batch ≥ 32 as % of it, and tiny/small V4 engine decode
+tok/s (torch and Triton paths) against HF transformers' DeepseekV4ForCausalLM.
+
+    PYTHONPATH=. python3 benchmarks/v4_bench.py --out DIR        # on a CUDA machine
+    python benchmarks/v4_bench.py --smoke                         # tiny sizes on CPU: every section runs
+
+Bytes counted are the fewest an op must move (each input read once, each output written once); the
+pool's bytes per token come from the profile table below. Exits non-zero if any section raised.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+import traceback
+
+ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+ap.add_argument("--out", default=os.environ.get("OUT", "."), help="folder for v4_bench.{json,txt}")
+ap.add_argument("--smoke", action="store_true", help="tiny sizes on CPU under the Triton interpreter")
+ap.add_argument("--sections", default="ceiling,membound,sparse,engine")
+ap.add_argument("--budget", type=float, default=400.0, help="seconds; later sections are skipped past it")
+ARGS = ap.parse_args()
+os.environ["TRITON_INTERPRET"] = "1" if ARGS.smoke else "0"
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch
+
+from kernels import compressor, hc, kv584, mxfp4, sparse_mla
+
+DEV = "cpu" if ARGS.smoke else "cuda"
+T0 = time.perf_counter()
+RESULTS: dict = {"device": DEV, "ceiling_gbs": None, "membound": [], "sparse": [], "engine": [], "errors": []}
+LINES: list[str] = []
+
+# Profile table: bytes one cached token occupies per KV layout (what decode reads per attended token).
+KV_BYTES_PER_TOKEN = {"kv584": 584, "bf16": 1024, "fp32": 2048}
+
+
+def say(s: str = "") -> None:
+    print(s, flush=True)
+    LINES.append(s)
+
+
+def bench_ms(fn) -> float:
+    if DEV == "cpu":
+        fn()
+        t = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t) * 1e3
+    import triton
+
+    return triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median")
+
+
+def gbs(nbytes: float, ms: float) -> float:
+    return nbytes / ms / 1e6
+
+
+def sec_ceiling() -> None:
+    n = (1 << 16) if ARGS.smoke else (1 << 30)  # 1 GiB: far past L2
+    src = torch.empty(n, dtype=torch.uint8, device=DEV)
+    dst = torch.empty_like(src)
+    ms = bench_ms(lambda: dst.copy_(src))
+    RESULTS["ceiling_gbs"] = gbs(2 * n, ms)
+    say(f"copy ceiling: {RESULTS['ceiling_gbs']:.0f} GB/s (read + write of {n >> 20} MiB)")
+
+
+def _row(name: str, shape: str, nbytes: float, ms: float, key: str) -> None:
+    g = gbs(nbytes, ms)
+    ceil = RESULTS["ceiling_gbs"] or float("nan")
+    RESULTS[key].append({"op": name, "shape": shape, "ms": ms, "gbs": g, "of_ceiling": g / ceil})
+    say(f"{name:<18} {shape:<26} {ms * 1e3:9.1f} us {g:8.0f} GB/s {100 * g / ceil:6.1f} % of copy")
+
+
+def sec_membound() -> None:
+    say("\nmemory-bound V4 kernels (bytes: each input read once, each output written once)")
+    tok = 16 if ARGS.smoke else 65536
+    kv = torch.randn(tok, kv584.HEAD_DIM, device=DEV).bfloat16()
+    pool = kv584.new_pool(-(-tok // 64), 64, DEV)
+    slots = torch.arange(tok, device=DEV)
+    _row("kv584_store", f"{tok} tok", tok * (kv584.HEAD_DIM * 2 + kv584.TOKEN_BYTES),
+         bench_ms(lambda: kv584.kv584_store(kv, pool, slots)), "membound")
+    out = torch.empty(tok, kv584.HEAD_DIM, device=DEV)
+    _row("kv584_load", f"{tok} tok -> fp32", tok * (kv584.TOKEN_BYTES + kv584.HEAD_DIM * 4),
+         bench_ms(lambda: kv584.kv584_load(pool, slots, out=out)), "membound")
+    t, n, d = (2, 4, 64) if ARGS.smoke else (8192, 4, 4096)
+    x = torch.randn(t, n, d, device=DEV).bfloat16()
+    fn = torch.randn((2 + n) * n, n * d, device=DEV) * (n * d) ** -0.5
+    base, scale = torch.zeros((2 + n) * n, device=DEV), torch.ones(3, device=DEV)
+    _row("hc_pre", f"{t}x{n}x{d}", t * n * d * 2 * 2 + t * d * 2 + fn.numel() * 4,
+         bench_ms(lambda: hc.hc_pre(x, fn, base, scale, 20, 1e-6, 1e-6)), "membound")
+    _, post, comb = hc.hc_pre_ref(x[:1].float(), fn, base, scale, 20, 1e-6, 1e-6)
+    post, comb = post.expand(t, n).contiguous(), comb.expand(t, n, n).contiguous()
+    o = torch.randn(t, d, device=DEV).bfloat16()
+    y = torch.empty_like(x)
+    _row("hc_post", f"{t}x{n}x{d}", t * (n * d * 2 * 2 + d * 2), bench_ms(lambda: hc.hc_post(o, x, post, comb, out=y)),
+         "membound")
+    e, rows, k = (1, 16, 128) if ARGS.smoke else (16, 4096, 4096)
+    w = torch.randint(0, 256, (e, rows, k // 2), device=DEV, dtype=torch.int32).to(torch.uint8).view(torch.int8)
+    s = torch.randint(120, 134, (e, rows, k // 32), device=DEV, dtype=torch.int32).to(torch.uint8)
+    s = s.view(torch.float8_e8m0fnu)
+    dq = torch.empty(e, rows, k, dtype=torch.bfloat16, device=DEV)
+    _row("mxfp4_dequant", f"{e}x{rows}x{k} -> bf16", w.numel() + s.numel() + dq.numel() * 2,
+         bench_ms(lambda: mxfp4.mxfp4_dequant(w, s, torch.bfloat16, out=dq)), "membound")
+    n_ent, length = (2, 8) if ARGS.smoke else (4096, 8)
+    ckv = torch.randn(n_ent, length, 512, device=DEV).bfloat16()
+    cg = torch.randn(n_ent, length, 512, device=DEV)
+    cw = torch.ones(512, device=DEV)
+    cos, sin = torch.ones(n_ent, 32, device=DEV), torch.zeros(n_ent, 32, device=DEV)
+    cpool = kv584.new_pool(max(1, n_ent // 64), 64, DEV)
+    cslots = torch.arange(n_ent, device=DEV)
+    _row("compress_store", f"{n_ent} entries x {length}", n_ent * (length * 512 * 6 + kv584.TOKEN_BYTES),
+         bench_ms(lambda: compressor.compress_store(ckv, cg, cw, 1e-6, cos, sin, cpool, cslots)), "membound")
+
+
+def sec_sparse() -> None:
+    say("\nsparse MLA decode over the 584-byte pool (window 128 + top-512 entries per row; bytes: the pool rows "
+        "read, q and out)")
+    heads = 16 if ARGS.smoke else 64
+    k = 8 if ARGS.smoke else 640
+    pages = 1 if ARGS.smoke else 4096
+    pool = kv584.new_pool(pages, 64, DEV)
+    n = pages * 64
+    kv584.kv584_store(torch.randn(n, 512, device=DEV), pool, torch.arange(n, device=DEV))
+    for b in ((2,) if ARGS.smoke else (32, 64, 128)):
+        idx = torch.randint(0, n, (b, k), device=DEV, dtype=torch.int32)
+        q = torch.randn(b, heads, 512, device=DEV).bfloat16()
+        sinks = torch.zeros(heads, device=DEV)
+        out = torch.empty_like(q)
+        nbytes = b * k * KV_BYTES_PER_TOKEN["kv584"] + 2 * q.numel() * 2 + idx.numel() * 4
+        ms = bench_ms(lambda q=q, idx=idx, sinks=sinks, out=out: sparse_mla.sparse_mla_decode(
+            q, pool, idx, sinks, 512 ** -0.5, out=out))
+        _row("sparse_mla_decode", f"b{b} h{heads} k{k}", nbytes, ms, "sparse")
+
+
+def sec_engine() -> None:
+    say("\nV4 engine greedy decode, tok/s (batch x steps / time) against HF transformers in the same run")
+    from engine.v4.generate import generate
+    from engine.v4.loader import load_v4
+    from engine.v4.tiny import write_tiny
+
+    presets = ("tiny",) if ARGS.smoke else ("tiny", "small")
+    steps = 2 if ARGS.smoke else 32
+    for preset in presets:
+        d = write_tiny(tempfile.mkdtemp() + "/ckpt", preset=preset, seed=0, dtype=torch.bfloat16)
+        prompts = [[5 + i] * (8 + 3 * i) for i in range(2 if ARGS.smoke else 4)]
+        dtype = torch.float32 if ARGS.smoke else torch.bfloat16
+        rates = {}
+        for backend in (("torch",) if ARGS.smoke else ("torch", "triton")):
+            m = load_v4(d, dtype=dtype, device=DEV, backend=backend)
+            generate(m, prompts, 2)
+            if DEV == "cuda":
+                torch.cuda.synchronize()
+            t = time.perf_counter()
+            generate(m, prompts, steps)
+            if DEV == "cuda":
+                torch.cuda.synchronize()
+            rates[f"ours-{backend}"] = len(prompts) * steps / (time.perf_counter() - t)
+            del m
+        try:
+            import transformers
+            from transformers.utils import logging
+
+            logging.set_verbosity_error()
+            hf = transformers.DeepseekV4ForCausalLM.from_pretrained(d, dtype=dtype, attn_implementation="eager",
+                                                                     local_files_only=True).to(DEV).eval()
+            ids = torch.tensor([prompts[0]] * len(prompts), device=DEV)  # HF: one length (no ragged support)
+            with torch.no_grad():
+                hf.generate(ids, max_new_tokens=2, do_sample=False)
+                if DEV == "cuda":
+                    torch.cuda.synchronize()
+                t = time.perf_counter()
+                hf.generate(ids, max_new_tokens=steps, min_new_tokens=steps, do_sample=False)
+                if DEV == "cuda":
+                    torch.cuda.synchronize()
+            rates["hf"] = len(prompts) * steps / (time.perf_counter() - t)
+        except (ImportError, AttributeError) as exc:
+            rates["hf"] = float("nan")
+            RESULTS["errors"].append(f"HF anchor unavailable: {exc}")
+        RESULTS["engine"].append({"preset": preset, "batch": len(prompts), "steps": steps, **rates})
+        line = "  ".join(f"{k} {v:8.1f}" for k, v in rates.items())
+        say(f"{preset:<6} batch {len(prompts)} x {steps} steps: {line}  (ours-torch / hf = "
+            f"{rates['ours-torch'] / rates['hf']:.2f}x)")
+
+
+SECTIONS = {"ceiling": sec_ceiling, "membound": sec_membound, "sparse": sec_sparse, "engine": sec_engine}
+
+
+def main() -> int:
+    if DEV == "cuda":
+        from kernels.harness import device_info
+
+        RESULTS["device"] = device_info("cuda")
+        say(f"device: {RESULTS['device'].get('gpu')} cc {RESULTS['device'].get('compute_capability')}")
+    failed = 0
+    for name in ARGS.sections.split(","):
+        if time.perf_counter() - T0 > ARGS.budget:
+            say(f"[{name}] skipped: past the {ARGS.budget:.0f} s budget")
+            continue
+        try:
+            SECTIONS[name]()
+        except Exception:
+            failed += 1
+            tb = traceback.format_exc()
+            RESULTS["errors"].append(f"{name}: {tb}")
+            say(f"[{name}] FAILED:\n{tb}")
+    os.makedirs(ARGS.out, exist_ok=True)
+    with open(os.path.join(ARGS.out, "v4_bench.json"), "w") as f:
+        json.dump(RESULTS, f, indent=1, default=str)
+    with open(os.path.join(ARGS.out, "v4_bench.txt"), "w") as f:
+        f.write("\n".join(LINES) + "\n")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
