@@ -214,7 +214,7 @@ CONFIGS = {"pack": shape.CONFIG, "every-file": EVERY_FILE}
 
 REAL_MIRROR = "/work/.mirror/NVIDIA+cutlass/repo"
 KERNEL_MIRRORS = ["/work/.mirror/deepseek-ai+DeepGEMM/repo", "/work/.mirror/deepseek-ai+FlashMLA/repo",
-                  "/work/.mirror/NVIDIA+cutlass/repo:examples"]
+                  "/work/.mirror/NVIDIA+cutlass/repo:examples", "/work/.mirror/NVIDIA+cutlass/repo:include/cutlass:cpp"]
 
 
 def _q(fid: str, lang: str, files: list[str], query: str, **extra: str) -> str:
@@ -443,9 +443,12 @@ def parse_section(mirrors: list[str]) -> None:
     from checks.preprocess import preprocess
     from checks.workspace import Tree
 
-    print(f"{'kernel repo':<36} {'files':>6} {'ERROR raw':>10} {'ERROR pp':>9} {'pp s':>6} {'parse s':>8}")
+    print(f"{'kernel repo (grammar)':<36} {'files':>6} {'ERROR raw':>10} {'ERROR pp':>9} {'pp s':>6} {'parse s':>8}")
     for spec in mirrors:
-        mirror, _, sub = spec.partition(":")
+        mirror, _, rest = spec.partition(":")
+        sub, _, lang = rest.partition(":")
+        lang = lang or "cuda"
+        name = mirror.split("/")[-2] + (f":{sub}" if sub else "") + f" ({lang})"
         if not Path(mirror).exists():
             print(f"{mirror}: not fetched, skipped")
             continue
@@ -461,14 +464,13 @@ def parse_section(mirrors: list[str]) -> None:
         t_pp = t_parse = 0.0
         for p in paths:
             data = blobs.get(tree.blob_sha(p) or "", b"")
-            raw += syntax.parse("cuda", data).root_node.has_error
+            raw += syntax.parse(lang, data).root_node.has_error
             t0 = time.perf_counter()
-            clean = preprocess(data)
+            clean = preprocess(data, lang)
             t_pp += time.perf_counter() - t0
             t0 = time.perf_counter()
-            pp += syntax.parse("cuda", clean).root_node.has_error
+            pp += syntax.parse(lang, clean).root_node.has_error
             t_parse += time.perf_counter() - t0
-        name = spec.split("/")[-2] + (f":{sub}" if sub else "")
         print(f"{name:<36} {len(paths):>6} {raw / max(1, len(paths)):>10.0%} {pp / max(1, len(paths)):>9.0%} "
               f"{t_pp:>6.2f} {t_parse:>8.2f}")
 
