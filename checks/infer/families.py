@@ -17,7 +17,7 @@ import os
 import pickle
 import re
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -412,5 +412,3 @@ def _run(jobs: list[tuple[str, str, bytes]], workers: int | None) -> Iterable[tu
     with ctx.Pool(n) as pool:
         return pool.map(_one, jobs, chunksize=max(1, len(jobs) // (n * 8)))
 
-
-Progress = Callable[[str], None]

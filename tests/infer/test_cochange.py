@@ -68,3 +68,14 @@ def test_history_is_cached_per_repo_and_extended_incrementally(tmp_path):
     later = cochange.history(str(r.path), shas[-1], cache_dir=cache)
     assert [c.sha for c in later.commits][:2] == [shas[-1], shas[-2]] and len(later.commits) == len(first.commits) + 2
     assert later.commits[0].files == ["kernels/attn.cu", "kernels/attn.py"]
+
+
+def test_a_rewritten_history_is_mined_again_not_extended(tmp_path):
+    r, shas = coupled_repo(tmp_path / "repo")
+    cache = tmp_path / "cache"
+    cochange.history(str(r.path), shas[-1], cache_dir=cache)
+    r.git("checkout", "-q", "--detach", shas[1])
+    other = r.commit_files({"README.md": "another line of history\n"}, "elsewhere")
+    hist = cochange.history(str(r.path), other, cache_dir=cache)
+    assert [c.sha for c in hist.commits][:3] == [other, shas[1], shas[0]]
+    assert shas[-1] not in {c.sha for c in hist.commits}  # the cached head is not an ancestor: no stale commits
