@@ -17,6 +17,7 @@ from markdown_it import MarkdownIt
 from markdown_it.token import Token
 
 from checks.model import AuditOptions
+from runner.report.safe import code
 
 RUNNER_LABELS = ("sm90", "sm120", "cpu")
 HELP = """\
@@ -46,7 +47,7 @@ _MARKDOWN = MarkdownIt("commonmark")
 class Command:
     action: str  # audit | full | pillars | run | retry | help
     options: AuditOptions = field(default_factory=AuditOptions)
-    error: str | None = None  # set when the text was not understood; the reply is the help text
+    error: str | None = None  # set when the text was not understood; the reply is the help text (safe markdown)
     text: str = ""
 
     @property
@@ -125,18 +126,18 @@ def parse_command(line: str) -> Command:
         ids = [p for p in head.split("=", 1)[1].split(",") if p]
         bad = [p for p in ids if not _PILLAR.match(p)]
         if not ids or bad:
-            return Command("help", error=f"`pillars=` needs comma-separated pillar ids, got `{head[8:]}`", text=text)
+            return Command("help", error=f"`pillars=` needs comma-separated pillar ids, got {code(head[8:100])}", text=text)
         return Command("pillars", AuditOptions(run=True, pillars=ids), text=text)
     if head == "run":
         if len(rest) == 1 or (len(rest) == 3 and rest[1].lower() == "on"):
             suite = rest[0]
             runner = rest[2].lower() if len(rest) == 3 else None
             if not _SUITE.match(suite):
-                return Command("help", error=f"`{suite[:100]}` is not a suite id", text=text)
+                return Command("help", error=f"{code(suite[:100])} is not a suite id", text=text)
             if runner is not None and runner not in RUNNER_LABELS:
                 return Command(
-                    "help", error=f"unknown runner `{runner[:20]}` (use {', '.join(RUNNER_LABELS)})", text=text
+                    "help", error=f"unknown runner {code(runner[:20])} (use {', '.join(RUNNER_LABELS)})", text=text
                 )
             return Command("run", AuditOptions(run=True, suites=[suite], runner=runner), text=text)
         return Command("help", error="usage: `/audit run <suite> [on sm90|sm120]`", text=text)
-    return Command("help", error=f"unknown option `{' '.join(words)[:100]}`", text=text)
+    return Command("help", error=f"unknown option {code(' '.join(words)[:100])}", text=text)

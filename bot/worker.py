@@ -43,6 +43,7 @@ from bot.settings import BotSettings
 from bot.sweeper import Sweeper
 from checks.config import ConfigError
 from checks.model import Audit, AuditOptions, AuditRequest, Report, Results, SuiteResult, from_json, to_json
+from runner.report.safe import code
 from runner.select import SelectionError
 
 log = logging.getLogger("drift_audit.worker")
@@ -361,12 +362,12 @@ class Service:
         beat.check()
         if isinstance(audit, Unrunnable):
             task.outcome = audit
-            pub.conclude(run, "neutral", "The audit could not run", audit.message[:3000])
+            pub.conclude(run, "neutral", "The audit could not run", code(audit.message[:3000]))
             self.store.close_run(row.id)
             if task.reply_to and task.pr is not None:
                 marker = reply_marker(task.reply_to)
-                pub.upsert_comment(task.pr, f"{marker}\n`{(task.command or '/audit')[:200]}`: "
-                                            f"{audit.message[:3000]}", marker=marker)
+                pub.upsert_comment(task.pr, f"{marker}\n{code((task.command or '/audit')[:200])}: "
+                                            f"{code(audit.message[:3000])}", marker=marker)
             return DONE
 
         ran = "The head moved to `{newer}` while this audit of `{head}` ran; that commit is audited instead."
@@ -454,7 +455,7 @@ class Service:
         pub.react(job.comment_id, "eyes")
         cmd = parse_command(line)
         if cmd.replies_with_help:
-            lead = f"`{cmd.text[:200]}`: {cmd.error}.\n\n" if cmd.error else ""
+            lead = f"{code(cmd.text[:200])}: {cmd.error}.\n\n" if cmd.error else ""
             self._reply(pub, job, f"{lead}{HELP}")
             pub.react(job.comment_id, "confused" if cmd.error else "rocket")
             return DONE
@@ -462,7 +463,7 @@ class Service:
         head = pr.head.sha
         newer = row.superseded_by or (head if job.head_sha and head != job.head_sha else None)
         if newer and job.head_sha:
-            self._reply(pub, job, f"`{cmd.text[:200]}` was for `{job.head_sha[:12]}`, but the pull request moved to "
+            self._reply(pub, job, f"{code(cmd.text[:200])} was for `{job.head_sha[:12]}`, but the pull request moved to "
                                   f"`{newer[:12]}` before it ran. An approval covers one commit: say `/audit` again "
                                   "to audit the new head.")
             pub.react(job.comment_id, "confused")

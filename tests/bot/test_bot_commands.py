@@ -82,19 +82,51 @@ def test_paragraph_text_is_acted_on():
 def test_parsing_is_linear_and_capped():
     import time
 
+    clock = time.process_time  # CPU seconds: what a hostile comment costs, whatever else the machine runs
     redos = "/audit x" + " " * 65_000 + "y"
-    start = time.perf_counter()
+    start = clock()
     line = find_command(redos)
     cmd = parse_command(line)
-    assert time.perf_counter() - start < 0.5
+    assert clock() - start < 0.5
     assert cmd.replies_with_help and "longer than 256" in cmd.error
     for hostile in ("/audit " + "[" * 60_000, "/audit " + "*a_" * 20_000, "> " * 30_000 + "/audit", "/audit\n" * 9000):
-        start = time.perf_counter()
+        start = clock()
         found = find_command(hostile)
-        assert time.perf_counter() - start < 3.0, hostile[:20]  # markdown-it is linear; 65 KB at most
+        assert clock() - start < 3.0, hostile[:20]  # markdown-it is linear; 65 KB at most
         if found:
             parse_command(found)
     megabyte = "/audit full\n" + "x" * (1 << 20)
-    start = time.perf_counter()
+    start = clock()
     assert find_command(megabyte) is None  # over GitHub's own 65,536-character limit: not a comment GitHub sends
-    assert time.perf_counter() - start < 0.1
+    assert clock() - start < 0.1
+
+
+def _live(markdown: str) -> list[str]:
+    """Links, images, raw HTML and @mentions that would render live (outside code) on GitHub."""
+    from markdown_it import MarkdownIt
+
+    found = []
+    for block in MarkdownIt("commonmark").parse(markdown):
+        for tok in block.children or []:
+            if tok.type in ("link_open", "image", "html_inline"):
+                found.append(tok.type)
+            elif tok.type == "text" and "@octocat" in tok.content:
+                found.append("mention")
+        if block.type == "html_block":
+            found.append("html_block")
+    return found
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "/audit run a`[x](javascript:alert(1))`@octocat",
+        "/audit run x on sm9`0 @octocat [y](http://e.x)`",
+        "/audit pillars=a``,`@octocat <img src=x>",
+        "/audit ``` @octocat [z](http://e.x)",
+    ],
+)
+def test_errors_quote_the_commenters_text_as_inert_code(line):
+    cmd = parse_command(line)
+    assert cmd.error
+    assert _live(f"{cmd.error}.") == []

@@ -54,7 +54,7 @@ def test_redos_comment_in_flight_does_not_stall_healthz_or_other_deliveries(bot_
         t.join()
     assert answers["healthz:status"] == 200 and answers["pr:status"] == 202
     assert all(answers[f"redos{i}:status"] == 202 for i in range(4))  # a command job; the worker answers help
-    assert max(v for k, v in answers.items() if not k.endswith(":status")) < 2.0, answers
+    assert max(v for k, v in answers.items() if not k.endswith(":status")) < GITHUB_TIMEOUT / 2, answers
 
 
 def test_one_megabyte_comment_is_answered_fast(bot_factory):
@@ -64,7 +64,7 @@ def test_one_megabyte_comment_is_answered_fast(bot_factory):
     assert len(body) > 1 << 20
     start = time.perf_counter()
     resp = bot.http.post("/webhook", content=body, headers=signed(body, "issue_comment"))
-    assert time.perf_counter() - start < 1.0
+    assert time.perf_counter() - start < 2.0
     assert resp.status_code == 202 and "65536" in resp.json()["reason"]
     assert bot.store.jobs() == []
 
@@ -125,7 +125,7 @@ def test_unsigned_bodies_are_refused_before_they_are_read(bot_factory):
                           f"{sig}Content-Length: {25 * 1024 * 1024}\r\n\r\n").encode())
             start = time.perf_counter()
             assert _status_of(sock) == 401  # answered with none of the 25 MB sent
-            assert time.perf_counter() - start < 1.0
+            assert time.perf_counter() - start < 2.0
     with _raw(bot.url) as sock:  # signed, but declaring more than GitHub ever sends
         sock.sendall(b"POST /webhook HTTP/1.1\r\nHost: x\r\nX-GitHub-Event: ping\r\nX-GitHub-Delivery: d\r\n"
                      b"X-Hub-Signature-256: sha256=" + b"0" * 64 + b"\r\nContent-Length: 26214401\r\n\r\n")
@@ -153,7 +153,7 @@ def test_slow_bodies_and_slow_headers_are_cut_off(bot_factory):
                 break
             except TimeoutError:
                 continue
-        assert status == 408 and time.perf_counter() - start < 3.0
+        assert status == 408 and time.perf_counter() - start < 4.0
     with _raw(bot.url) as sock:  # headers a byte at a time: the connection is closed
         start = time.perf_counter()
         closed = False
@@ -169,7 +169,7 @@ def test_slow_bodies_and_slow_headers_are_cut_off(bot_factory):
             except OSError:
                 closed = True
                 break
-        assert closed and time.perf_counter() - start < 3.0
+        assert closed and time.perf_counter() - start < 4.0
     assert bot.http.get("/healthz").status_code == 200
 
 
