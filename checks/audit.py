@@ -15,6 +15,7 @@ naming the config entry, and every other rule still runs.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from dataclasses import dataclass, field, replace
@@ -25,7 +26,7 @@ from checks.factcache import fact_cache
 from checks.facts import FactError, FactResult, Limits, Row, compile_fact, extract, parse_parallel, prefetch
 from checks.globs import compile_globs
 from checks.infer.hook import with_inference
-from checks.model import ChangeSet, Checkout, Finding, Findings, Unchecked
+from checks.model import ChangeSet, Checkout, Finding, Findings, Unchecked, from_dict, to_dict
 from checks.rules.base import missing_of
 from checks.workspace import Tree
 
@@ -76,7 +77,7 @@ def evaluate_tree(config: Config, tree: Tree) -> SideResult:
     from checks.rules import REGISTRY
 
     side = SideResult()
-    inputs: dict[str, tuple[str, int]] = {}  # fact id → (signature, hash of the blobs it read)
+    inputs: dict[str, tuple[str, str]] = {}  # fact id → (signature, digest of the blobs it read)
     broken: dict[str, str] = {}  # fact id → why its rules cannot run
     quiet: set[str] = set()  # optional facts that selected nothing: their rules are skipped silently
     facts: dict[str, Fact] = {f.id: f for f in config.facts}
@@ -146,6 +147,12 @@ def evaluate_tree(config: Config, tree: Tree) -> SideResult:
             continue
         key = (_rule_signature(rule), tuple(inputs[f] for f in rule.facts))
         cached = _rule_cache.get(key)
+        disk_key = ""
+        if cached is None and limits.cache is not None:  # a new process: the findings may be on disk
+            disk_key = hashlib.sha1(json.dumps([FINDINGS_VERSION, *key], default=str).encode()).hexdigest()
+            stored = limits.cache.load_findings(disk_key)
+            if stored is not None:
+                cached = _rule_cache[key] = [from_dict(Finding, f) for f in stored]
         if cached is not None:
             side.findings += [_copy(f) for f in cached]
             continue
@@ -154,6 +161,8 @@ def evaluate_tree(config: Config, tree: Tree) -> SideResult:
             if len(_rule_cache) > 1024:
                 _rule_cache.clear()
             _rule_cache[key] = [_copy(f) for f in found]
+            if disk_key:
+                limits.cache.store_findings(disk_key, [to_dict(f) for f in found])
             side.findings += found
         except Exception as exc:  # one rule's failure is reported, the others still run
             side.skipped_rules.add(rule.id)
@@ -164,8 +173,10 @@ def evaluate_tree(config: Config, tree: Tree) -> SideResult:
 
 
 # Findings of a rule are a function of the rule and the blobs its facts read, so a
-# rule whose inputs did not change since the last audit is not evaluated again.
+# rule whose inputs did not change since the last audit is not evaluated again (in
+# memory, and across processes through the fact cache's findings table).
 _rule_cache: dict[tuple, list[Finding]] = {}
+FINDINGS_VERSION = 1  # bump when a rule kind's findings change for the same rows
 
 
 def _rule_signature(rule: Rule) -> str:

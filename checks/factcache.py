@@ -61,6 +61,8 @@ class FactCache:
                 db.execute("PRAGMA journal_mode=WAL")
                 db.execute("PRAGMA synchronous=NORMAL")
                 db.execute("CREATE TABLE IF NOT EXISTS rows (sig TEXT, blob TEXT, data TEXT, PRIMARY KEY (sig, blob))")
+                # A rule's findings are a function of the rule and the blobs its facts read.
+                db.execute("CREATE TABLE IF NOT EXISTS findings (key TEXT PRIMARY KEY, data TEXT)")
                 self._db = db
             except (OSError, sqlite3.Error):
                 return None  # an unwritable cache only costs time
@@ -77,16 +79,40 @@ class FactCache:
             return {}
         sig = self.key(signature)
         out: dict[str, tuple[list[Row], str | None]] = {}
+        unique = list(dict.fromkeys(blobs))
+        found: list[tuple[str, str]] = []
         with self._lock:
             try:
-                found = db.execute("SELECT blob, data FROM rows WHERE sig = ?", (sig,)).fetchall()
+                for i in range(0, len(unique), 500):  # only the blobs asked for, not every side ever cached
+                    chunk = unique[i:i + 500]
+                    found += db.execute(f"SELECT blob, data FROM rows WHERE sig = ? AND blob IN ({','.join('?' * len(chunk))})",
+                                        (sig, *chunk)).fetchall()
             except sqlite3.Error:
                 return {}
-        want = set(blobs)
         for blob, data in found:
-            if blob in want:
-                out[blob] = _rows(json.loads(data))
+            out[blob] = _rows(json.loads(data))
         return out
+
+    def load_findings(self, key: str) -> list[dict] | None:
+        db = self._conn()
+        if db is None:
+            return None
+        with self._lock:
+            try:
+                hit = db.execute("SELECT data FROM findings WHERE key = ?", (key,)).fetchone()
+            except sqlite3.Error:
+                return None
+        return json.loads(hit[0]) if hit else None
+
+    def store_findings(self, key: str, findings: list[dict]) -> None:
+        db = self._conn()
+        if db is None:
+            return
+        with self._lock:
+            try:
+                db.execute("INSERT OR REPLACE INTO findings VALUES (?, ?)", (key, json.dumps(findings)))
+            except sqlite3.Error:
+                pass
 
     def store(self, signature: str, blob: str, fact: str, rows: list[Row], problem: str | None) -> None:
         data = {"fact": fact, "problem": problem,

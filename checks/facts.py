@@ -107,7 +107,13 @@ class FactResult:
     rows: list[Row] = field(default_factory=list)
     files: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)  # "path:line: syntax error ..."
-    inputs: int = 0  # hash of the (path, blob) pairs read: equal inputs, equal rows
+    inputs: str = ""  # digest of the (path, blob) pairs read: equal inputs, equal rows (stable across processes)
+
+
+def _digest(parts) -> str:
+    import hashlib
+
+    return hashlib.sha1("\0".join(parts).encode()).hexdigest()
 
 
 def describe(fact: Fact) -> str:
@@ -616,7 +622,7 @@ def extract(fact: Fact, tree: Any, prefetched: dict[str, bytes] | None = None,
     if fact.lang == "path":  # rows are the files themselves: nothing to read
         made = (_finish(compiled, Row(fact.id, p, {}, p, 1)) for p in result.files)
         result.rows = [r for r in made if r is not None]
-        result.inputs = hash(tuple(result.files))
+        result.inputs = _digest(result.files)
         _results[whole] = result
         return result
     blobs = [(path, tree.blob_sha(path)) for path in result.files]
@@ -656,7 +662,7 @@ def extract(fact: Fact, tree: Any, prefetched: dict[str, bytes] | None = None,
             result.problems.append(problem)
     if stored:
         limits.cache.flush()
-    result.inputs = hash(tuple(inputs))
+    result.inputs = _digest(f"{p}\t{b}" for p, b in inputs)
     if len(_results) > 256:
         _results.clear()
     _results[whole] = result

@@ -91,3 +91,45 @@ def test_parallel_parse_gives_the_rows_a_serial_parse_gives(tmp_path, monkeypatc
     assert all((s, p, tree.blob_sha(p)) in facts._rows_cache for s in sigs for p in files)  # rows came from the pool
     parallel = {f.id: [(r.key, r.values, r.path, r.line) for r in extract(f, tree, data).rows] for f in (FACT, other)}
     assert parallel == serial and len(serial[FACT.id]) == 240
+
+
+def test_a_new_process_takes_rule_findings_from_disk(tmp_path, monkeypatch):
+    from dataclasses import replace
+
+    from checks import audit
+    from checks.audit import run_checks
+    from checks.config import parse_config
+    from checks.diff import build_changeset
+    from checks.model import AuditRequest
+    from checks.rules import REGISTRY
+    from checks.workspace import checkout
+
+    repo = init_repo(tmp_path / "r")
+    base = commit(repo, {"src/flags.py": "use_fast = True\nblock = 64\n"}, "base")
+    head = commit(repo, {"src/flags.py": "use_fast = False\nblock = 64\n"}, "head")
+    config = parse_config(f'''[settings]\ncache_dir = "{tmp_path / "cache"}"\n
+[[fact]]
+id = "flags"
+lang = "python"
+files = ["src/*.py"]
+query = "(module (expression_statement (assignment left: (identifier) @key right: (_) @value)))"
+
+[[rule]]
+id = "pinned-flags"
+kind = "pinned"
+facts = ["flags"]
+values = {{ use_fast = "True" }}
+''', "cfg.toml")
+    co = checkout(AuditRequest(repo=str(repo), base=base, head=head))
+    first = run_checks(co, config, build_changeset(co))
+    _forget()
+    audit._rule_cache.clear()
+
+    def boom(rule, rows):
+        raise AssertionError("evaluated a rule whose findings the disk cache holds")
+
+    monkeypatch.setitem(REGISTRY, "pinned", replace(REGISTRY["pinned"], evaluate=boom))
+    again = run_checks(co, config, build_changeset(co))
+    assert [(f.rule, f.status, f.message, f.state) for f in again.findings] == \
+        [(f.rule, f.status, f.message, f.state) for f in first.findings] == \
+        [("pinned-flags", "new", "'use_fast' is False, pinned to True", first.findings[0].state)]
