@@ -196,3 +196,21 @@ def test_a_wrong_secret_is_still_refused_after_the_header_check(bot_factory):
     body = json.dumps(fixture_payload("ping")).encode()
     assert bot.http.post("/webhook", content=body, headers=signed(body, "ping", secret="nope")).status_code == 401
     assert bot.http.post("/webhook", content=body, headers=signed(body, "ping", secret=SECRET)).status_code == 202
+
+
+def test_an_event_without_a_published_schema_is_checked_by_the_typed_reads():
+    from bot.events import read_delivery
+    from bot.payloads import PayloadError, has_schema
+
+    assert not has_schema("installation_repositories", "added")
+    good = {"action": "added", "installation": {"id": 3, "account": {"login": "octo-org"}},
+            "repositories_added": [{"full_name": "octo-org/a"}], "repositories_removed": []}
+    job = read_delivery("installation_repositories", json.dumps(good).encode())
+    assert job.kind == "installation" and "octo-org/a" in job.note
+    for field, value, where in (("repositories_added", "x", "$.repositories_added"),
+                                ("installation", {"id": "3"}, "$.installation.id"),
+                                ("repositories_added", [5], "$.repositories_added[0]")):
+        bad = dict(good, **{field: value})
+        with pytest.raises(PayloadError) as err:
+            read_delivery("installation_repositories", json.dumps(bad).encode())
+        assert err.value.field == where
