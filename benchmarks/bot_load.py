@@ -582,9 +582,11 @@ def main() -> int:
             ("faults", f"{args.fault_rate:.0%} injected 5xx/403",
              lambda: run_audits(work / "faults", args.audits, fault_rate=args.fault_rate)),
         ]
-        if args.smoke:  # one service start per section costs seconds: the smoke skips the anchor and the
-            # small kill run (the random-kill run covers section 3), and ratios are to the first row
-            plan = [p for p in plan if p[0] not in ("anchor", "kills")]
+        if args.smoke:  # each scenario starts a service and audits for seconds: the smoke runs the poison run
+            # under faults (sections 2 and 4) and the random-kill run (section 3); ratios are to the first row
+            plan = [("poison", f"5 % poison + {args.fault_rate:.0%} injected 5xx/403",
+                     lambda: run_audits(work / "poison", 1, poison=0.05, fault_rate=args.fault_rate)),
+                    *[p for p in plan if p[0] == "many"]]
         names = {}
         for key, name, fn in plan:
             r = section(key, fn)
