@@ -602,7 +602,7 @@ def main(argv: list[str] | None = None) -> int:
     for m in missed:
         print("missed by drift-audit: " + m)
     for e in errors:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"section error: {e}", file=sys.stderr)
     return 1 if errors or missed else 0
 
 
