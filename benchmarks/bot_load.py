@@ -9,7 +9,7 @@ All tables come from one run, each with its anchor measured in that run:
    ReDoS-shaped ``/audit`` comment (65,000 spaces) always in flight; anchor
    ``GET /healthz`` on the same server (the HTTP floor). Target: p99 ≤ 50 ms
    at 200 deliveries/s whatever the payloads;
-2. poison: valid audits with 5 % poison deliveries (wrong field types, deep
+2. poison: ``--many`` valid audits with 5 % poison deliveries (wrong field types, deep
    nesting; refused at intake) and 5 % unloadable rows written straight into
    the queue (dead-lettered); every valid audit must complete exactly once;
 3. kill -9: the service process is SIGKILLed mid-audit and restarted, for
@@ -350,6 +350,7 @@ def bench_intake(work: Path, n: int, concurrency: int, rate: float) -> tuple[lis
         with InFlight(svc.url, lambda: ("POST", "/webhook", redos, headers(redos, "issue_comment"))) as redo:
             wall_r, lat_r, err_r = paced(svc.url, n, rate, concurrency, webhook)
             hz_wall, hz_lat, hz_err = paced(svc.url, max(n // 4, 10), rate, 2, healthz)
+        wall_h2, lat_h2, err_h2 = hammer(svc.url, n, concurrency, healthz)  # the anchor again: how noisy is the box
         queued = len(SqliteJobStore(str(svc.db)).jobs())
     finally:
         svc.stop()
@@ -365,6 +366,7 @@ def bench_intake(work: Path, n: int, concurrency: int, rate: float) -> tuple[lis
         row(f"POST /webhook signed PR, {rate:.0f}/s", n, wall_p, lat_p, err_p),
         row(f"POST /webhook signed PR, {rate:.0f}/s + ReDoS comment in flight", n, wall_r, lat_r, err_r, queued),
         row(f"GET /healthz, {rate:.0f}/s + ReDoS comment in flight", len(hz_lat), hz_wall, hz_lat, hz_err),
+        row("GET /healthz, closed loop, again at the end", n, wall_h2, lat_h2, err_h2),
     ]
     facts = {
         "redos_sent": len(redo.statuses),
@@ -372,7 +374,7 @@ def bench_intake(work: Path, n: int, concurrency: int, rate: float) -> tuple[lis
         "redos_p99_ms": pct(redo.latencies, 99) * 1e3 if redo.latencies else float("nan"),
         "p99_paced": pct(lat_p, 99) * 1e3,
         "p99_redos": pct(lat_r, 99) * 1e3,
-        "errors": err_h + err_w + err_p + err_r + hz_err,
+        "errors": err_h + err_w + err_p + err_r + hz_err + err_h2,
         "violations": len(state.violations),
     }
     return rows, facts
@@ -574,7 +576,7 @@ def main() -> int:
         plan: list[tuple[str, str, Callable[[], dict]]] = [
             ("anchor", "no kills, no faults (anchor)", lambda: run_audits(work / "anchor", args.audits)),
             ("poison", "5 % poison deliveries + 5 % poison rows",
-             lambda: run_audits(work / "poison", args.audits * 2 if not args.smoke else 1, poison=0.05)),
+             lambda: run_audits(work / "poison", args.many, poison=0.05)),
             ("kills", f"kill -9 x{args.kills} mid-audit",
              lambda: run_audits(work / "kills", args.audits, kills=args.kills, kill_gap=gap)),
             ("many", f"{args.many} audits, {many_kills} kill -9 at random {gap[0]}-{gap[1]} s apart",
