@@ -23,10 +23,20 @@ from functools import lru_cache
 
 from checks.config import Config, Fact, Rule, parse_config
 from checks.factcache import fact_cache
-from checks.facts import FactError, FactResult, Limits, Row, compile_fact, extract, parse_parallel, prefetch
+from checks.facts import (
+    FactError,
+    FactResult,
+    Limits,
+    Row,
+    compile_fact,
+    extract,
+    input_digest,
+    parse_parallel,
+    prefetch,
+)
 from checks.globs import compile_globs
 from checks.infer.hook import with_inference
-from checks.model import ChangeSet, Checkout, Finding, Findings, Unchecked, from_dict, to_dict
+from checks.model import ChangeSet, Checkout, Finding, Findings, Location, Unchecked, to_dict
 from checks.rules.base import missing_of
 from checks.workspace import Tree
 
@@ -85,39 +95,58 @@ def evaluate_tree(config: Config, tree: Tree) -> SideResult:
     limits = Limits(max_bytes=config.settings.max_file_bytes, cache=fact_cache(config.settings.cache_dir), nodes=nodes)
     used = {f for r in config.rules for f in r.facts}
     wanted = [f for f in config.facts if f.id in used or not config.rules]
-    data = prefetch(wanted, tree, limits)
-    parse_parallel(wanted, tree, data, limits)  # cold: many files to parse go to a process pool
+    for fact in wanted:  # what each fact will read, from the tree listing alone
+        try:
+            inputs[fact.id] = (compile_fact(fact).signature, input_digest(fact, tree))
+        except FactError:
+            pass  # reported below, when the fact is extracted
+    # Rules whose findings are cached (in memory, or on disk from an earlier process) need no rows.
+    done: dict[str, tuple[tuple, list[Finding]]] = {}
+    for rule in config.rules:
+        if REGISTRY.get(rule.kind) is not None and all(f in inputs for f in rule.facts):
+            key = (_rule_signature(rule), tuple(inputs[f] for f in rule.facts))
+            hit = _cached_findings(key, limits)
+            if hit is not None:
+                done[rule.id] = (key, hit)
+    need = {f for r in config.rules if r.id not in done for f in r.facts} if config.rules else {f.id for f in wanted}
+    data = prefetch([f for f in wanted if f.id in need], tree, limits)
+    parse_parallel([f for f in wanted if f.id in need], tree, data, limits)  # cold: a process pool parses
     parse_notes: dict[str, list[tuple[int, str, Fact]]] = {}  # path → (line, what, fact), once per file
     quiet_spec = compile_globs(config.settings.quiet) if config.settings.quiet else None
     for fact in wanted:
         entry = _entry("fact", fact.id, fact.line, _source_of(config, fact))
-        try:
-            result: FactResult = extract(fact, tree, data, limits)
-        except FactError as exc:
-            broken[fact.id] = str(exc)
-            side.unchecked.append(Unchecked(entry, str(exc)))
-            continue
-        except Exception as exc:  # a grammar or I/O failure must not sink the audit
-            broken[fact.id] = f"{type(exc).__name__}: {exc}"
-            side.unchecked.append(Unchecked(entry, broken[fact.id]))
-            continue
-        side.rows[fact.id] = result.rows
-        inputs[fact.id] = (compile_fact(fact).signature, result.inputs)
-        for problem in result.problems:
+        summary = _cached_summary(fact, inputs, limits) if fact.id not in need else None
+        if summary is None:
+            try:
+                result: FactResult = extract(fact, tree, data, limits)
+            except FactError as exc:
+                broken[fact.id] = str(exc)
+                side.unchecked.append(Unchecked(entry, str(exc)))
+                continue
+            except Exception as exc:  # a grammar or I/O failure must not sink the audit
+                broken[fact.id] = f"{type(exc).__name__}: {exc}"
+                side.unchecked.append(Unchecked(entry, broken[fact.id]))
+                continue
+            side.rows[fact.id] = result.rows
+            inputs[fact.id] = (compile_fact(fact).signature, result.inputs)
+            summary = {"files": len(result.files), "rows": len(result.rows), "problems": result.problems}
+            if limits.cache is not None:
+                limits.cache.store_findings(_summary_key(fact, inputs), [summary])
+        for problem in summary["problems"]:
             m = _PROBLEM.match(problem)
             if m and "syntax error" in m["what"]:
                 if quiet_spec is None or not quiet_spec.match_file(m["path"]):
                     parse_notes.setdefault(m["path"], []).append((int(m["line"]), m["what"], fact))
             elif not (m and quiet_spec is not None and quiet_spec.match_file(m["path"])):
                 side.unchecked.append(Unchecked(entry, problem))
-        if not result.rows:
-            if not result.files and fact.options.get("optional"):
+        if not summary["rows"]:
+            if not summary["files"] and fact.options.get("optional"):
                 broken[fact.id] = "optional fact selects no file"
                 quiet.add(fact.id)
                 continue
             why = (
-                f"matched nothing in {len(result.files)} file(s) selected by files = {fact.files}"
-                if result.files
+                f"matched nothing in {summary['files']} file(s) selected by files = {fact.files}"
+                if summary["files"]
                 else f"files = {fact.files} selects no file in this tree"
             )
             broken[fact.id] = why
@@ -145,24 +174,17 @@ def evaluate_tree(config: Config, tree: Tree) -> SideResult:
             entry = _entry("rule", rule.id, rule.line, _source_of(config, rule))
             side.unchecked.append(Unchecked(entry, f"not evaluated: {why}"))
             continue
-        key = (_rule_signature(rule), tuple(inputs[f] for f in rule.facts))
-        cached = _rule_cache.get(key)
-        disk_key = ""
-        if cached is None and limits.cache is not None:  # a new process: the findings may be on disk
-            disk_key = hashlib.sha1(json.dumps([FINDINGS_VERSION, *key], default=str).encode()).hexdigest()
-            stored = limits.cache.load_findings(disk_key)
-            if stored is not None:
-                cached = _rule_cache[key] = [from_dict(Finding, f) for f in stored]
-        if cached is not None:
-            side.findings += [_copy(f) for f in cached]
+        if rule.id in done:
+            side.findings += [_copy(f) for f in done[rule.id][1]]
             continue
+        key = (_rule_signature(rule), tuple(inputs[f] for f in rule.facts))
         try:
             found = kind.evaluate(rule, {f: side.rows[f] for f in rule.facts})
             if len(_rule_cache) > 1024:
                 _rule_cache.clear()
             _rule_cache[key] = [_copy(f) for f in found]
-            if disk_key:
-                limits.cache.store_findings(disk_key, [to_dict(f) for f in found])
+            if limits.cache is not None:
+                limits.cache.store_findings(_findings_key(key), [to_dict(f) for f in found])
             side.findings += found
         except Exception as exc:  # one rule's failure is reported, the others still run
             side.skipped_rules.add(rule.id)
@@ -170,6 +192,37 @@ def evaluate_tree(config: Config, tree: Tree) -> SideResult:
                 Unchecked(_entry("rule", rule.id, rule.line, _source_of(config, rule)), f"failed: {type(exc).__name__}: {exc}")
             )
     return side
+
+
+def _findings_key(key: tuple) -> str:
+    return hashlib.sha1(json.dumps([FINDINGS_VERSION, *key], default=str).encode()).hexdigest()
+
+
+def _cached_findings(key: tuple, limits: Limits) -> list[Finding] | None:
+    """A rule's findings for these inputs from memory, else from the disk cache (an earlier process)."""
+    hit = _rule_cache.get(key)
+    if hit is None and limits.cache is not None:
+        stored = limits.cache.load_findings(_findings_key(key))
+        if stored is not None:
+            hit = _rule_cache[key] = [_finding_from(d) for d in stored]
+    return hit
+
+
+def _finding_from(d: dict) -> Finding:
+    return Finding(**{**d, "locations": [Location(**loc) for loc in d.get("locations", [])]})
+
+
+def _summary_key(fact: Fact, inputs: dict[str, tuple[str, str]]) -> str:
+    return "fact:" + hashlib.sha1(json.dumps([FINDINGS_VERSION, *inputs[fact.id]]).encode()).hexdigest()
+
+
+def _cached_summary(fact: Fact, inputs: dict[str, tuple[str, str]], limits: Limits) -> dict | None:
+    """How many files and rows a fact had and what it could not read, for a fact whose rules all took
+    their findings from the cache (so its rows are never loaded)."""
+    if limits.cache is None or fact.id not in inputs:
+        return None
+    stored = limits.cache.load_findings(_summary_key(fact, inputs))
+    return stored[0] if stored else None
 
 
 # Findings of a rule are a function of the rule and the blobs its facts read, so a

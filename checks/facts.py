@@ -680,6 +680,16 @@ def _guarded(compiled: _Compiled, path: str, data: bytes, blob: str | None,
     return extract_blob(compiled, path, data, blob)
 
 
+def input_digest(fact: Fact, tree: Any) -> str:
+    """What ``extract(fact, tree).inputs`` will be, without reading a blob: the fact's rows are a
+    function of it, so a cache keyed by it can answer before any file is read."""
+    compiled = compile_fact(fact)
+    files = files_for(compiled, tree)
+    if fact.lang == "path":
+        return _digest(files)
+    return _digest(f"{p}\t{b}" for p in files if (b := tree.blob_sha(p)) is not None)
+
+
 def read_blobs(repo_path: str, shas: list[str]) -> dict[str, bytes]:
     """Many blobs in one ``git cat-file --batch`` process instead of a round trip per blob."""
     import subprocess
