@@ -24,7 +24,7 @@ import sqlite3
 import threading
 import time
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from bot.jobs import JOB_SCHEMA, AuditJob, CommandJob, Job, JobLoadError, dump_job, load_job
@@ -284,8 +284,6 @@ class SqliteJobStore(JobStore):
     @staticmethod
     def _pin(db: sqlite3.Connection, job: Job, now: float) -> Job:
         """A PR push records the PR's head; a command is pinned to the head recorded when it arrives."""
-        from dataclasses import replace
-
         if isinstance(job, AuditJob) and job.cause == "pull_request" and job.pr is not None:
             db.execute(
                 "INSERT INTO heads(repo, pr, head_sha, seen) VALUES (?, ?, ?, ?) ON CONFLICT(repo, pr)"
