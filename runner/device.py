@@ -120,6 +120,8 @@ def _nvidia_smi(timeout: float = 10.0) -> Gpu | None:
         cap = parse_capability(parts[1])
     except ValueError:
         return None
+    if cap is None:
+        return None
     cuda = None
     try:
         banner = subprocess.run([exe], capture_output=True, text=True, timeout=timeout).stdout
