@@ -119,3 +119,25 @@ def test_an_audit_whose_gpu_results_never_come_is_concluded_after_gpu_timeout(bo
     assert state.check_runs[run["id"]]["conclusion"] == "neutral"
     assert state.check_runs[run["id"]]["output"]["title"] == "GPU results did not arrive"
     wait_for(lambda: bot.store.audit_for_job(bot.store.jobs()[0].id).status == "done", timeout=5)
+
+
+def test_a_dead_lettered_job_with_a_queued_check_run_gets_it_concluded(bot_factory, engine_repo):
+    import sqlite3
+
+    make, state = bot_factory
+    repo_path, base, head = engine_repo
+    state.add_repo(REPO, str(repo_path))
+    state.add_pull(REPO, 25, head_sha=head, base_sha=base)
+    bot = make(start_workers=False)
+    bot.deliver("pull_request", pr_payload("opened", number=25, head=head, base=base))
+    assert bot.service.announce_pending() == 1  # the queued check run exists on GitHub
+    (run,) = state.check_runs_for(REPO, head)
+    with sqlite3.connect(bot.settings.db) as db:  # a row this build cannot load (a job-schema change, say)
+        db.execute("UPDATE jobs SET payload = json_set(payload, '$.pr', 'x2')")
+    assert bot.service.run_once() is False  # nothing runnable: the row was set aside, not looped on
+    (dead,) = bot.store.jobs("dead")
+    swept = bot.service.sweeper.sweep()
+    assert swept.concluded == [run["id"]]
+    assert state.check_runs[run["id"]]["conclusion"] == "neutral"
+    assert "dead-lettered" in state.check_runs[run["id"]]["output"]["summary"]
+    assert bot.store.get(dead.id).run_state == "closed" and bot.service.sweeper.sweep().concluded == []
