@@ -105,8 +105,9 @@ def test_a_new_process_takes_rule_findings_from_disk(tmp_path, monkeypatch):
     from checks.workspace import checkout
 
     repo = init_repo(tmp_path / "r")
-    base = commit(repo, {"src/flags.py": "use_fast = True\nblock = 64\n"}, "base")
-    head = commit(repo, {"src/flags.py": "use_fast = False\nblock = 64\n"}, "head")
+    broken = "block = (\n"
+    base = commit(repo, {"src/flags.py": "use_fast = True\nblock = 64\n", "src/broken.py": broken}, "base")
+    head = commit(repo, {"src/flags.py": "use_fast = False\nblock = 64\n", "src/broken.py": broken}, "head")
     config = parse_config(f'''[settings]\ncache_dir = "{tmp_path / "cache"}"\n
 [[fact]]
 id = "flags"
@@ -129,7 +130,10 @@ values = {{ use_fast = "True" }}
         raise AssertionError("evaluated a rule whose findings the disk cache holds")
 
     monkeypatch.setitem(REGISTRY, "pinned", replace(REGISTRY["pinned"], evaluate=boom))
+    monkeypatch.setattr(syntax, "parse", _no_parse)  # nor are its facts' files parsed
     again = run_checks(co, config, build_changeset(co))
+    assert again.unchecked == first.unchecked and again.rules_run == first.rules_run == ["pinned-flags"]
+    assert [u.reason for u in first.unchecked] == ["src/broken.py:1: python syntax error; rows of fact 'flags' near it may be missing"]
     assert [(f.rule, f.status, f.message, f.state) for f in again.findings] == \
         [(f.rule, f.status, f.message, f.state) for f in first.findings] == \
         [("pinned-flags", "new", "'use_fast' is False, pinned to True", first.findings[0].state)]
