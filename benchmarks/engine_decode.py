@@ -386,7 +386,8 @@ def roofline(args, device: torch.device, dtype: torch.dtype) -> list[str]:
 
         model = forms["torch"]
         for label, mode in (("eager", None), ("reduce-overhead", "reduce-overhead"), ("max-autotune", "max-autotune")):
-            if isinstance(model, Exception) or over_budget(args) or (mode and args.no_compile):
+            if isinstance(model, Exception) or over_budget(args) or (mode and args.no_compile) or (
+                    mode and (mode not in args.compile_modes or batch not in args.compile_batches)):
                 cells[label] = "n/a" if isinstance(model, Exception) else "skipped"
                 continue
             try:
@@ -488,6 +489,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--roofline-batches", default=None, help="comma list (default 1,8,32,128; --quick: 2)")
     p.add_argument("--no-compile", action="store_true", help="roofline: skip the torch.compile anchors")
     p.add_argument("--profile", action="store_true", help="roofline: torch.profiler breakdown of our decode step")
+    p.add_argument("--compile-modes", default="reduce-overhead,max-autotune", help="roofline: torch.compile modes")
+    p.add_argument("--compile-batches", default=None, help="roofline: batches with compile anchors (default all)")
     args = p.parse_args(argv)
     if args.smoke:
         args.quick, args.device, args.dtype = True, "cpu", "float32"
@@ -499,6 +502,9 @@ def main(argv: list[str] | None = None) -> int:
     args.sections = args.sections.split(",")
     args.roofline_config = args.roofline_config or ("tiny" if args.quick else "small")
     args.roofline_batches = [int(b) for b in (args.roofline_batches or ("2" if args.quick else "1,8,32,128")).split(",")]
+    args.compile_modes = args.compile_modes.split(",")
+    args.compile_batches = ([int(b) for b in args.compile_batches.split(",")] if args.compile_batches
+                            else args.roofline_batches)
     args.configs = (args.configs or ("tiny" if args.quick else "tiny,small")).split(",")
     args.batches = [int(b) for b in (args.batches or ("1,4" if args.quick else "1,32")).split(",")]
     args.steps = args.steps or (12 if args.quick else 32)

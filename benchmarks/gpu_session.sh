@@ -36,6 +36,13 @@ case "${1:-roofline}" in
     step roofline 230 python3 benchmarks/engine_decode.py --sections roofline --profile --time-budget 190
     step tune_heavy 170 python3 benchmarks/tune_heavy.py --budget 150
     ;;
+  follow)  # after the roofline part: the GPU failures with their tracebacks, the anchors it ran out of time for
+    step pytest_diag 50 python3 -m pytest -q -p no:cacheprovider --tb=short -rfs tests/engine/test_triton_backend.py \
+      tests/kernels/test_fp8_quant.py tests/kernels/test_fp8_gemm.py -k "triton_backend or e4m3 or tma or paged or fp8_checkpoint"
+    step roofline 160 python3 benchmarks/engine_decode.py --sections roofline --profile --compile-modes reduce-overhead \
+      --compile-batches 32,128 --time-budget 140
+    step tune_heavy 80 python3 benchmarks/tune_heavy.py --only gemm-decode,mla,moe --budget 65
+    ;;
   heavy)
     step kernels_heavy 250 python3 benchmarks/kernels_heavy.py --budget 230 --skip "engine tok/s,engine vs HF transformers"
     step kernels_membound 120 python3 benchmarks/kernels_membound.py --budget 110 --no-compile --out /tmp/kmb
@@ -43,7 +50,7 @@ case "${1:-roofline}" in
     ;;
   suite)
     command -v git || echo "no git on this machine: the suites that build git repositories will fail"
-    step pytest_all 560 python3 -m pytest -q -p no:cacheprovider -n 8
+    step pytest_all 540 python3 -m pytest -q -p no:cacheprovider -n 8 --dist loadgroup -rfE
     ;;
   smoke)
     for f in engine_decode engine_hf_layers kernels_heavy kernels_membound tune_heavy; do
@@ -51,7 +58,7 @@ case "${1:-roofline}" in
     done
     ;;
   *)
-    echo "usage: $0 [roofline|heavy|suite|smoke]" >&2
+    echo "usage: $0 [roofline|follow|heavy|suite|smoke]" >&2
     exit 2
     ;;
 esac

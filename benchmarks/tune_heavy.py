@@ -28,6 +28,7 @@ ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 ap.add_argument("--out", default=os.environ.get("OUT", "."), help="folder for tune_heavy.{json,txt}")
 ap.add_argument("--smoke", action="store_true", help="tiny sizes on CPU under the Triton interpreter")
 ap.add_argument("--budget", type=float, default=285.0, help="seconds; candidates past their section's share are skipped")
+ap.add_argument("--only", default="", help="comma list of gemm-prefill, gemm-decode, mla, moe (default: all)")
 ARGS = ap.parse_args()
 if ARGS.smoke:
     os.environ["TRITON_INTERPRET"] = "1"
@@ -292,6 +293,31 @@ def mla_section(batch: int, ctx: int, until: float, heads: int = 16) -> None:
     save()
 
 
+def moe_section(tokens: int) -> None:
+    """MoE prefill on fp8 experts (small config: hidden 2048, 64 experts top-6, inter 1408): w8a16 (bf16
+    activations, fp8 weights upcast in the kernel) against w8a8 (fp8 activations too), each parity-checked
+    against its own oracle."""
+    from kernels.moe import moe_experts, moe_experts_ref, moe_inputs
+
+    d, i, e, k = (2048, 1408, 64, 6) if not SMOKE else (256, 128, 4, 2)
+    inp = moe_inputs(tokens, d, i, e, k, DEV, torch.Generator(device=DEV).manual_seed(0), fp8=True)
+    flops = 2 * 3 * tokens * k * d * i
+    rows = {}
+    for label, a8 in (("w8a16", False), ("w8a8", True)):
+        out = moe_experts(**inp, act_fp8=a8)
+        diff = gemm_diff(out, moe_experts_ref(**inp, act_fp8=a8))
+        t = bench(lambda a8=a8: moe_experts(**inp, act_fp8=a8))
+        rows[label] = {"s": t, "tflops": flops / t / 1e12, "diff": diff, "parity": diff < 1e-5}
+        say(f"  T={tokens} {label:6s} {t * 1e6:9.1f} us {flops / t / 1e12:7.1f} TFLOPS  diff {diff:.1e} "
+            f"{'PASS' if diff < 1e-5 else 'FAIL'}")
+    RES.setdefault("moe", []).append({"tokens": tokens, **rows})
+    w16, w8 = rows["w8a16"], rows["w8a8"]
+    TABLE.append((f"moe prefill T={tokens} fp8 experts", f"w8a8 {w8['s'] * 1e6:.0f}us {w8['tflops']:.0f} TF",
+                  "act_fp8", f"w8a16 {w16['s'] * 1e6:.0f}us", "faster than w8a16",
+                  "OK" if w8["parity"] and w8["s"] < w16["s"] else "MISS"))
+    save()
+
+
 def main() -> int:
     import platform
 
@@ -308,15 +334,23 @@ def main() -> int:
     big = 7168 if not SMOKE else 256
     plan = [("gemm", (4096, big, big), 0.30), ("gemm", (1, big, big), 0.42),
             ("gemm", (16, big, big), 0.53), ("gemm", (64, big, big), 0.65),
-            ("mla", (32, 4096), 0.76), ("mla", (128, 4096), 0.85), ("mla", (1, 4096), 0.90), ("mla", (32, 32768), 1.0)]
+            ("mla", (32, 4096), 0.76), ("mla", (128, 4096), 0.85), ("mla", (1, 4096), 0.90), ("mla", (32, 32768), 0.97),
+            ("moe", (4096,), 1.0)]
     if SMOKE:  # each kind of section once, at toy sizes
-        plan = [("gemm", (16, big, big), 0.7), ("mla", (2, 100), 1.0)]
+        plan = [("gemm", (16, big, big), 0.6), ("mla", (2, 100), 0.9), ("moe", (8,), 1.0)]
+    if ARGS.only:
+        keep = set(ARGS.only.split(","))
+        kind_of = lambda k, s: k if k in ("mla", "moe") else "gemm-decode" if s[0] <= 64 else "gemm-prefill"  # noqa: E731
+        plan = [p for p in plan if kind_of(p[0], p[1]) in keep]
+        plan = [(k, s, (i + 1) / len(plan)) for i, (k, s, _) in enumerate(plan)]  # the budget over what is left
     failed = []
     for kind, shape, share in plan:
         say(f"\n## {kind} {shape}  (t={elapsed():.0f}s)")
         try:
             if kind == "gemm":
                 gemm_section(*shape, until=ARGS.budget * share)
+            elif kind == "moe":
+                moe_section(*shape)
             else:
                 mla_section(*shape, until=ARGS.budget * share)
         except Exception as exc:  # noqa: BLE001

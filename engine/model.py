@@ -337,6 +337,7 @@ class DeepseekV3(nn.Module):
         self.init_rope()
         self.mla_mode = "naive"
         self.kv_cache: ModelCache | None = None
+        self._mm_fp32_out = True  # 16-bit head GEMM with fp32 output, where torch has it (see _logits)
 
     def init_rope(self, device=None) -> None:
         """(Re)compute the fp32 rope tables, e.g. after materialising a model built on the meta device."""
@@ -399,7 +400,17 @@ class DeepseekV3(nn.Module):
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
         """The vocabulary projection in fp32. A bf16 logit near 16 moves in 0.0625 steps, so a bf16 head turns
-        close scores into exact ties and greedy decoding into a coin toss between equivalent kernels."""
+        close scores into exact ties and greedy decoding into a coin toss between equivalent kernels. On CUDA a
+        16-bit head runs as a 16-bit GEMM with fp32 accumulation and fp32 output: the products of 16-bit values
+        are exact in fp32, so the logits are the fp32 head's while the weight is read at half the bytes."""
+        w16 = self.lm_head.weight
+        if x.is_cuda and x.dtype == w16.dtype and w16.dtype in (torch.bfloat16, torch.float16) and self._mm_fp32_out:
+            try:
+                lead = x.shape[:-1]
+                y = torch.mm(x.reshape(-1, x.shape[-1]), w16.t(), out_dtype=torch.float32)
+                return self.tp.all_gather(y.view(*lead, y.shape[-1]))
+            except (RuntimeError, TypeError):  # a torch without mm(out_dtype=): the fp32 copy below
+                self._mm_fp32_out = False
         w = getattr(self, "_lm_head_fp32", None)
         if w is None or w.device != x.device:  # made once (before any CUDA-graph capture: decoders warm up first)
             w = self._lm_head_fp32 = self.lm_head.dense_weight(torch.float32)

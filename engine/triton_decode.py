@@ -27,7 +27,7 @@ from engine.kv_cache import paged_cache
 from engine.model import DeepseekV3
 from engine.paged_cache import PagedLatentCache
 
-GRAPH_MAX_BATCH = 64
+GRAPH_MAX_BATCH = 256  # one captured step per batch size; nothing in a step depends on the batch being small
 PAGE_SIZE = 64
 
 

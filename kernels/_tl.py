@@ -71,7 +71,8 @@ def e4m3_to_f32(b):
     b = b.to(tl.int32) & 0xFF
     e = (b >> 3) & 0xF
     m = b & 7
-    normal = (((b & 0x80) << 24) | ((e + 120) << 23) | (m << 20)).to(tl.float32, bitcast=True)
+    u = b.to(tl.uint32)  # the sign lands in bit 31: unsigned, so the shift cannot overflow a signed int
+    normal = (((u & 0x80) << 24) | ((u >> 3 & 0xF) + 120 << 23) | ((u & 7) << 20)).to(tl.float32, bitcast=True)
     sub = m.to(tl.float32) * 0.001953125  # m · 2^-9
     sub = tl.where((b & 0x80) != 0, -sub, sub)
     v = tl.where(e == 0, sub, normal)

@@ -9,11 +9,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.kernels.interpreter import KERNEL_DEVICE, configure, pyfunc_call
+from tests.kernels.interpreter import KERNEL_DEVICE, configure, group, pyfunc_call
 
 
 def pytest_configure(config):
     configure(config)
+
+
+def pytest_collection_modifyitems(config, items):
+    group(items)
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -10,6 +10,12 @@ GPU process cannot run a kernel on CPU tensors. Tests come in two kinds:
   ``interpreter`` mark. In a process that compiles kernels they do not run in it: all of them run once, in
   one ``pytest`` subprocess with ``TRITON_INTERPRET=1`` and the GPUs hidden, and each test reports the
   outcome it had there. ``DRIFT_AUDIT_INTERP_SUBPROCESS=1`` forces that path on CPU too (to test it).
+  Under pytest-xdist they share one ``xdist_group``, so ``--dist loadgroup`` runs that batch once.
+
+The interpreter these kernels are written for is the one CI installs (Triton ≥ :data:`MIN_INTERPRETER`).
+An older Triton's interpreter (GPU images pin their own: the H200 image has 3.6) cannot run them (e.g. a
+``range`` bounded by a program-id value raises there), so on such a machine the interpreter-only tests
+are skipped with the version named, and their kernels are checked compiled by the ``cuda`` variants.
 
 ``tests/kernels/conftest.py`` and ``tests/engine/conftest.py`` install :func:`pyfunc_call` as their
 ``pytest_pyfunc_call`` hook.
@@ -34,7 +40,21 @@ ROOT = Path(__file__).resolve().parents[2]
 FORCE = "DRIFT_AUDIT_INTERP_SUBPROCESS"
 REPORT = "DRIFT_AUDIT_INTERP_REPORT"
 
+MIN_INTERPRETER = (3, 9)  # the oldest Triton whose interpreter the CPU suite has run these kernels on
+
 KERNEL_DEVICE = "cuda" if not interpreting() and torch.cuda.is_available() else "cpu"
+
+
+def interpreter_unsupported() -> str | None:
+    """Why this machine's Triton interpreter cannot run the kernels, or None when it can."""
+    import triton
+
+    have = tuple(int(p) for p in triton.__version__.split(".")[:2] if p.isdigit())
+    if have < MIN_INTERPRETER:
+        want = ".".join(map(str, MIN_INTERPRETER))
+        return (f"Triton {triton.__version__}'s interpreter cannot run these kernels (CI runs them on >= {want}); "
+                "the cuda variants check the compiled kernels here")
+    return None
 interpreter = pytest.mark.interpreter
 DEVICES = [pytest.param("cpu", marks=interpreter)] + (["cuda"] if KERNEL_DEVICE == "cuda" else [])
 
@@ -47,6 +67,13 @@ def elsewhere() -> bool:
 def configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "interpreter: written for the Triton interpreter (CPU); in a process "
                                        "that compiles kernels it runs in a TRITON_INTERPRET=1 subprocess")
+
+
+def group(items: list[pytest.Item]) -> None:
+    """One xdist group for every interpreter test, so ``--dist loadgroup`` sends the batch to one worker."""
+    for item in items:
+        if item.get_closest_marker("interpreter") is not None and item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group("triton-interpreter"))
 
 
 def _run_batch(nodeids: list[str]) -> dict[str, dict]:
@@ -66,6 +93,9 @@ def pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     """Answer an ``interpreter`` test from the subprocess batch instead of running it here."""
     if pyfuncitem.get_closest_marker("interpreter") is None or not elsewhere():
         return None
+    why = interpreter_unsupported()
+    if why:
+        pytest.skip(why)
     config = pyfuncitem.config
     results = getattr(config, "_interp_results", None)
     if results is None:

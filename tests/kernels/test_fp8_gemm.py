@@ -80,6 +80,8 @@ def test_tile_choice_is_keyed_on_capability():
             assert c.num_stages * (c.block_m + c.block_n) * 128 <= smem_limit(cap)  # fp8 A and B tiles fit
     pre = gemm_config(4096, 7168, 7168, (9, 0))
     assert (pre.block_m, pre.block_n, pre.num_warps, pre.split_k, pre.plain) == (128, 128, 8, 1, True)
+    assert pre.tma and pre.warp_spec  # Hopper prefill: the persistent TMA kernel
+    assert not gemm_config(4096, 7168, 7168, (12, 0)).tma and not gemm_config(1, 7168, 7168, (9, 0)).tma
     assert gemm_config(4096, 7168, 7168, (12, 0)).num_stages < pre.num_stages  # sm120's ~99 KB holds fewer
     short = gemm_config(128, 7168, 7168, (9, 0), num_sms=132)  # 56 tiles of 128x128 would leave SMs idle
     assert short.block_m == 64

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from kernels.arch import interpreting
-from tests.kernels.interpreter import FORCE, KERNEL_DEVICE, REPORT, ROOT, interpreter
+from tests.kernels.interpreter import FORCE, KERNEL_DEVICE, REPORT, ROOT, interpreter, interpreter_unsupported
 
 PROBE = "DRIFT_AUDIT_INTERP_PROBE"
 
@@ -40,6 +40,8 @@ def _run(mode: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.slow
 def test_the_subprocess_outcome_is_the_reported_one():
+    if interpreter_unsupported():
+        pytest.skip(interpreter_unsupported())
     ok = _run("pass")
     assert ok.returncode == 0, ok.stdout[-2000:]
     bad = _run("fail")

@@ -9,10 +9,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.kernels.interpreter import interpreter
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
+@interpreter  # --smoke runs the kernels under the interpreter, in its own process
 def test_benchmark_script_smoke(tmp_path):
     proc = subprocess.run(
         [sys.executable, "benchmarks/kernels_membound.py", "--smoke", "--no-compile", "--no-variants",
