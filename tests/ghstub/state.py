@@ -128,7 +128,7 @@ class Limits:
     content_per_minute: int = 80
     content_per_hour: int = 500
     secondary_status: int = 403
-    retry_after: int | None = 60
+    retry_after: bool = True  # send Retry-After (the seconds until the window frees a slot)
 
 
 @dataclass
