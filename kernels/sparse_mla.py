@@ -44,7 +44,8 @@ def sparse_mla_decode_ref(q: torch.Tensor, pool: torch.Tensor, indices: torch.Te
 @triton.jit
 def _sparse_decode_kernel(q_ptr, pool_ptr, pool16_ptr, idx_ptr, sink_ptr, o_ptr, K, H, qk_scale,
                           BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, HW_CAST: tl.constexpr,
-                          F32_DOT: tl.constexpr, ROW: tl.constexpr, NOPE: tl.constexpr, SOFF: tl.constexpr):
+                          F32_DOT: tl.constexpr, ROW: tl.constexpr, NOPE: tl.constexpr, SOFF: tl.constexpr,
+                          LOW: tl.constexpr, EXACT: tl.constexpr):
     """One program per (row, block of heads): gathers BLOCK_T slots at a time, dequantises them to bf16
     (exact: e4m3 times a power of two, and bf16 rope), and runs an online softmax that starts from the sink."""
     b = tl.program_id(0).to(tl.int64)
@@ -52,8 +53,9 @@ def _sparse_decode_kernel(q_ptr, pool_ptr, pool16_ptr, idx_ptr, sink_ptr, o_ptr,
     hm = h < H
     c = tl.arange(0, 512)
     q = tl.load(q_ptr + (b * H + h[:, None]) * 512 + c[None, :], mask=hm[:, None], other=0.0)
-    q = cast_rne(q.to(tl.float32), tl.bfloat16, F32_DOT)
-    if F32_DOT:  # the interpreter's bf16 dot is wrong (triton 3.9): the same exact products in fp32
+    if LOW:  # bf16 tensor-core dots; an fp32 q keeps fp32 dots (the engine's fp32 oracle runs)
+        q = cast_rne(q.to(tl.float32), tl.bfloat16, EXACT)
+    if F32_DOT:  # fp32 dots (also for the interpreter, whose bf16 dot is wrong in triton 3.9)
         q = q.to(tl.float32)
     sink = tl.load(sink_ptr + h, mask=hm, other=0.0).to(tl.float32) * 1.4426950408889634
     m = sink
@@ -84,7 +86,9 @@ def _sparse_decode_kernel(q_ptr, pool_ptr, pool16_ptr, idx_ptr, sink_ptr, o_ptr,
         alpha = tl.exp2(m - m_new)
         p = tl.exp2(s - m_new[:, None])
         lsum = lsum * alpha + tl.sum(p, axis=1)
-        pd = cast_rne(p, tl.bfloat16, F32_DOT)
+        pd = p
+        if LOW:
+            pd = cast_rne(p, tl.bfloat16, EXACT)
         if F32_DOT:
             pd = pd.to(tl.float32)
         acc = acc * alpha[:, None] + tl.dot(pd, kv, input_precision="ieee" if F32_DOT else "tf32")
@@ -107,12 +111,15 @@ def sparse_mla_decode(q: torch.Tensor, pool: torch.Tensor, indices: torch.Tensor
     bh = 16
     bt = 16 if cap is None else 32
     k = indices.shape[1]
+    low = q.dtype != torch.float32
+    f32 = interpreting() or not low
     if b and k:
         _sparse_decode_kernel[(b, triton.cdiv(h, bh))](q.contiguous(), flat, flat.view(torch.int16),
                                                        indices.to(torch.int32).contiguous(), sinks.float().contiguous(),
                                                        o, k, h, float(scale) * 1.4426950408889634, BLOCK_H=bh,
-                                                       BLOCK_T=bt, HW_CAST=fp8_hw_cast(cap), F32_DOT=interpreting(),
-                                                       ROW=TOKEN_BYTES, NOPE=NOPE_DIM, SOFF=SCALE_OFFSET,
+                                                       BLOCK_T=bt, HW_CAST=fp8_hw_cast(cap), F32_DOT=f32,
+                                                       ROW=TOKEN_BYTES, NOPE=NOPE_DIM, SOFF=SCALE_OFFSET, LOW=low,
+                                                       EXACT=interpreting(),
                                                        num_warps=8 if cap else 1)
     elif b:
         o.zero_()
@@ -143,10 +150,13 @@ SPEC = ParitySpec(
     op="sparse_mla_decode", make_inputs=_inputs, reference=sparse_mla_decode_ref,
     kernel=lambda out, **i: sparse_mla_decode(**i, out=out[0]),
     cases=[Case("2x16 heads k40", {"shape": (2, 16, 40, 4, 16)}),
+           Case("2x4 heads k24 fp32", {"shape": (2, 4, 24, 2, 16)}, dtype=torch.float32),
            Case("3x20 heads k17", {"shape": (3, 20, 17, 2, 16)}),
            Case("flash decode b32 h64 k640", {"shape": (32, 64, 640, 512, 64)}, devices=("cuda",)),
            Case("flash decode b64 h64 k640", {"shape": (64, 64, 640, 1024, 64)}, devices=("cuda",))],
     checks=[Check("gemm_diff", 2e-5, "bf16 probabilities into fp32-accumulated dots over exact keys (FlashMLA's "
-                  "choice), plus the bf16 output's own rounding, which alone is ~5e-6")],
+                  "choice), plus the bf16 output's own rounding, which alone is ~5e-6", dtypes=(torch.bfloat16,)),
+            Check("allclose", 1.0, "fp32 q: fp32 dots over exact keys, online vs one-pass softmax",
+                  opts={"atol": 1e-5, "rtol": 1e-4}, dtypes=(torch.float32,))],
     description="sparse MLA decode over the 584-byte FP8 pool with a per-head sink",
 )

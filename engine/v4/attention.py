@@ -48,6 +48,7 @@ class Attention(nn.Module):
         kv = rope_tail(self.kv_norm(self.kv_proj(x)), cos, sin)
 
         keys, kpos = cache.window.extend(kv, step.pos, step.valid)
+        chosen = None
         qp = step.pos.unsqueeze(-1)
         kp = kpos.unsqueeze(1)
         mask = (kp >= 0) & (kp <= qp) & (kp > qp - c.sliding_window)  # [B, S, W+S]
@@ -66,7 +67,12 @@ class Attention(nn.Module):
                 chosen = torch.arange(e, device=x.device).view(1, 1, e) < n_visible.unsqueeze(-1)
             keys = torch.cat([keys, entries.to(keys.dtype)], dim=1)
             mask = torch.cat([mask, chosen], dim=-1)
-        o = self.ops.attention(q, keys, mask, self.sinks, d ** -0.5)  # [B, S, H, D]
+        if s == 1 and cache.pool is not None:  # decode reads the 584-byte FP8 pool by row index
+            sel = chosen[:, 0] if chosen is not None else None
+            rows = cache.decode_rows(step.pos[:, 0], sel).to(torch.int32)
+            o = self.ops.sparse_decode(q[:, 0], cache.pool.rows, rows, self.sinks, d ** -0.5).unsqueeze(1)
+        else:
+            o = self.ops.attention(q, keys, mask, self.sinks, d ** -0.5)  # [B, S, H, D]
         o = rope_tail(o, cos.unsqueeze(2), -sin.unsqueeze(2))
         g = c.o_groups
         w = self.o_a_proj.dense_weight(o.dtype).view(g, c.o_lora_rank, -1)

@@ -20,13 +20,37 @@ def _last_writes(pos: torch.Tensor, valid: torch.Tensor, ring: int) -> torch.Ten
     return valid & (pos > last - ring)
 
 
-class WindowCache:
-    """The last ``window`` keys of each row, ``keys[B, window, D]`` with their positions (-1: empty)."""
+class KVPool:
+    """A layer's 584-byte FP8 pool (:mod:`kernels.kv584`): the window's keys in rows ``b·W + slot``, then the
+    compressed entries in rows ``B·W + b·E + e``. Decode attends over it by row index."""
 
-    def __init__(self, batch: int, window: int, dim: int, dtype: torch.dtype, device):
+    def __init__(self, batch: int, window: int, entries: int, pack, device):
+        from kernels.kv584 import new_pool
+
+        self.window, self.entries, self.batch = window, entries, batch
+        self.rows = new_pool(batch * (window + entries), 1, device)
+        self.pack = pack  # the kv584_store op (torch reference or Triton)
+
+    def write(self, rows: torch.Tensor, kv: torch.Tensor) -> None:
+        if rows.numel():
+            self.pack(kv.reshape(-1, kv.shape[-1]).float().contiguous(), self.rows, rows.reshape(-1))
+
+    def window_rows(self, b: torch.Tensor, slot: torch.Tensor) -> torch.Tensor:
+        return b * self.window + slot
+
+    def entry_rows(self, b: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+        return self.batch * self.window + b * self.entries + e
+
+
+class WindowCache:
+    """The last ``window`` keys of each row, ``keys[B, window, D]`` with their positions (-1: empty); with a
+    :class:`KVPool`, also packed into it."""
+
+    def __init__(self, batch: int, window: int, dim: int, dtype: torch.dtype, device, pool: KVPool | None = None):
         self.window = window
         self.keys = torch.zeros(batch, window, dim, dtype=dtype, device=device)
         self.pos = torch.full((batch, window), -1, dtype=torch.long, device=device)
+        self.pool = pool
 
     def extend(self, kv: torch.Tensor, pos: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys this chunk's queries may see (``[B, window + S, D]``, the cached window then the chunk) and
@@ -38,7 +62,18 @@ class WindowCache:
         slot = pos[b, s] % self.window
         self.keys[b, slot] = kv[b, s].to(self.keys.dtype)
         self.pos[b, slot] = pos[b, s]
+        if self.pool is not None:
+            self.pool.write(self.pool.window_rows(b, slot), kv[b, s])
         return keys, kpos
+
+    def pool_rows(self, q_pos: torch.Tensor) -> torch.Tensor:
+        """Pool rows of the window keys a query at ``q_pos[B]`` sees (``-1`` elsewhere), ``[B, window]``."""
+        assert self.pool is not None
+        b = torch.arange(self.pos.shape[0], device=self.pos.device).unsqueeze(1)
+        slot = torch.arange(self.window, device=self.pos.device).unsqueeze(0)
+        qp = q_pos.unsqueeze(1)
+        seen = (self.pos >= 0) & (self.pos <= qp) & (self.pos > qp - self.window)
+        return torch.where(seen, self.pool.window_rows(b, slot), torch.full_like(self.pos, -1))
 
 
 class CompressorCache:
@@ -49,8 +84,9 @@ class CompressorCache:
     the entry width with overlap)."""
 
     def __init__(self, batch: int, rate: int, overlap: bool, proj: int, dim: int, max_len: int,
-                 dtype: torch.dtype, device):
+                 dtype: torch.dtype, device, pool: KVPool | None = None):
         self.rate, self.overlap, self.dim = rate, overlap, dim
+        self.pool = pool
         self.ring = rate * (2 if overlap else 1)
         self.kv = torch.zeros(batch, self.ring, proj, dtype=dtype, device=device)
         self.gate = torch.zeros(batch, self.ring, proj, dtype=torch.float32, device=device)
@@ -85,11 +121,25 @@ class CompressorCache:
 
     def store(self, rows: torch.Tensor, entry_ids: torch.Tensor, entries: torch.Tensor) -> None:
         self.entries[rows, entry_ids] = entries.to(self.entries.dtype)
+        if self.pool is not None:
+            self.pool.write(self.pool.entry_rows(rows, entry_ids), entries)
 
 
 class LayerCache:
-    """What one V4 layer keeps between calls: its window, and for CSA/HCA its compressor (and indexer)."""
+    """What one V4 layer keeps between calls: its window, for CSA/HCA its compressor (and indexer), and
+    with ``kv="fp8"`` the 584-byte pool that decode steps attend over."""
 
     def __init__(self, window: WindowCache, compressor: CompressorCache | None = None,
-                 indexer: CompressorCache | None = None):
-        self.window, self.compressor, self.indexer = window, compressor, indexer
+                 indexer: CompressorCache | None = None, pool: KVPool | None = None):
+        self.window, self.compressor, self.indexer, self.pool = window, compressor, indexer, pool
+
+    def decode_rows(self, q_pos: torch.Tensor, chosen: torch.Tensor | None) -> torch.Tensor:
+        """Pool rows one decode query per sequence attends to: its window, then the chosen entries
+        (``chosen[B, E]``), ``-1`` for none."""
+        rows = self.window.pool_rows(q_pos)
+        if chosen is None or self.pool is None:
+            return rows
+        b = torch.arange(chosen.shape[0], device=chosen.device).unsqueeze(1)
+        e = torch.arange(chosen.shape[1], device=chosen.device).unsqueeze(0)
+        picked = torch.where(chosen, self.pool.entry_rows(b, e), torch.full_like(e.expand_as(chosen), -1))
+        return torch.cat([rows, picked], dim=1)

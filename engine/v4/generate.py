@@ -36,14 +36,14 @@ def _check(model: DeepseekV4, prompts: list[list[int]], max_new_tokens: int) -> 
 
 @torch.inference_mode()
 def generate(model: DeepseekV4, prompts: list[list[int]], max_new_tokens: int,
-             eos_token_id: int | None = None) -> list[Generation]:
-    """Greedy continuations (ties to the lowest token id)."""
+             eos_token_id: int | None = None, kv: str = "dense") -> list[Generation]:
+    """Greedy continuations (ties to the lowest token id); ``kv="fp8"``: decode over the 584-byte FP8 pool."""
     _check(model, prompts, max_new_tokens)
     dev = model.device
     b = len(prompts)
     lens = torch.tensor([len(p) for p in prompts], device=dev)
     s = int(lens.max())
-    model.setup_cache(b, s + max_new_tokens)
+    model.setup_cache(b, s + max_new_tokens, kv)
     tokens = torch.zeros(b, s, dtype=torch.long, device=dev)
     for i, p in enumerate(prompts):
         tokens[i, : len(p)] = torch.tensor(p, dtype=torch.long)

@@ -99,7 +99,7 @@ def _read(r: _Reader, name: str, shape: tuple[int, ...], cfg: V4Config, dtype: t
 
 
 def load_v4(model_dir: str | Path, *, dtype: torch.dtype = torch.bfloat16, device: str | torch.device = "cpu",
-            backend: str = "torch", fp8: str = "dequant", mxfp4: str = "dequant", max_positions: int | None = None,
+            backend: str | dict[str, str] = "torch", fp8: str = "dequant", mxfp4: str = "dequant", max_positions: int | None = None,
             strict: bool = True, progress: Progress | None = None) -> DeepseekV4:
     """Build the V4 model for ``config.json`` in ``model_dir`` and fill it from the checkpoint there."""
     cfg = load_v4_config(model_dir)
@@ -114,7 +114,7 @@ def load_v4_tensors(cfg: V4Config, tensors: dict[str, torch.Tensor], **kwargs) -
 
 
 def _build(cfg: V4Config, r: _Reader, source: str, *, dtype: torch.dtype = torch.bfloat16,
-           device: str | torch.device = "cpu", backend: str = "torch", fp8: str = "dequant",
+           device: str | torch.device = "cpu", backend: str | dict[str, str] = "torch", fp8: str = "dequant",
            mxfp4: str = "dequant", max_positions: int | None = None, strict: bool = True,
            progress: Progress | None = None) -> DeepseekV4:
     for what, v in (("fp8", fp8), ("mxfp4", mxfp4)):

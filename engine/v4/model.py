@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.v4.attention import Attention
-from engine.v4.cache import CompressorCache, LayerCache, WindowCache
+from engine.v4.cache import CompressorCache, KVPool, LayerCache, WindowCache
 from engine.v4.compressor import Step
 from engine.v4.config import CSA, SLIDING, V4Config
 from engine.v4.hyper import HyperConnection, HyperHead
@@ -50,7 +50,7 @@ class Body(nn.Module):
 
 
 class DeepseekV4(nn.Module):
-    def __init__(self, cfg: V4Config, *, dtype: torch.dtype | None = None, backend: str = "torch",
+    def __init__(self, cfg: V4Config, *, dtype: torch.dtype | None = None, backend: str | dict[str, str] = "torch",
                  max_positions: int | None = None):
         super().__init__()
         self.cfg = cfg
@@ -72,23 +72,31 @@ class DeepseekV4(nn.Module):
     def device(self) -> torch.device:
         return self.model.embed_tokens.weight.device
 
-    def setup_cache(self, batch: int, max_len: int) -> None:
-        """Fresh caches for ``batch`` sequences of up to ``max_len`` tokens."""
+    def setup_cache(self, batch: int, max_len: int, kv: str = "dense") -> None:
+        """Fresh caches for ``batch`` sequences of up to ``max_len`` tokens. ``kv="fp8"`` also packs every key
+        into a 584-byte FP8 pool per layer that decode steps attend over (needs V4's 448 + 64 head)."""
         c = self.cfg
         if max_len > self.max_positions:
             raise ValueError(f"max_len {max_len} exceeds the {self.max_positions} rope positions of this model")
+        if kv not in ("dense", "fp8"):
+            raise ValueError(f"kv must be 'dense' or 'fp8', got {kv!r}")
+        if kv == "fp8" and (c.head_dim, c.qk_rope_head_dim) != (512, 64):
+            raise ValueError(f"kv='fp8' stores 448 nope + 64 rope channels per token; this config has head_dim "
+                             f"{c.head_dim} with {c.qk_rope_head_dim} rope channels")
         dt, dev = self.model.embed_tokens.weight.dtype, self.device
         self.caches = []
         for t in c.layer_types:
-            window = WindowCache(batch, c.sliding_window, c.head_dim, dt, dev)
+            rate = c.compress_rates.get(t, 0)
+            n_entries = max_len // rate + 1 if rate else 0
+            pool = KVPool(batch, c.sliding_window, n_entries, self.ops.kv_pack, dev) if kv == "fp8" else None
+            window = WindowCache(batch, c.sliding_window, c.head_dim, dt, dev, pool)
             comp = idx = None
             if t != SLIDING:
-                rate = c.compress_rates[t]
                 comp = CompressorCache(batch, rate, t == CSA, c.head_dim * (2 if t == CSA else 1), c.head_dim,
-                                       max_len, dt, dev)
+                                       max_len, dt, dev, pool)
                 if t == CSA:
                     idx = CompressorCache(batch, rate, True, 2 * c.index_head_dim, c.index_head_dim, max_len, dt, dev)
-            self.caches.append(LayerCache(window, comp, idx))
+            self.caches.append(LayerCache(window, comp, idx, pool))
 
     def hidden(self, tokens: torch.Tensor, pos: torch.Tensor, valid: torch.Tensor | None = None,
                routes: list | None = None) -> torch.Tensor:

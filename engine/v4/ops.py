@@ -21,14 +21,21 @@ OPS: dict[str, tuple[str, str]] = {
     "moe_mxfp4": ("kernels.mxfp4", "mxfp4_moe_ref"),
     "indexer_topk": ("kernels.indexer", "indexer_topk_ref"),
     "attention": ("kernels.sparse_mla", "sink_attention_ref"),
+    "sparse_decode": ("kernels.sparse_mla", "sparse_mla_decode_ref"),
+    "kv_pack": ("kernels.kv584", "kv584_store_ref"),
 }
 BACKENDS = ("torch", "triton")
 
 
 class V4Ops:
-    def __init__(self, backend: str = "torch"):
-        if backend not in BACKENDS:
+    """``backend`` is one name for every op, or ``{op: backend, "default": backend}``."""
+
+    def __init__(self, backend: str | dict[str, str] = "torch"):
+        choices = set(backend.values()) if isinstance(backend, dict) else {backend}
+        if not choices <= set(BACKENDS):
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+        if isinstance(backend, dict) and set(backend) - set(OPS) - {"default"}:
+            raise ValueError(f"unknown op(s) in backend map: {', '.join(sorted(set(backend) - set(OPS) - {'default'}))}")
         self.backend = backend
         self._fns: dict[str, Callable] = {}
         self._used: dict[str, str] = {}
@@ -42,7 +49,9 @@ class V4Ops:
             module = importlib.import_module(module_name)
             fn = getattr(module, ref)
             self._used[op] = "torch"
-            if self.backend == "triton" and hasattr(module, ref.removesuffix("_ref")):
+            want = (self.backend.get(op, self.backend.get("default", "torch")) if isinstance(self.backend, dict)
+                    else self.backend)
+            if want == "triton" and hasattr(module, ref.removesuffix("_ref")):
                 fn = getattr(module, ref.removesuffix("_ref"))
                 self._used[op] = "triton"
             self._fns[op] = fn

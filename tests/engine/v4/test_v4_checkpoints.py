@@ -136,3 +136,34 @@ def test_cli_tiny_arch_v4(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "bot.cli", "engine", "tiny", str(tmp_path / "u"), "--arch",
                           "deepseek_v4", "--set", '{"o_groups": 3}'], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "o_groups" in bad.stderr and "Traceback" not in bad.stderr
+
+
+@pytest.fixture(scope="module")
+def wide_dir(tmp_path_factory):
+    """The tiny model with V4's real 512-wide head (448 nope + 64 rope), so the 584-byte pool applies."""
+    return write_tiny(tmp_path_factory.mktemp("v4w") / "ckpt", seed=0, head_dim=512, partial_rotary_factor=0.125,
+                      num_attention_heads=2, o_groups=2, index_head_dim=64)
+
+
+def test_fp8_pool_decode_tracks_dense_decode(wide_dir, v4_model):
+    model = load_v4(wide_dir, dtype=torch.float32)
+    prompts = [[5, 9, 13], list(range(30, 47))]
+    dense = generate(model, prompts, 2)
+    fp8 = generate(model, prompts, 2, kv="fp8")
+    assert [g.tokens[0] for g in dense] == [g.tokens[0] for g in fp8]  # prefill is exact in both
+    # the first decode step reads every key back from e4m3 tiles: close to dense, not equal
+    gaps = [abs(a.margins[1] - b.margins[1]) for a, b in zip(dense, fp8, strict=True)]
+    assert 0 < max(gaps) < 1.0, gaps
+    with pytest.raises(ValueError, match="448 nope"):  # the 32-wide tiny head has no 584-byte layout
+        v4_model.setup_cache(1, 8, "fp8")
+
+
+def test_fp8_pool_decode_triton_kernels_match_reference(wide_dir):
+    ref = load_v4(wide_dir, dtype=torch.float32)
+    tri = load_v4(wide_dir, dtype=torch.float32, backend={"default": "torch", "sparse_decode": "triton",
+                                                           "kv_pack": "triton"})
+    prompts = [list(range(30, 42))]
+    a = generate(ref, prompts, 3, kv="fp8")[0]
+    b = generate(tri, prompts, 3, kv="fp8")[0]
+    assert tri.ops.resolved()["sparse_decode"] == "triton"
+    assert a.tokens == b.tokens and max(abs(x - y) for x, y in zip(a.margins, b.margins, strict=True)) < 1e-3
