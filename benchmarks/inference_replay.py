@@ -344,6 +344,8 @@ def main() -> int:
     ap.add_argument("--ordinary", type=int, default=35, help="ordinary commits per repo to replay forward")
     ap.add_argument("--timing", action="append", help="extra repo (OWNER/NAME) timed only, e.g. a 2,000-file one")
     ap.add_argument("--skip", action="append", default=[], help="section to leave out: timings, recall, init, noise")
+    ap.add_argument("--noise-repo", action="append", metavar="OWNER/NAME",
+                    help="replay these repos forward instead of the data file's noise_repos")
     ap.add_argument("--out", help="write the markdown table here (default benchmarks/results/inference_replay_DATE.md)")
     args = ap.parse_args()
     if args.smoke:
@@ -351,7 +353,9 @@ def main() -> int:
     started = dt.datetime.now(dt.UTC)
     data = tomllib.loads(COMMITS.read_text())
     fixes = data["fix"]
-    names = sorted({f["repo"] for f in fixes} | set(data.get("noise_repos", [])))
+    noise_names = args.noise_repo or data.get("noise_repos", [])
+    names = sorted({f["repo"] for f in fixes} | set(noise_names)) if "recall" not in args.skip else sorted(
+        set(noise_names))
     root = Path(args.repos)
     repos = {n: clone(n, root) for n in names}
     os.environ.setdefault("DRIFT_AUDIT_CACHE", str(root / "cache"))
@@ -362,8 +366,9 @@ def main() -> int:
     replays = recall(repos, fixes, with_init="init" not in args.skip) if "recall" not in args.skip else []
     skip = set()
     for f in fixes:
-        skip.add(git(repos[f["repo"]], "rev-parse", f["sha"]).strip())
-    noise_repos = {n: repos[n] for n in data.get("noise_repos", names)}
+        if f["repo"] in repos:
+            skip.add(git(repos[f["repo"]], "rev-parse", f["sha"]).strip())
+    noise_repos = {n: repos[n] for n in noise_names}
     forwards = noise(noise_repos, args.ordinary, skip) if "noise" not in args.skip else []
     text, problems = report(repos, times, replays, forwards, judged(), started)
     out = Path(args.out) if args.out else ROOT / "benchmarks" / "results" / f"inference_replay_{started:%Y-%m-%d}.md"
