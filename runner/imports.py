@@ -182,6 +182,7 @@ class ImportGraph:
     _index: dict[str, str] = field(default_factory=dict, init=False)
     _edges: dict[str, list[str]] = field(default_factory=dict, init=False)
     _tops: set[str] | None = field(default=None, init=False)
+    _needs: dict = field(default_factory=dict, init=False)  # (path, extensions) → _FileNeed, for gpu_need
 
     def __post_init__(self) -> None:
         self.paths = set(self.paths)
@@ -305,9 +306,45 @@ def _gpu_module(imp: Import) -> str | None:
     return None
 
 
-def gpu_need(graph: ImportGraph, test_file: str, extensions: frozenset[str] = frozenset()) -> str | None:
+@dataclass(frozen=True)
+class _FileNeed:
+    """What one file's own imports say about the GPU (the closure is the union over files)."""
+
+    hard: str | None  # a GPU module or a compiled extension
+    triton: str | None
+    missing: str | None  # a module of a tree package with no .py (generated or built at install)
+    interprets: bool  # mentions TRITON_INTERPRET
+
+
+def _file_need(graph: ImportGraph, path: str, extensions: frozenset[str]) -> _FileNeed:
     from runner.runnable import EXTENSION_NAME
 
+    key = (path, extensions)
+    if key in graph._needs:
+        return graph._needs[key]
+    blob = graph.blob_sha(path) if graph.blob_sha else None
+    hard = triton = missing = None
+    for imp in imports_of(path, blob, graph.read):
+        gpu = _gpu_module(imp)
+        if gpu is not None:
+            if gpu.split(".", 1)[0] != "triton":
+                hard = hard or f"{path} imports {gpu}"
+            triton = triton or f"{path} imports {gpu}"
+            continue
+        ext = None if imp.run else graph.extension(imp, path, extensions)
+        if ext is None:
+            continue
+        leaf = ext.rsplit(".", 1)[-1]
+        if leaf in extensions or EXTENSION_NAME.search(leaf):
+            hard = hard or f"{path} imports {ext}, a compiled extension"
+        else:
+            missing = missing or f"{path} imports {ext}, which the tree has no .py for (built at install?)"
+    need = _FileNeed(hard, triton, missing, b"TRITON_INTERPRET" in (graph.read(path) or b""))
+    graph._needs[key] = need
+    return need
+
+
+def gpu_need(graph: ImportGraph, test_file: str, extensions: frozenset[str] = frozenset()) -> str | None:
     """Why ``test_file`` needs a GPU, from the imports of everything it reaches; None when it does not.
 
     A compiled extension of the repo counts (an import below one of the tree's
@@ -315,35 +352,21 @@ def gpu_need(graph: ImportGraph, test_file: str, extensions: frozenset[str] = fr
     since it only exists where it was built for the GPU. ``triton`` alone does
     not count when something on the way sets ``TRITON_INTERPRET``.
     """
-    seen = {test_file}
-    queue = deque([test_file])
-    triton_via: str | None = None
-    missing_via: str | None = None
-    interpreted = False
     own = graph.read(test_file) or b""
     if _CUDA_USE.search(own) and not _CUDA_GUARD.search(own):
         return f"{test_file} uses CUDA tensors"
+    seen = {test_file}
+    queue = deque([test_file])
+    triton_via = missing_via = None
+    interpreted = False
     while queue:
         cur = queue.popleft()
-        blob = graph.blob_sha(cur) if graph.blob_sha else None
-        data = own if cur == test_file else (graph.read(cur) or b"")
-        if b"TRITON_INTERPRET" in data:
-            interpreted = True
-        for imp in imports_of(cur, blob, graph.read):
-            gpu = _gpu_module(imp)
-            if gpu is not None:
-                if gpu.split(".", 1)[0] != "triton":
-                    return f"{cur} imports {gpu}"
-                triton_via = triton_via or f"{cur} imports {gpu}"
-                continue
-            ext = None if imp.run else graph.extension(imp, cur, extensions)
-            if ext is None:
-                continue
-            leaf = ext.rsplit(".", 1)[-1]
-            if leaf in extensions or EXTENSION_NAME.search(leaf):
-                return f"{cur} imports {ext}, a compiled extension"
-            # a module of no .py file in the tree: built or generated at install time (weaker evidence)
-            missing_via = missing_via or f"{cur} imports {ext}, which the tree has no .py for (built at install?)"
+        need = _file_need(graph, cur, extensions)
+        if need.hard:
+            return need.hard
+        triton_via = triton_via or need.triton
+        missing_via = missing_via or need.missing
+        interpreted = interpreted or need.interprets
         for nxt in graph.edges(cur):
             if nxt not in seen and nxt.endswith(".py"):
                 seen.add(nxt)
