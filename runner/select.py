@@ -348,7 +348,9 @@ def inert_files(changes: ChangeSet, head, head_paths: set[str], changed: dict[st
         base = _base_info(getattr(head, "repo_path", None), fc)
         if base is None:
             continue
-        kept = _bound_names(info) & _bound_names(base)
+        # a module docstring is only seen by who reads __doc__: the module itself (closed over above) or an
+        # importer (checked below), so it does not count as a definition present on both sides
+        kept = (_bound_names(info) & _bound_names(base)) - {"__doc__"}
         if names & kept:
             continue  # an existing definition changed: commands and harnesses reach it without imports
         removed[fc.path] = names

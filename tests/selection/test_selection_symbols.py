@@ -155,3 +155,19 @@ def test_a_submodule_reached_as_a_package_attribute(repo):
     repo.base = repo.commit_files({}, "noop")
     got = plan(repo, {"lib/ops.py": "def g():\n    return 2\n"})
     assert ids(got) == ["tests/test_attr.py"]
+
+
+def test_a_module_docstring_edit_selects_only_where_doc_is_read(repo):
+    files = {
+        "tool/__init__.py": "",
+        "tool/quiet.py": '"""Quiet."""\n\n\ndef run():\n    return 1\n',
+        "tool/loud.py": '"""Loud."""\n\nimport argparse\n\n\ndef main():\n'
+                        '    return argparse.ArgumentParser(description=__doc__)\n',
+        "tests/test_tool.py": "from tool.loud import main\nfrom tool.quiet import run\n\n\ndef test_t():\n"
+                              "    assert main() and run()\n",
+    }
+    repo.base = repo.commit_files(files, "tool")
+    assert ids(plan(repo, {"tool/quiet.py": files["tool/quiet.py"].replace("Quiet.", "Very quiet.")})) == []
+    repo.base = repo.commit_files({}, "noop")
+    assert ids(plan(repo, {"tool/loud.py": files["tool/loud.py"].replace("Loud.", "Very loud.")})) == [
+        "tests/test_tool.py"]
