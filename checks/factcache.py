@@ -8,6 +8,9 @@ per audit side); the bot points ``cache_dir`` at a per-repo directory.
 
 Location: ``[settings] cache_dir``, else ``$DRIFT_AUDIT_CACHE``, else
 ``$XDG_CACHE_HOME/drift-audit`` (``~/.cache/drift-audit``); ``"off"`` disables it.
+Keys are content addresses, so one cache may serve several repos; a file past
+1 GiB starts over rather than growing without bound. Rule findings live in a
+second table, keyed by the rule and the digest of the blobs its facts read.
 """
 
 from __future__ import annotations
@@ -46,8 +49,9 @@ def _decode(v: Any) -> Any:
 class FactCache:
     """rows(sig, blob) → (rows, problem); safe to share between threads and processes."""
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, max_bytes: int = 1 << 30):
         self.root = root
+        self.max_bytes = max_bytes  # past this the file starts over: entries are cheap to rebuild, disks are not
         self.path = root / f"facts-v{VERSION}.sqlite"
         self._lock = threading.Lock()
         self._db: sqlite3.Connection | None = None
@@ -57,6 +61,10 @@ class FactCache:
         if self._db is None:
             try:
                 self.root.mkdir(parents=True, exist_ok=True)
+                if self.path.exists() and self.path.stat().st_size > self.max_bytes:
+                    for stale in (self.path, self.path.with_name(self.path.name + "-wal"),
+                                  self.path.with_name(self.path.name + "-shm")):
+                        stale.unlink(missing_ok=True)
                 db = sqlite3.connect(self.path, timeout=10, check_same_thread=False, isolation_level=None)
                 db.execute("PRAGMA journal_mode=WAL")
                 db.execute("PRAGMA synchronous=NORMAL")

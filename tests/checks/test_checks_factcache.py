@@ -137,3 +137,13 @@ values = {{ use_fast = "True" }}
     assert [(f.rule, f.status, f.message, f.state) for f in again.findings] == \
         [(f.rule, f.status, f.message, f.state) for f in first.findings] == \
         [("pinned-flags", "new", "'use_fast' is False, pinned to True", first.findings[0].state)]
+
+
+def test_a_cache_over_its_size_bound_starts_over(tmp_path):
+    from checks.facts import Row
+
+    big = FactCache(tmp_path / "c")
+    big.store("sig", "blob", "f", [Row("f", "k" * 5000, {}, "a.py", 1)], None)
+    big.flush()
+    assert FactCache(tmp_path / "c").load("sig", ["blob"])
+    assert FactCache(tmp_path / "c", max_bytes=1000).load("sig", ["blob"]) == {}
