@@ -14,6 +14,7 @@ pool's bytes per token come from the profile table below. Exits non-zero if any 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -24,7 +25,7 @@ import traceback
 ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 ap.add_argument("--out", default=os.environ.get("OUT", "."), help="folder for v4_bench.{json,txt}")
 ap.add_argument("--smoke", action="store_true", help="tiny sizes on CPU under the Triton interpreter")
-ap.add_argument("--sections", default="ceiling,membound,sparse,engine")
+ap.add_argument("--sections", default="ceiling,membound,sparse,engine,decode")
 ap.add_argument("--budget", type=float, default=400.0, help="seconds; later sections are skipped past it")
 ARGS = ap.parse_args()
 os.environ["TRITON_INTERPRET"] = "1" if ARGS.smoke else "0"
@@ -36,7 +37,8 @@ from kernels import compressor, hc, kv584, mxfp4, sparse_mla
 
 DEV = "cpu" if ARGS.smoke else "cuda"
 T0 = time.perf_counter()
-RESULTS: dict = {"device": DEV, "ceiling_gbs": None, "membound": [], "sparse": [], "engine": [], "errors": []}
+RESULTS: dict = {"device": DEV, "ceiling_gbs": None, "membound": [], "sparse": [], "engine": [], "decode": [],
+                 "errors": []}
 LINES: list[str] = []
 
 # Profile table: bytes one cached token occupies per KV layout (what decode reads per attended token).
@@ -190,7 +192,46 @@ def sec_engine() -> None:
             f"{rates['ours-torch'] / rates['hf']:.2f}x)")
 
 
-SECTIONS = {"ceiling": sec_ceiling, "membound": sec_membound, "sparse": sec_sparse, "engine": sec_engine}
+def sec_decode() -> None:
+    """Greedy decode of the Triton path against the torch path, each divergence classified near-tie or break
+    by the torch path's top-2 margin there (``engine.golden``)."""
+    from engine.golden import GoldenRecord, compare_records
+    from engine.v4.generate import generate
+    from engine.v4.loader import load_v4
+    from engine.v4.tiny import write_tiny
+
+    preset = "tiny" if ARGS.smoke else "small"
+    dtype = torch.float32 if ARGS.smoke else torch.bfloat16
+    near_tie = 0.1  # logits: ~2.5 bf16 ulps at |logit| 10 (engine.golden's default)
+    steps = 1 if ARGS.smoke else 32
+    d = write_tiny(tempfile.mkdtemp() + "/ckpt", preset=preset, seed=0, mxfp4=True, dtype=torch.bfloat16)
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(2, 250, (n,), generator=g).tolist() for n in ((4,) if ARGS.smoke else
+                                                                            (5, 40, 130, 17, 300, 64, 9, 200))]
+    kvs = ("dense",) if ARGS.smoke else ("dense", "fp8")
+    say(f"\ngreedy decode, Triton path vs torch path ({preset}, {dtype}, MXFP4 experts kept, {len(prompts)} ragged "
+        f"prompts x {steps} steps; near-tie below a {near_tie} logit margin)")
+    runs = {}
+    for kv in kvs:
+        for backend in ("torch", "triton"):
+            m = load_v4(d, dtype=dtype, device=DEV, backend=backend, mxfp4="keep")
+            outs = generate(m, prompts, steps, kv=kv)
+            runs[(kv, backend)] = [GoldenRecord(i, o.prompt, o.tokens, o.margins) for i, o in enumerate(outs)]
+            del m
+    pairs = [(("dense", "torch"), ("dense", "triton"))]
+    if not ARGS.smoke:
+        pairs += [(("fp8", "torch"), ("fp8", "triton")), (("dense", "torch"), ("fp8", "triton"))]
+    for ref, cand in pairs:
+        r = compare_records(runs[ref], runs[cand], near_tie=near_tie)
+        counts = {st: sum(p.status == st for p in r.prompts) for st in ("match", "near-tie", "break")}
+        RESULTS["decode"].append({"reference": "/".join(ref), "candidate": "/".join(cand), **counts,
+                                  "prompts": [dataclasses.asdict(p) for p in r.prompts]})
+        say(f"{'/'.join(cand):<14} vs {'/'.join(ref):<12}: {counts}")
+        say(r.table())
+
+
+SECTIONS = {"ceiling": sec_ceiling, "membound": sec_membound, "sparse": sec_sparse, "engine": sec_engine,
+            "decode": sec_decode}
 
 
 def main() -> int:

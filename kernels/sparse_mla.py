@@ -80,7 +80,10 @@ def _sparse_decode_kernel(q_ptr, pool_ptr, pool16_ptr, idx_ptr, sink_ptr, o_ptr,
         kv = tl.where(is_nope[None, :], nope, r16.to(tl.bfloat16, bitcast=True).to(tl.float32))
         if not F32_DOT:
             kv = kv.to(tl.bfloat16)  # exact: e4m3 times a power of two fits bf16
-        s = tl.dot(q, tl.trans(kv), input_precision="ieee" if F32_DOT else "tf32") * qk_scale  # log2 domain
+        if F32_DOT:
+            s = tl.dot(q, tl.trans(kv), input_precision="ieee") * qk_scale  # log2 domain
+        else:
+            s = tl.dot(q, tl.trans(kv)) * qk_scale
         s = tl.where(ok[None, :], s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))
         alpha = tl.exp2(m - m_new)
@@ -91,7 +94,10 @@ def _sparse_decode_kernel(q_ptr, pool_ptr, pool16_ptr, idx_ptr, sink_ptr, o_ptr,
             pd = cast_rne(p, tl.bfloat16, EXACT)
         if F32_DOT:
             pd = pd.to(tl.float32)
-        acc = acc * alpha[:, None] + tl.dot(pd, kv, input_precision="ieee" if F32_DOT else "tf32")
+        if F32_DOT:
+            acc = acc * alpha[:, None] + tl.dot(pd, kv, input_precision="ieee")
+        else:
+            acc = acc * alpha[:, None] + tl.dot(pd.to(tl.bfloat16), kv)
         m = m_new
     o = acc / lsum[:, None]
     tl.store(o_ptr + (b * H + h[:, None]) * 512 + c[None, :], o.to(o_ptr.dtype.element_ty), mask=hm[:, None])
