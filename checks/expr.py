@@ -20,6 +20,7 @@ class OperandError(ValueError):
 
 
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.FloorDiv: operator.floordiv}
+_ALLOWED = (ast.Attribute, ast.Name, ast.BinOp, ast.Constant, ast.UnaryOp, ast.Load, ast.USub, *_OPS)
 
 
 @dataclass(frozen=True)
@@ -63,8 +64,7 @@ def parse_operand(text: str) -> Operand:
             raise OperandError(f"'{text}': only + - * // are allowed in an operand")
         elif isinstance(n, ast.Constant) and (not isinstance(n.value, int) or isinstance(n.value, bool)):
             raise OperandError(f"'{text}': only integer constants are allowed in an operand")
-        elif not isinstance(n, (ast.Attribute, ast.Name, ast.BinOp, ast.Constant, ast.UnaryOp, ast.Load, ast.USub,
-                                *(_OPS))):
+        elif not isinstance(n, _ALLOWED):
             raise OperandError(f"'{text}' is not FACT.FIELD or an arithmetic expression over them")
     if not refs:
         raise OperandError(f"'{text}' names no FACT.FIELD")
