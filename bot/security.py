@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +34,16 @@ def verify_signature(secret: str, body: bytes, header: str | None) -> bool:
     if not secret or not header:
         return False
     return hmac.compare_digest(signature_of(secret, body).encode(), header.strip().encode())
+
+
+def signature_matches(secret: str, blocks: Iterable[bytes], header: str | None) -> bool:
+    """``verify_signature`` over a body read block by block, so a forged one is never held in memory whole."""
+    if not secret or not header:
+        return False
+    mac = hmac.new(secret.encode(), digestmod=hashlib.sha256)
+    for block in blocks:
+        mac.update(block)
+    return hmac.compare_digest(("sha256=" + mac.hexdigest()).encode(), header.strip().encode())
 
 
 def page_key(secret: str, page: str) -> str:

@@ -47,6 +47,7 @@ class BotSettings:
     seconds_between_requests: float = 0.25  # PyGithub's pacing; GitHub asks integrators not to burst
     seconds_between_writes: float = 1.0
     max_body_bytes: int = 25 * 1024 * 1024  # GitHub caps webhook payloads at 25 MB
+    body_in_memory: int = 1024 * 1024  # a body is held in memory up to this, spooled to a temporary file beyond
     body_timeout: float = 5.0  # seconds to receive a whole body once its headers are in
     header_timeout: float = 5.0  # seconds to receive a request's headers once its first byte is in
     sweep_seconds: float = 60.0  # how often stale check runs are looked for (and once at start-up)

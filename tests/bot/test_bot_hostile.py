@@ -214,3 +214,34 @@ def test_an_event_without_a_published_schema_is_checked_by_the_typed_reads():
         with pytest.raises(PayloadError) as err:
             read_delivery("installation_repositories", json.dumps(bad).encode())
         assert err.value.field == where
+
+
+def test_bodies_with_a_forged_signature_are_spooled_not_held_in_memory(bot_factory):
+    import tracemalloc
+
+    make, _ = bot_factory
+    bot = make(start_workers=False)
+    size, clients = 4 * 1024 * 1024, 6
+    body = b'{"zen": "' + b"a" * size + b'"}'
+    head = (f"POST /webhook HTTP/1.1\r\nHost: x\r\nX-GitHub-Event: ping\r\nX-GitHub-Delivery: d\r\n"
+            f"X-Hub-Signature-256: sha256={'0' * 64}\r\nContent-Length: {len(body)}\r\n\r\n").encode()
+    statuses: list[int] = []
+
+    def send() -> None:
+        with _raw(bot.url) as sock:
+            sock.sendall(head)
+            sock.sendall(body)
+            statuses.append(_status_of(sock))
+
+    tracemalloc.start()
+    try:
+        threads = [threading.Thread(target=send) for _ in range(clients)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert statuses == [401] * clients
+    assert peak < clients * size / 2, f"peak {peak / 2**20:.0f} MiB for {clients} x {size / 2**20:.0f} MiB bodies"
