@@ -75,7 +75,7 @@ def own_toml() -> str:
 OWN_COST = {
     "unit-spine": 1.0, "unit-checks": 1.5, "unit-bot": 1.5, "unit-runner": 1.5, "unit-engine": 2.0,
     "unit-kernels": 2.5, "parity-elementwise": 2.0, "parity-fp8": 2.0, "parity-mla": 2.0, "parity-moe": 2.0,
-    "decode-tiny": 4.0, "parity-hf-engine": 1.5, "unit-selection": 0.5,
+    "decode-tiny": 4.0, "parity-hf-engine": 1.5, "unit-selection": 0.5, "unit-cli": 1.0, "unit-report": 0.5,
 }
 # vLLM-style source_file_dependencies: directory prefixes per step.
 OWN_PREFIXES = {
@@ -92,6 +92,8 @@ OWN_PREFIXES = {
     "parity-moe": ["kernels/"],
     "decode-tiny": ["engine/", "kernels/"],
     "parity-hf-engine": ["engine/"],
+    "unit-cli": ["bot/", "runner/", "tests/cli/"],
+    "unit-report": ["runner/report/", "tests/report/"],
 }
 
 # --------------------------------------------------------------------------- the synthetic engine

@@ -71,6 +71,20 @@ def test_the_gpu_label_follows_the_repo_suites(git_repo):
     assert {s.runner for s in plan.suites if s.id.startswith("pytest:")} == {"cpu", "sm120"}
 
 
+def test_the_gpu_runner_setting_wins(git_repo):
+    plan = plan_of(git_repo, {".github/drift-audit.toml": SM120_ONLY + '\n[settings]\ngpu_runner = "sm100"\n'})
+    assert {s.runner for s in plan.suites if s.id.startswith("pytest:")} == {"cpu", "sm100"}
+
+
+def test_symbol_selection_off_is_module_level(git_repo):
+    plan = plan_of(git_repo, {".github/drift-audit.toml": "[settings]\nsymbol_selection = false\n",
+                              "tests/test_unused.py": "import pkg.util\n\n\ndef test_u():\n    pass\n"})
+    assert "pytest:tests/test_unused.py" in {s.id for s in plan.suites}  # imports pkg.util, uses nothing of it
+    plan = plan_of(git_repo.__class__(git_repo.path.parent / "again"),
+                   {"tests/test_unused.py": "import pkg.util\n\n\ndef test_u():\n    pass\n"})
+    assert "pytest:tests/test_unused.py" not in {s.id for s in plan.suites}
+
+
 def test_on_a_cpu_box_gpu_test_files_are_skipped_not_failed(git_repo, tmp_path):
     plan = plan_of(git_repo)
     results = run_plan(Plan(plan.audit_id, plan.head_sha, [s for s in plan.suites if s.runner == "sm90"]),
