@@ -92,7 +92,7 @@ def evaluate_tree(config: Config, tree: Tree) -> SideResult:
     quiet: set[str] = set()  # optional facts that selected nothing: their rules are skipped silently
     facts: dict[str, Fact] = {f.id: f for f in config.facts}
     nodes = frozenset(f for r in config.rules if (k := REGISTRY.get(r.kind)) is not None and k.nodes for f in r.facts)
-    limits = Limits(max_bytes=config.settings.max_file_bytes, cache=fact_cache(config.settings.cache_dir), nodes=nodes)
+    limits = Limits(max_bytes=config.settings.max_file_bytes, cache=fact_cache(config.settings.cache_dir, tree.repo_path), nodes=nodes)
     used = {f for r in config.rules for f in r.facts}
     wanted = [f for f in config.facts if f.id in used or not config.rules]
     for fact in wanted:  # what each fact will read, from the tree listing alone

@@ -8,8 +8,8 @@ per audit side); the bot points ``cache_dir`` at a per-repo directory.
 
 Location: ``[settings] cache_dir``, else ``$DRIFT_AUDIT_CACHE``, else
 ``$XDG_CACHE_HOME/drift-audit`` (``~/.cache/drift-audit``); ``"off"`` disables it.
-Keys are content addresses, so one cache may serve several repos; a file past
-1 GiB starts over rather than growing without bound. Rule findings live in a
+Each repository (by path: the bot's mirror of it) gets its own directory under
+that root; a file past 1 GiB starts over rather than growing without bound. Rule findings live in a
 second table, keyed by the rule and the digest of the blobs its facts read.
 """
 
@@ -152,10 +152,14 @@ def _rows(data: dict) -> tuple[list[Row], str | None]:
 _open: dict[str, FactCache] = {}
 
 
-def fact_cache(setting: str = "") -> FactCache | None:
+def fact_cache(setting: str = "", repo: str = "") -> FactCache | None:
+    """The cache for ``repo`` (a path): one directory per repository under the cache root, so the bot's
+    per-repo mirrors each keep their own, and one repo's history never evicts another's."""
     root = cache_root(setting)
     if root is None:
         return None
+    if repo:
+        root = root / ("repo-" + hashlib.sha1(os.path.realpath(repo).encode()).hexdigest()[:16])
     hit = _open.get(str(root))
     if hit is None:
         hit = _open[str(root)] = FactCache(root)
