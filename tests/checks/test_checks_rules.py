@@ -251,3 +251,17 @@ def test_docs_sections_name_every_option_of_their_kind_and_of_facts():
         assert not missing, f"docs/rules.md section '{name}' does not mention {missing}"
     missing = [o for o in FACT_OPTIONS if not re.search(rf"\b{o}\b", sections["Facts"])]
     assert not missing, f"docs/rules.md section 'Facts' does not mention {missing}"
+
+
+@pytest.mark.parametrize("calls", ["ops.scale(1, 2)\nops.scale(1, 2, 3)\n", "ops.scale(1, 2, 3)\nops.scale(1, 2)\n"])
+def test_every_call_is_compared_whichever_order_the_calls_are_in(calls):
+    cpp = Fact("cpp", "cpp", ["*.cc"], options={"len": ["n"]},
+               query="(function_definition declarator: (function_declarator declarator: (identifier) @key parameters: (parameter_list) @n))")
+    py = Fact("py", "python", ["*.py"], options={"len": ["n"]},
+              query="(call function: (attribute attribute: (identifier) @key) arguments: (argument_list) @n)")
+    facts = {"cpp": rows(cpp, ("ops.cc", "int scale(int a, int b) { return a * b; }\n")), "py": rows(py, ("use.py", calls))}
+    for equal in (["cpp.n", "py.n"], ["py.n", "cpp.n"]):  # nor the order of the operands
+        found = run("join-equal", facts, equal=equal)
+        three = calls.splitlines().index("ops.scale(1, 2, 3)") + 1
+        assert len(found) == 1 and f"use.py:{three}" in found[0].message, [f.message for f in found]
+        assert {(loc.path, loc.line) for loc in found[0].locations} == {("ops.cc", 1), ("use.py", three)}
