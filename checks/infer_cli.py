@@ -143,7 +143,7 @@ def propose(tree: Any, max_rules: int = MAX_RULES) -> tuple[str, dict[str, int]]
         names: dict[str, str] = {}
         for fid in rule.facts:
             fact = facts_by_id[fid]
-            names[fid] = f"{rid}-{len(names) + 1}"
+            names[fid] = re.sub(r"\W", "_", f"{rid}_{len(names) + 1}")  # a plain identifier: operands are FACT.FIELD
             out.append(_fact_toml(fact, names[fid]))
         out.append(_rule_toml(rule, rid, names))
     for s in suites:
@@ -189,6 +189,8 @@ def _rule_toml(rule, rid: str, names: dict[str, str]) -> str:
             v = [names[f] for f in v]
         elif k == "exceptions":
             v = {names[f]: keys for f, keys in v.items()}
+        elif k == "equal":
+            v = [names[ref.rpartition(".")[0]] + "." + ref.rpartition(".")[2] for ref in v]
         text += f"{k} = {_value(v)}\n"
     return text
 
@@ -201,7 +203,7 @@ def _drop(text: str, rule_ids: set[str]) -> str:
         m = re.search(r'(?m)^id = "([^"]+)"', b)
         if m and b.startswith("[[rule]]") and m.group(1) in rule_ids:
             continue
-        if m and b.startswith("[[fact]]") and any(m.group(1).startswith(f"{r}-") for r in rule_ids):
+        if m and b.startswith("[[fact]]") and any(m.group(1).startswith(re.sub(r"\W", "_", f"{r}_")) for r in rule_ids):
             continue
         keep.append(b)
     return "".join(keep)

@@ -23,8 +23,8 @@ from typing import Any
 
 from checks.config import Config, Fact, Pillar, Rule
 from checks.infer.families import VERSION, BlobCache, source_files, tree_members
-from checks.infer.mine import build_families, mine
-from checks.infer.rules import summary, to_config
+from checks.infer.mine import build_families, counted_families, mine, mine_counts
+from checks.infer.rules import count_rule, summary, to_config
 
 MIN_SUPPORT = 4
 
@@ -85,6 +85,7 @@ def infer(
     t1 = time.perf_counter()
     families = build_families(members, min_size=min_support)
     invariants = mine(families, min_support)
+    counts = mine_counts(counted_families(members, min_support), min_support)
     t2 = time.perf_counter()
     out = Inferred()
     for inv in invariants:
@@ -93,6 +94,15 @@ def infer(
         out.facts += [f for f in facts if f.id not in known]
         out.rules.append(rule)
         out.lines.append(f"{rule.id}: {summary(inv)} (support {inv.support}, {inv.files} files)")
+    seen: set[tuple[str, str, str, str]] = set()
+    for a, b in counts:
+        if (a.path, a.ctx, b.path, b.ctx) in seen:
+            continue  # one function set reached by its prefix and by its suffix
+        seen.add((a.path, a.ctx, b.path, b.ctx))
+        facts, rule, line = count_rule(a, b, pillars, severity)
+        out.facts += facts
+        out.rules.append(rule)
+        out.lines.append(line)
     if verify and out.rules:
         _keep_holding(out, tree, pillars)
     t3 = time.perf_counter()

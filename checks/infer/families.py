@@ -26,7 +26,7 @@ import tree_sitter as ts
 from checks import syntax
 from checks.facts import read_blobs
 
-VERSION = 6  # bump when a pattern changes: cached rows of an older pattern set are not reused
+VERSION = 7  # bump when a pattern changes: cached rows of an older pattern set are not reused
 MAX_BYTES = 400_000  # generated tables and vendored amalgamations say nothing about the code's intent
 MAX_CACHED = 60_000  # blobs kept in a repo's on-disk member cache before it is pruned to one tree
 
@@ -44,6 +44,9 @@ class Kind:
     values: bool = False  # the pattern captures @value too (tables)
     affixed: bool = False  # a family only when its members share an affix (``*_layer`` methods, not every method)
     whole_file: bool = False  # no @_ctx: the file is the context (module-level definitions)
+    # Counted, not a name family: the member is the enclosing function, the value what @key holds
+    # (``int num_inputs = 2`` → register_x_task: 2; one member per ``g.new_input(...)`` call).
+    fn_key: bool = False
 
 
 _REGISTER = r"(^|\.)(register\w*|\w+_register|def|impl|define|custom_op|register_fake|add_\w*op\w*)$"
@@ -72,6 +75,13 @@ KINDS: tuple[Kind, ...] = (
         "(assignment_expression left: (subscript_expression argument: [(identifier) (field_expression)] @_ctx "
         "indices: (subscript_argument_list [(identifier) (qualified_identifier) (string_literal)] @key)) "
         "right: (string_literal){pred})",
+    ),
+    Kind(
+        "c-int",
+        _C,
+        "(declaration declarator: (init_declarator declarator: (identifier) @_ctx value: (number_literal) @key){pred})",
+        ctx_filter=r"^num_\w+$",
+        fn_key=True,
     ),
     Kind(
         "py-enum",
@@ -108,6 +118,13 @@ KINDS: tuple[Kind, ...] = (
         "dict-values",
         ("python",),
         "(assignment left: [(identifier) (attribute)] @_ctx right: (dictionary (pair value: (identifier) @key)){pred})",
+    ),
+    Kind(
+        "py-calls",
+        ("python",),
+        "(call function: (attribute attribute: (identifier) @_ctx) @key{pred})",
+        ctx_filter=r"^(new|add|append|emit|create|declare|register)_\w+$",
+        fn_key=True,
     ),
     Kind("compare", ("python",), "(comparison_operator [(identifier) (attribute)] @_ctx (string) @key{pred})"),
     Kind(
@@ -208,12 +225,12 @@ def _compile(lang: str) -> _Compiled:
 # Bytes without which no C-family pattern can match: most kernel files (SIMD loops, numeric tables) have none,
 # and skipping their parse is most of inference's speed.
 _C_HINT = re.compile(
-    rb"\benum\b|\bcase\b|\]\s*=\s*\{\s*[A-Za-z_\"{]|\]\s*=\s*\"|(?:register|def|impl|define|custom_op|_op)\w*\s*\(\s*\""
+    rb"\bnum_\w+\s*=\s*\d|\benum\b|\bcase\b|\]\s*=\s*\{\s*[A-Za-z_\"{]|\]\s*=\s*\"|(?:register|def|impl|define|custom_op|_op)\w*\s*\(\s*\""
 )
 
 
 _C_WORDS = (b"enum", b"case")
-_C_REST = re.compile(rb"\]\s*=\s*[{\"]|[a-z]\s*\(\s*\"")  # cheap first pass for tables, maps and registrations
+_C_REST = re.compile(rb"\]\s*=\s*[{\"]|[a-z]\s*\(\s*\"|num_\w+\s*=\s*\d")  # cheap first pass for tables, maps and registrations
 
 
 def _hint(data: bytes, start: int = 0, end: int | None = None) -> bool:
@@ -274,6 +291,16 @@ def _members(lang: str, data: bytes, offset: int) -> list[Member]:
         if not keys:
             continue
         node = keys[0]
+        if kind.fn_key:
+            fn = _enclosing_function(node)
+            ctx_nodes = caps.get("_ctx")
+            if fn is None or not ctx_nodes:
+                continue
+            ctx = syntax.text(ctx_nodes[0])
+            if kind.ctx_filter and not c.ctx_re[kind.name].search(ctx):
+                continue
+            out.append((kind.name, ctx, _function_name(fn), node.start_point[0] + 1 + offset, syntax.text(node)))
+            continue
         if kind.whole_file:
             ctx = "<module>"
         elif kind.scope:

@@ -165,6 +165,8 @@ def build_families(files: list[FileMembers], min_size: int) -> list[Family]:
     langs: dict[tuple, str] = {}
     for fm in files:
         for kind, ctx, raw, line, value in fm.members:
+            if KIND_BY_NAME[kind].fn_key:
+                continue  # counted per function: mine_counts
             key = (kind, fm.lang, ctx) if KIND_BY_NAME[kind].repo_wide else (kind, fm.path, ctx)
             groups[key].append((raw, fm.path, line, value))
             langs[key] = fm.lang
@@ -346,3 +348,104 @@ def _same_values(a: Family, b: Family) -> bool:
     from checks.rules.table_equal import _norm
 
     return a.names.keys() == b.names.keys() and all(_norm(a.values[n]) == _norm(b.values[n]) for n in a.names)
+
+
+# --------------------------------------------------------------------------- count agreement
+
+
+@dataclass
+class Counted:
+    """Per function of one file: how many ``ctx`` calls it makes, or the number it declares as ``ctx``."""
+
+    kind: str  # "py-calls" | "c-int"
+    ctx: str  # the callee attribute (``new_input``) or the variable (``num_inputs``)
+    lang: str
+    path: str
+    affix: str  # the functions' shared prefix or suffix, as a fnmatch scope (``*_layer``, ``register_*``)
+    sub: str  # the regex that, with lower-casing, turns a function name into its key
+    values: dict[str, tuple[int, str, int]] = field(default_factory=dict)  # key → (number, function, line)
+
+    @property
+    def id(self) -> str:
+        return f"{self.kind}:{self.ctx}[{self.affix}]@{self.path}"
+
+    def describe(self) -> str:
+        if self.kind == "py-calls":
+            return f"calls of .{self.ctx}() per function {self.affix} ({self.path})"
+        return f"{self.ctx} per function {self.affix} ({self.path})"
+
+
+def counted_families(files: list[FileMembers], min_size: int) -> list[Counted]:
+    """Functions that share an affix, each with a count: the unit of a count-agreement relation."""
+    per: dict[tuple[str, str, str], dict[str, list[tuple[int, str]]]] = defaultdict(lambda: defaultdict(list))
+    langs: dict[tuple[str, str, str], str] = {}
+    for fm in files:
+        for kind, ctx, fn, line, value in fm.members:
+            if KIND_BY_NAME[kind].fn_key and fn and "*" not in fn and "?" not in fn and "[" not in fn:
+                per[(kind, fm.path, ctx)][fn].append((line, value))
+                langs[(kind, fm.path, ctx)] = fm.lang
+    out: list[Counted] = []
+    for (kind, path, ctx), by_fn in per.items():
+        names = sorted(by_fn)
+        for affix, sub in _affix_groups(names, min_size):
+            fam = Counted(kind, ctx, langs[(kind, path, ctx)], path, affix, sub)
+            pattern = re.compile(sub)
+            for fn in names:
+                if not _fnmatch(fn, affix):
+                    continue
+                rows = by_fn[fn]
+                if kind == "py-calls":
+                    number = len(rows)
+                else:
+                    if len(rows) != 1:
+                        continue  # declared twice in one function: no single number
+                    try:
+                        number = int(rows[0][1].rstrip("uUlL"), 0)
+                    except ValueError:
+                        continue
+                key = pattern.sub("", fn).lower()
+                if key and key not in fam.values:
+                    fam.values[key] = (number, fn, rows[0][0])
+            if len(fam.values) >= min_size:
+                out.append(fam)
+    return out
+
+
+def mine_counts(families: list[Counted], min_support: int) -> list[tuple[Counted, Counted]]:
+    """(calls, declared) pairs in different files that agree on every shared function, and share most."""
+    calls = [f for f in families if f.kind == "py-calls"]
+    declared = [f for f in families if f.kind == "c-int"]
+    out = []
+    for a in calls:
+        for b in declared:
+            if not _akin(a.ctx, b.ctx):
+                continue
+            shared = a.values.keys() & b.values.keys()
+            if len(shared) < min_support or len(shared) * 5 < 4 * max(len(a.values), len(b.values)):
+                continue
+            # One number everywhere (every op has 1 output) is weaker evidence: it needs one more function.
+            constant = len({a.values[k][0] for k in shared}) == 1
+            if all(a.values[k][0] == b.values[k][0] for k in shared) and len(shared) >= min_support + constant:
+                out.append((a, b))
+    return out
+
+
+def _akin(callee: str, variable: str) -> bool:
+    """``new_input`` counts what ``num_inputs`` declares; ``register_task`` and ``num_outputs`` agreeing is chance."""
+    stem = re.sub(r"^(new|add|append|emit|create|declare|register)_", "", callee).rstrip("s")
+    return bool(stem) and stem in re.sub(r"^(num|n)_", "", variable)
+
+
+def _fnmatch(name: str, affix: str) -> bool:
+    return name.startswith(affix[:-1]) if affix.endswith("*") else name.endswith(affix[1:])
+
+
+def _affix_groups(names: list[str], min_size: int) -> list[tuple[str, str]]:
+    """(fnmatch scope, key regex) per ``_`` prefix or suffix that at least ``min_size`` names share."""
+    out = []
+    for p in _prefix_groups(names, min_size):
+        out.append((f"{p}*", "|".join([CUT, "^" + re.escape(p), AFFIXES, "[_-]"])))
+    for s in _prefix_groups([n[::-1] for n in names], min_size):
+        suffix = s[::-1]
+        out.append((f"*{suffix}", "|".join([CUT, re.escape(suffix) + "$", AFFIXES, "[_-]"])))
+    return out

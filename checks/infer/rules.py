@@ -15,7 +15,7 @@ import re
 from checks.config import Fact, Pillar, Rule
 from checks.globs import matches
 from checks.infer.families import KIND_BY_NAME, query_text
-from checks.infer.mine import Family, Invariant
+from checks.infer.mine import Counted, Family, Invariant
 
 LANG_GLOBS = {
     "python": ["**/*.py", "**/*.pyi"],
@@ -120,3 +120,56 @@ def pillar_of(path: str, pillars: list[Pillar]) -> str:
         if p.id != "other" and p.paths and matches(p.paths, path):
             return p.id
     return "other"
+
+
+# --------------------------------------------------------------------------- count agreement
+
+
+def count_facts(a: Counted, b: Counted) -> tuple[Fact, Fact]:
+    """Facts for "function k of A calls .ctx() as many times as function k of B declares": join-equal operands.
+
+    Ids are plain identifiers: rule operands are ``FACT.FIELD`` expressions, where ``-`` and ``.`` mean something.
+    """
+    digest = hashlib.sha1("\0".join([a.id, b.id]).encode()).hexdigest()[:6]
+    calls = Fact(
+        id=f"calls_{a.ctx}_{digest}",
+        lang=a.lang,
+        files=[a.path],
+        query=f'(call function: (attribute attribute: (identifier) @_m) (#eq? @_m "{a.ctx}")) @call @site',
+        options={"key": "@function", "count": "call", "scope": f"function:{a.affix}",
+                 "sub": {"key": [a.sub, ""]}, "case": {"key": "lower"}},
+    )
+    declared = Fact(
+        id=f"declared_{b.ctx}_{digest}",
+        lang=b.lang,
+        files=[b.path],
+        query=f'(declaration declarator: (init_declarator declarator: (identifier) @_v value: (number_literal) @value) '
+              f'(#eq? @_v "{b.ctx}"))',
+        options={"key": "@function", "scope": f"function:{b.affix}", "sub": {"key": [b.sub, ""]},
+                 "case": {"key": "lower"}},
+    )
+    return calls, declared
+
+
+def count_rule(a: Counted, b: Counted, pillars: list[Pillar], severity: str = "warning") -> tuple[list[Fact], Rule, str]:
+    calls, declared = count_facts(a, b)
+    shared = sorted(a.values.keys() & b.values.keys())
+    line = f"{a.describe()} = {b.describe()}"
+    evidence = [f"support {len(shared)}: for every shared function, the number of .{a.ctx}() calls in {a.path} "
+                f"equals {b.ctx} in {b.path}"]
+    for k in shared[:3]:
+        na, fa, la = a.values[k]
+        nb, fb, lb = b.values[k]
+        evidence.append(f"e.g. {fa} ({a.path}:{la}) calls .{a.ctx}() {na}x = {fb} ({b.path}:{lb}) {b.ctx} = {nb}")
+    rule = Rule(
+        id=f"inferred-count-{a.ctx}-{b.ctx}-{calls.id.rsplit('_', 1)[1]}",
+        kind="join-equal",
+        facts=[calls.id, declared.id],
+        pillar=pillar_of(b.path, pillars),
+        severity=severity,
+        message=f"inferred at base (support {len(shared)}): {line}",
+        options={"equal": [f"{calls.id}.count", f"{declared.id}.value"]},
+        source="inferred",
+        evidence=evidence,
+    )
+    return [calls, declared], rule, f"{rule.id}: {line} (support {len(shared)}, 2 files)"

@@ -205,3 +205,31 @@ def test_an_enum_and_the_table_it_indexes_keep_one_order(tmp_path):
     assert len(found.findings) == 2 and all("differs" in f.message for f in found.findings), [
         f.message for f in found.findings]
     assert {f.rule for f in found.findings} == {found.findings[0].rule}  # one order rule, one finding per position
+
+
+def _layers(inputs: dict[str, int]) -> str:
+    body = "class Kernel:\n"
+    for name, n in inputs.items():
+        calls = "".join(f"        g.new_input(x{i})\n" for i in range(n))
+        body += f"    def {name}_layer(self, g, *x):\n{calls}        g.new_output(x[0])\n\n"
+    return body
+
+
+def _registers(inputs: dict[str, int]) -> str:
+    return "".join(f"int register_{name}_task() {{\n  int num_inputs = {n};\n  return 0;\n}}\n\n"
+                   for name, n in inputs.items())
+
+
+def test_call_counts_agree_with_the_numbers_declared_elsewhere(tmp_path):
+    r = GitRepo(tmp_path / "counts")
+    ops = {"embedding": 2, "rmsnorm": 2, "linear": 3, "attention": 4, "allreduce": 1}
+    base = r.commit_files({"py/kernel.py": _layers(ops), "src/register.cc": _registers(ops)}, "five tasks")
+    both = {**ops, "linear": 4}
+    clean = r.commit_files({"py/kernel.py": _layers(both), "src/register.cc": _registers(both)}, "linear takes a bias")
+    assert audit(r.path, base, clean).findings == []
+    head = r.commit_files({"py/kernel.py": _layers({**both, "rmsnorm": 3})}, "rmsnorm gains an input, C++ not told")
+    found = audit(r.path, clean, head)
+    assert len(found.findings) == 1, [f.message for f in found.findings]
+    f = found.findings[0]
+    assert f.source == "inferred" and "key 'rmsnorm' disagrees" in f.message
+    assert "calls of .new_input() per function *_layer" in f.message and f.evidence[0].startswith("support 5")

@@ -70,3 +70,17 @@ def test_infer_prints_invariants_with_support(tmp_path, capsys):
 def test_infer_on_a_non_repo_is_a_clear_error(tmp_path, capsys):
     assert main(["infer", str(tmp_path)]) == 2
     assert "not a git repository" in capsys.readouterr().err
+
+
+def test_init_writes_count_agreement_as_a_join_equal_rule_that_holds(tmp_path):
+    from tests.infer.test_inference import _layers, _registers
+
+    r = GitRepo(tmp_path / "counts")
+    ops = {"embedding": 2, "rmsnorm": 2, "linear": 3, "attention": 4, "allreduce": 1}
+    head = r.commit_files({"py/kernel.py": _layers(ops), "src/register.cc": _registers(ops)}, "five tasks")
+    assert main(["init", str(r.path)]) == 0
+    config = parse_config((r.path / CONFIG_PATH).read_text())
+    joins = [x for x in config.rules if x.kind == "join-equal"]
+    assert len(joins) == 1 and joins[0].options["equal"][0].endswith(".count")
+    side = evaluate_tree(config, Tree(str(r.path), head))
+    assert side.findings == [] and side.skipped_rules == set()
