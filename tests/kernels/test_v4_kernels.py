@@ -9,8 +9,8 @@ import torch
 from kernels import kv584
 from kernels.harness import format_table, run_spec
 from kernels.registry import load_spec
+from tests.kernels.interpreter import DEVICES
 
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 V4_OPS = ["kv584_store", "kv584_load", "sparse_mla_decode", "compress_store", "hc_pre", "hc_post", "indexer_topk",
           "mxfp4_dequant", "mxfp4_moe", "sqrtsoftplus_topk", "hash_routing"]
 
@@ -41,16 +41,16 @@ def test_584_byte_layout_byte_by_byte():
     torch.testing.assert_close(kv584.unpack_ref(row[None]), x, rtol=0, atol=0)
 
 
-def test_store_skips_negative_slots_and_load_zeroes_them():
-    pool = kv584.new_pool(2, 4)
-    kv = torch.randn(3, 512)
-    kv584.kv584_store(kv, pool, torch.tensor([5, -1, 0]))
+def test_store_skips_negative_slots_and_load_zeroes_them(device):
+    pool = kv584.new_pool(2, 4, device)
+    kv = torch.randn(3, 512, device=device)
+    kv584.kv584_store(kv, pool, torch.tensor([5, -1, 0], device=device))
     assert pool.view(-1, 584)[[1, 2, 3, 4, 6, 7]].eq(0).all()
-    out = kv584.kv584_load(pool, torch.tensor([0, -1, 5]))
+    out = kv584.kv584_load(pool, torch.tensor([0, -1, 5], device=device))
     assert out[1].eq(0).all()
     torch.testing.assert_close(out[[0, 2]], kv584.unpack_ref(kv584.pack_ref(kv[[2, 0]])), rtol=0, atol=0)
     with pytest.raises(ValueError, match="584"):
-        kv584.kv584_load(torch.zeros(2, 583, dtype=torch.uint8), torch.tensor([0]))
+        kv584.kv584_load(torch.zeros(2, 583, dtype=torch.uint8, device=device), torch.tensor([0], device=device))
 
 
 def test_hc_reference_matches_hf_hyper_connection():

@@ -158,10 +158,10 @@ def test_fp8_pool_decode_tracks_dense_decode(wide_dir, v4_model):
         v4_model.setup_cache(1, 8, "fp8")
 
 
-def test_fp8_pool_decode_triton_kernels_match_reference(wide_dir):
-    ref = load_v4(wide_dir, dtype=torch.float32)
-    tri = load_v4(wide_dir, dtype=torch.float32, backend={"default": "torch", "sparse_decode": "triton",
-                                                           "kv_pack": "triton"})
+def test_fp8_pool_decode_triton_kernels_match_reference(wide_dir, kernel_device):
+    ref = load_v4(wide_dir, dtype=torch.float32, device=kernel_device)
+    tri = load_v4(wide_dir, dtype=torch.float32, device=kernel_device,
+                  backend={"default": "torch", "sparse_decode": "triton", "kv_pack": "triton"})
     prompts = [list(range(30, 42))]
     a = generate(ref, prompts, 3, kv="fp8")[0]
     b = generate(tri, prompts, 3, kv="fp8")[0]

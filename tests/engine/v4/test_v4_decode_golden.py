@@ -16,10 +16,10 @@ import torch
 
 from engine.golden import GoldenRecord, compare_records, read_golden, write_golden
 from engine.v4.generate import generate
+from tests.kernels.interpreter import KERNEL_DEVICE as DEVICE  # where this process's Triton kernels run
 
 GOLDEN = Path(__file__).parent / "goldens" / "tiny_v4_seed0_fp32.jsonl"
 NEAR_TIE = 1e-3  # fp32 on both sides: only a step whose reference margin is below 1e-3 may flip
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 @pytest.fixture(scope="module")
