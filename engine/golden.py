@@ -81,7 +81,7 @@ def read_golden(path: str | Path) -> Golden:
         header = parsed.pop(0)[1]
         if header.get("version") != VERSION:
             raise GoldenError(f"{path}:1: golden format version {header.get('version')!r}; this reader knows {VERSION}")
-    records = []
+    records: list[GoldenRecord] = []
     for lineno, obj in parsed:
         where = f"{path}:{lineno}"
         if not isinstance(obj, dict):

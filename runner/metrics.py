@@ -54,13 +54,13 @@ class Case:
 
 def _number(text: str) -> Any:
     try:
-        value = int(text)
+        return int(text)
     except ValueError:
-        try:
-            value = float(text)
-        except ValueError:
-            return text
-    return value
+        pass
+    try:
+        return float(text)
+    except ValueError:
+        return text
 
 
 class JUnitError(ValueError):
@@ -89,10 +89,10 @@ def read_junit(path: str) -> list[Case]:
                 outcome = {"failure": "failed", "error": "error", "skipped": "skipped"}[tag]
                 message = (el.get("message") or (el.text or "")).strip()
                 break
-        metrics = {}
+        metrics: dict[str, Any] = {}
         for prop in tc.iter("property"):
-            if prop.get("name"):
-                metrics[prop.get("name")] = _number(prop.get("value") or "")
+            if key := prop.get("name"):
+                metrics[key] = _number(prop.get("value") or "")
         cases.append(Case(full, outcome, duration, message[:2000], metrics))
     return cases
 
