@@ -249,7 +249,7 @@ SPEC_DEQUANT = ParitySpec(
     op="mxfp4_dequant", make_inputs=_dq_inputs, reference=mxfp4_dequant_ref,
     kernel=lambda out, **i: mxfp4_dequant(**i, out=out[0]),
     cases=[Case("64x256", {"shape": (64, 256)}, dtype=torch.float32), Case("3x8x96", {"shape": (3, 8, 96)}),
-           Case("flash expert 4096x7168", {"shape": (8, 4096, 7168)}, devices=("cuda",))],
+           Case("flash 8 experts' gate_up 4096x4096", {"shape": (8, 4096, 4096)}, devices=("cuda",))],
     checks=[Check("bit_exact", 0, "a power-of-two scale times an e2m1 value is exact in fp32 and bf16")],
     description="MXFP4 dequant: e2m1 nibbles (low first) times UE8M0 per 32",
 )
@@ -257,7 +257,7 @@ SPEC_MOE = ParitySpec(
     op="mxfp4_moe", make_inputs=_moe_inputs, reference=mxfp4_moe_ref, kernel=lambda out, **i: mxfp4_moe(**i, out=out[0]),
     cases=[Case("4tok 8e h64 i32 top2", {"shape": (4, 8, 64, 32, 2)}, dtype=torch.float32),
            Case("3tok 4e h96 i64 top2 bf16", {"shape": (3, 4, 96, 64, 2)}),
-           Case("flash decode 32tok 256e h4096 i2048 top8", {"shape": (32, 256, 4096, 2048, 8)}, devices=("cuda",))],
+           Case("flash decode 32tok 256e h4096 i2048 top6", {"shape": (32, 256, 4096, 2048, 6)}, devices=("cuda",))],
     checks=[Check("gemm_diff", 1e-5, "fp32 accumulation over K in a different order; activations rounded once",
                   dtypes=(torch.float32,)),
             Check("gemm_diff", 1e-5, "fp32 math on both sides from the same bf16 activations",
