@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -437,13 +438,68 @@ def real_section(mirror: str, repeat: int) -> None:
         print("note: a target was missed on this machine (see the numbers above)")
 
 
+_KERNEL_DEF = re.compile(
+    rb"(?:__global__|__device__|CUTLASS_GLOBAL|CUTLASS_DEVICE|CUTLASS_HOST_DEVICE|CUTE_DEVICE|CUTE_HOST_DEVICE)\s+"
+    rb"(?:(?:static|inline|__forceinline__|constexpr|__device__|__host__)\s+)*"
+    rb"(?:void|int|bool|float|auto|uint32_t|int32_t)\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?(\w+)\s*\(")
+
+
+def _true_params(text: bytes) -> dict[int, int]:
+    """line → parameter count of each marked function definition, read from the raw text: comments
+    blanked, commas counted at depth one outside <>: the truth the parsed counts are held against."""
+    text = re.sub(rb"//[^\n]*|/\*.*?\*/", lambda m: re.sub(rb"[^\n]", b" ", m.group(0)), text, flags=re.S)
+    out: dict[int, int] = {}
+    for m in _KERNEL_DEF.finditer(text):
+        if m.group(1) == b"operator":
+            continue
+        depth = angle = 0
+        parts, i = 1, m.end() - 1
+        while i < len(text):
+            c = text[i:i + 1]
+            if c in b"([{":
+                depth += 1
+            elif c in b")]}":
+                depth -= 1
+                if depth == 0:
+                    break
+            elif c == b"<" and depth == 1:
+                angle += 1
+            elif c == b">" and depth == 1 and angle:
+                angle -= 1
+            elif c == b"," and depth == 1 and not angle:
+                parts += 1
+            i += 1
+        rest = re.sub(rb"^(?:\s|const|noexcept|override|final)+", b"", text[i + 1:i + 200])
+        if not rest.startswith(b"{"):
+            continue  # a declaration, not a definition
+        body = text[m.end():i].strip()
+        out[text.count(b"\n", 0, m.start(1)) + 1] = 0 if body in (b"", b"void") else parts
+    return out
+
+
+def _parsed_params(lang: str, data: bytes) -> dict[int, int]:
+    import tree_sitter as ts
+
+    from checks import syntax
+
+    query = ts.Query(syntax.language(lang), "(function_definition declarator: (function_declarator declarator: "
+                     "[(identifier) (field_identifier) (qualified_identifier)] @name parameters: (parameter_list) @params))")
+    out: dict[int, int] = {}
+    for _, caps in ts.QueryCursor(query).matches(syntax.parse(lang, data).root_node):
+        line = caps["name"][0].start_point[0] + 1
+        out.setdefault(line, sum(1 for c in caps["params"][0].named_children if c.type != "comment"))
+    return out
+
+
 def parse_section(mirrors: list[str]) -> None:
-    """Share of C++/CUDA files with an ERROR node, raw and after checks/preprocess.py."""
+    """Share of C++/CUDA files with an ERROR node, raw and after checks/preprocess.py, and parameter counts
+    of the marked function definitions against the count read from the text."""
     from checks import syntax
     from checks.preprocess import preprocess
     from checks.workspace import Tree
 
-    print(f"{'kernel repo (grammar)':<36} {'files':>6} {'ERROR raw':>10} {'ERROR pp':>9} {'pp s':>6} {'parse s':>8}")
+    print(f"{'kernel repo (grammar)':<36} {'files':>6} {'ERROR raw':>10} {'ERROR pp':>9} {'pp s':>6} {'parse s':>8} "
+          f"{'params right raw':>17} {'params right pp':>16}")
     for spec in mirrors:
         mirror, _, rest = spec.partition(":")
         sub, _, lang = rest.partition(":")
@@ -462,8 +518,15 @@ def parse_section(mirrors: list[str]) -> None:
         blobs = read_blobs(mirror, [b for p in paths if (b := tree.blob_sha(p))])
         raw = pp = 0
         t_pp = t_parse = 0.0
+        truth_n = right_raw = right_pp = 0
         for p in paths:
             data = blobs.get(tree.blob_sha(p) or "", b"")
+            truth = _true_params(data)
+            if truth:
+                got_raw, got_pp = _parsed_params(lang, data), _parsed_params(lang, preprocess(data, lang))
+                truth_n += len(truth)
+                right_raw += sum(got_raw.get(line) == n for line, n in truth.items())
+                right_pp += sum(got_pp.get(line) == n for line, n in truth.items())
             raw += syntax.parse(lang, data).root_node.has_error
             t0 = time.perf_counter()
             clean = preprocess(data, lang)
@@ -472,7 +535,7 @@ def parse_section(mirrors: list[str]) -> None:
             pp += syntax.parse(lang, clean).root_node.has_error
             t_parse += time.perf_counter() - t0
         print(f"{name:<36} {len(paths):>6} {raw / max(1, len(paths)):>10.0%} {pp / max(1, len(paths)):>9.0%} "
-              f"{t_pp:>6.2f} {t_parse:>8.2f}")
+              f"{t_pp:>6.2f} {t_parse:>8.2f} {f'{right_raw}/{truth_n}':>17} {f'{right_pp}/{truth_n}':>16}")
 
 
 def main() -> None:
