@@ -72,8 +72,9 @@ def e4m3_to_f32(b):
     e = (b >> 3) & 0xF
     m = b & 7
     u = b.to(tl.uint32)  # the sign lands in bit 31: unsigned, so the shift cannot overflow a signed int
-    normal = (((u & 0x80) << 24) | ((u >> 3 & 0xF) + 120 << 23) | ((u & 7) << 20)).to(tl.float32, bitcast=True)
-    sub = m.to(tl.float32) * 0.001953125  # m · 2^-9
-    sub = tl.where((b & 0x80) != 0, -sub, sub)
+    sign = (u & 0x80) << 24
+    normal = (sign | ((u >> 3 & 0xF) + 120 << 23) | ((u & 7) << 20)).to(tl.float32, bitcast=True)
+    # m · 2^-9 with the sign OR-ed into its bits: compiled, ``-x`` is ``0 - x``, which turns -0.0 into +0.0
+    sub = (sign | (m.to(tl.float32) * 0.001953125).to(tl.uint32, bitcast=True)).to(tl.float32, bitcast=True)
     v = tl.where(e == 0, sub, normal)
     return tl.where((b & 0x7F) == 0x7F, float("nan"), v)
