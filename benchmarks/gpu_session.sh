@@ -14,7 +14,7 @@ OUT="${OUT:-./.out}"; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 if compgen -G ".whl/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=/tmp/site
+    && export PYTHONPATH=/tmp/site PATH="/tmp/site/bin:$PATH"  # console tools some suites call (ast-grep, zizmor)
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv,noheader
@@ -50,7 +50,9 @@ case "${1:-roofline}" in
     ;;
   suite)
     command -v git || echo "no git on this machine: the suites that build git repositories will fail"
-    step pytest_all 540 python3 -m pytest -q -p no:cacheprovider -n 8 --dist loadgroup -rfE
+    # -v: one line per test in the log, so the counts survive even a run cut off at its limit
+    step pytest_all "${SUITE_LIMIT:-540}" python3 -m pytest -v -p no:cacheprovider -n 12 --dist loadgroup -rfEs
+    grep -Eo "(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS) " "$OUT/pytest_all.log" | sort | uniq -c
     ;;
   smoke)
     for f in engine_decode engine_hf_layers kernels_heavy kernels_membound tune_heavy; do
