@@ -371,7 +371,10 @@ def inert_files(changes: ChangeSet, head, head_paths: set[str], changed: dict[st
                     or _through_package(graph, user, info, mod, removed[mod]):
                 del removed[mod]
     for mod, names in removed.items():
-        out[mod] = "only adds or removes " + ", ".join(sorted(names)) + ", which nothing in the tree uses"
+        if names == {"__doc__"}:
+            out[mod] = "only its docstring changes, which nothing reads"
+        else:
+            out[mod] = "only adds or removes " + ", ".join(sorted(names - {"__doc__"})) + ", which nothing uses"
     return out
 
 
