@@ -229,7 +229,7 @@ def _cached_summary(fact: Fact, inputs: dict[str, tuple[str, str]], limits: Limi
 # rule whose inputs did not change since the last audit is not evaluated again (in
 # memory, and across processes through the fact cache's findings table).
 _rule_cache: dict[tuple, list[Finding]] = {}
-FINDINGS_VERSION = 1  # bump when a rule kind's findings change for the same rows
+FINDINGS_VERSION = 2  # bump when a rule kind's findings change for the same rows
 
 
 def _rule_signature(rule: Rule) -> str:

@@ -185,8 +185,8 @@ def finding(
 ) -> Finding:
     """A finding: its fingerprint is the rule, its kind and ``identity`` (keys, place pairs), never
     lines; its state is what is wrong (``state`` values, or the ``missing`` places)."""
-    if missing is not None:
-        what = MISSING + "|".join(sorted(missing))
+    if missing is not None:  # the identity's digest first: two keys missing from the same places differ
+        what = MISSING + digest([rule.id, *identity]) + ":" + "|".join(sorted(missing))
     else:
         what = digest([rule.id, *identity[:1], *(state if state is not None else identity)])
     message = f"{rule.message}: {detail}" if rule.message else detail
@@ -213,8 +213,8 @@ def missing_of(state: str) -> set[str] | None:
     """The missing places a ``missing:`` state lists; None for a value state."""
     if not state.startswith(MISSING):
         return None
-    rest = state[len(MISSING):]
-    return set(rest.split("|")) if rest else set()
+    places = state[len(MISSING):].partition(":")[2]
+    return set(places.split("|")) if places else set()
 
 
 def ignored(key: str, patterns: list[str]) -> bool:
