@@ -269,6 +269,7 @@ class TestPlan:
     head_sha: str
     suites: list[PlannedSuite] = field(default_factory=list)
     not_affected: list[str] = field(default_factory=list)  # suite ids, runnable with `--suite ID`
+    inert: list[str] = field(default_factory=list)  # "path: why" for changed files no code can observe
 
     def for_runner(self, label: str) -> list[PlannedSuite]:
         return [s for s in self.suites if s.runner == label]

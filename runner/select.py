@@ -182,8 +182,9 @@ def select_tests(
             )
 
     needs: dict[str, str] = {}
+    inert: dict[str, str] = {}
     if not options.suites:  # asking for suites by id runs just those
-        needs = _automatic(config, changes, paths, pillars, findings, options, head, head_paths, picks)
+        needs = _automatic(config, changes, paths, pillars, findings, options, head, head_paths, picks, inert)
     label = gpu_runner(config)
 
     planned: list[PlannedSuite] = []
@@ -204,11 +205,13 @@ def select_tests(
     if options.runner:
         planned = [p for p in planned if p.runner == options.runner]
     not_affected = [s.id for s in config.suites if s.id not in picks.reasons]
-    return TestPlan(audit_id=audit_id, head_sha=changes.head_sha, suites=planned, not_affected=not_affected)
+    return TestPlan(audit_id=audit_id, head_sha=changes.head_sha, suites=planned, not_affected=not_affected,
+                    inert=[f"{path}: {why}" for path, why in inert.items()])
 
 
 def _automatic(config: Config, changes: ChangeSet, paths: list[str], pillars: PillarMap, findings: Findings,
-               options: AuditOptions, head, head_paths: set[str], picks: _Picks) -> dict[str, str]:
+               options: AuditOptions, head, head_paths: set[str], picks: _Picks,
+               inert_out: dict[str, str]) -> dict[str, str]:
     run_all = []
     if options.all_suites:
         run_all.append("every suite requested (--all)")
@@ -227,6 +230,7 @@ def _automatic(config: Config, changes: ChangeSet, paths: list[str], pillars: Pi
         changed_names(changes, head) if by_name else {p: ALL for p in paths if p.endswith(".py")}
     )
     inert = inert_files(changes, head, head_paths, changed) if by_name else {}
+    inert_out.update(inert)
     if inert:  # a change no code can observe selects no suite by path, pillar, symbol or import
         changed = {p: names for p, names in changed.items() if p not in inert}
         paths = [p for p in paths if p not in inert]

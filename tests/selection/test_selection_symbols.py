@@ -91,7 +91,9 @@ def test_comment_only_change_selects_nothing(repo):
 
 def test_removing_an_unused_helper_selects_nothing_not_even_by_path(repo):
     text = BASE["pkg/norm.py"].replace("def unused_helper(x):\n    return x * 2\n\n\n", "")
-    assert ids(plan(repo, {"pkg/norm.py": text})) == []
+    got = plan(repo, {"pkg/norm.py": text})
+    assert ids(got) == []
+    assert got.inert == ["pkg/norm.py: only adds or removes unused_helper, which nothing uses"]
 
 
 def test_removing_a_used_name_selects_its_users(repo):
