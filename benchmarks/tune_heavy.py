@@ -245,12 +245,14 @@ def _mla_candidates(batch, ctx) -> list[DecodeConfig]:
         split_sets = {32: sorted({1, 2, 3, 4, 6, 8, 9, 12, 16} | {want}), 64: sorted({1, 2, 3, 4, 6, 8, 12} | {want})}
     else:
         split_sets = {32: (8, 16, 24), 64: (4, 8, 12, 16)}
-    out = []
+    out = [DecodeConfig(16, 64, s, w, 2, fused_merge=fu) for fu in (True, False) for w in (8, 4)
+           for s in sorted({max(1, 2 * SMS // batch), 8, 12, 16}) if s <= max(split_sets[64])]
     for bn, w in ((64, 8), (64, 4), (32, 4), (32, 8)):
         for s in split_sets[bn]:
             if (batch >= 128 or ctx > 8192) and w == 8 and bn == 32:
                 continue
-            out.append(DecodeConfig(16, bn, s, w, 2))
+            if DecodeConfig(16, bn, s, w, 2) not in out:
+                out.append(DecodeConfig(16, bn, s, w, 2))
     return out
 
 
@@ -262,7 +264,8 @@ def mla_section(batch: int, ctx: int, until: float, heads: int = 16) -> None:
     dflt = decode_config(batch, heads, ctx, CAP, SMS)
     rows, best = [], None
     for cfg in [dflt] + [c for c in _mla_candidates(batch, ctx) if c != dflt]:
-        label = f"{'default ' if cfg == dflt else ''}bn{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages} splits{cfg.num_splits}"
+        label = (f"{'default ' if cfg == dflt else ''}bn{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages} "
+                 f"splits{cfg.num_splits}{' fused-merge' if cfg.fused_merge else ''}")
         if elapsed() > until:
             say(f"  b={batch:3d} ctx={ctx:5d} {label}: skipped for time")
             continue

@@ -115,6 +115,7 @@ class DecodeConfig:
     num_splits: int
     num_warps: int
     num_stages: int
+    fused_merge: bool = False  # the last split of a (sequence, head block) to finish merges, from L2: no merge launch
 
 
 def decode_config(
@@ -128,7 +129,9 @@ def decode_config(
     down to one 64-token tile per split: b=128 ctx 4k 2 splits 170 µs (84 % of copy; 32-token tiles with 3
     splits 242 µs), b=32 4k 8 splits 53 µs (67 %), b=32 32k 8 splits 326 µs (87 %), b=1 4k 64 splits
     10.3 µs. Parts whose shared memory cannot hold two 64-token stages (sm120, ~99 KB) and head blocks of
-    32 keep 32-token tiles (two of them fit everywhere) and the earlier split rule.
+    32 keep 32-token tiles (two of them fit everywhere) and the earlier split rule. On a GPU the last split
+    of each (sequence, head block) merges the partials itself (``fused_merge``): no second launch, and the
+    fp32 partials are read back from L2 rather than from HBM.
     """
     block_h = 16 if heads <= 16 else 32
     if capability is None:
@@ -137,13 +140,13 @@ def decode_config(
     programs = batch * triton.cdiv(heads, block_h)
     if block_h == 16 and fit_stages(2, 64 * (LATENT + ROPE) * 2, capability, fixed=q_bytes) == 2:
         splits = max(1, min(2 * num_sms // programs, triton.cdiv(max_context, 64), 64))
-        return DecodeConfig(16, 64, splits, 8, 2)
+        return DecodeConfig(16, 64, splits, 8, 2, fused_merge=True)
     block_n = 32
     # two waves of programs, and no split longer than 2048 tokens
     want = max(triton.cdiv(2 * num_sms, programs), triton.cdiv(max_context, 2048))
     splits = max(1, min(want, triton.cdiv(max_context, 4 * block_n), 64))
     stages = fit_stages(2, block_n * (LATENT + ROPE) * 2, capability, fixed=q_bytes)
-    return DecodeConfig(block_h, block_n, splits, 4 if block_h == 16 else 8, stages)
+    return DecodeConfig(block_h, block_n, splits, 4 if block_h == 16 else 8, stages, fused_merge=True)
 
 
 @triton.jit
@@ -153,8 +156,9 @@ def _mla_split_kernel(
     stride_qlb, stride_qlh, stride_qrb, stride_qrh,
     stride_kvp, stride_kvt, stride_pep, stride_pet, stride_btb,
     stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
+    fo_ptr, flse_ptr, cnt_ptr, stride_fob, stride_foh, stride_flb, stride_flh, NUM_HB,
     D_LAT: tl.constexpr, D_ROPE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
-    F32_DOT: tl.constexpr, IN_PAGE: tl.constexpr, PREC: tl.constexpr,
+    F32_DOT: tl.constexpr, IN_PAGE: tl.constexpr, PREC: tl.constexpr, FUSED: tl.constexpr, EXACT: tl.constexpr,
 ):
     b = tl.program_id(0)
     split = tl.program_id(1)
@@ -217,6 +221,34 @@ def _mla_split_kernel(
     o_ptrs = o_ptr + b * stride_ob + heads[:, None] * stride_oh + split * stride_os + d_lat[None, :]
     tl.store(o_ptrs, out, mask=h_ok[:, None] & c_ok[None, :])
     tl.store(lse_ptr + b * stride_lb + heads * stride_lh + split, lse2, mask=h_ok)
+    if FUSED:
+        # every thread's partial is stored before one thread counts this split in (release); the split that
+        # counts last (acquire) merges all of them while they are still in L2, and resets the counter
+        tl.debug_barrier()
+        cnt = cnt_ptr + b * NUM_HB + hb
+        done = tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
+        if done == NUM_SPLITS - 1:
+            lse_row = lse_ptr + b * stride_lb + heads * stride_lh
+            m = tl.full((BLOCK_H,), float("-inf"), dtype=tl.float32)
+            for s in range(NUM_SPLITS):
+                m = tl.maximum(m, tl.load(lse_row + s, mask=h_ok, other=float("-inf"), cache_modifier=".cg"))
+            m_safe = tl.where(m == float("-inf"), 0.0, m)
+            total = tl.zeros((BLOCK_H,), dtype=tl.float32)
+            merged = tl.zeros((BLOCK_H, D_LAT), dtype=tl.float32)
+            for s in range(NUM_SPLITS):
+                ls = tl.load(lse_row + s, mask=h_ok, other=float("-inf"), cache_modifier=".cg")
+                w = tl.where(ls == float("-inf"), 0.0, tl.exp2(ls - m_safe))
+                part = tl.load(o_ptr + b * stride_ob + heads[:, None] * stride_oh + s * stride_os + d_lat[None, :],
+                               mask=h_ok[:, None] & c_ok[None, :], other=0.0, cache_modifier=".cg")
+                total += w
+                merged += part * w[:, None]
+            res = merged / tl.where(total == 0.0, 1.0, total)[:, None]
+            tl.store(fo_ptr + b * stride_fob + heads[:, None] * stride_foh + d_lat[None, :],
+                     cast_rne(res, fo_ptr.dtype.element_ty, EXACT), mask=h_ok[:, None] & c_ok[None, :])
+            total = tl.where(total == 0.0, 1.0, total)  # head slots past H: nothing merged, nothing stored
+            tl.store(flse_ptr + b * stride_flb + heads * stride_flh, (m_safe + tl.log2(total)) / 1.4426950408889634,
+                     mask=h_ok)
+            tl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")
 
 
 @triton.jit
@@ -243,6 +275,18 @@ def _mla_merge_kernel(
     out = tl.sum(part * w[:, None], 0) / total
     tl.store(o_ptr + b * stride_ob + h * stride_oh + d, cast_rne(out, o_ptr.dtype.element_ty, EXACT), mask=d_ok)
     tl.store(lse_ptr + b * stride_lb + h * stride_lh, (m + tl.log2(total)) / 1.4426950408889634)
+
+
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+
+
+def _merge_counters(device: torch.device, n: int) -> torch.Tensor:
+    """Per (sequence, head block) arrival counters for the fused merge, zero between calls (the merging
+    program resets its own); grown on first use of a size, outside graph capture once warmed up."""
+    have = _COUNTERS.get(device)
+    if have is None or have.numel() < n:
+        have = _COUNTERS[device] = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
+    return have
 
 
 def _decode(q_lat, q_pe, kv, pe, block_table, seq_lens, page_size, capacity, scale, out, config):
@@ -272,16 +316,22 @@ def _decode(q_lat, q_pe, kv, pe, block_table, seq_lens, page_size, capacity, sca
     part_lse = torch.empty(b_sz, h, splits, dtype=torch.float32, device=q_lat.device)
     d_lat = max(16, triton.next_power_of_2(c))
     d_rope = max(16, triton.next_power_of_2(r))
-    _mla_split_kernel[(b_sz, splits, triton.cdiv(h, config.block_h))](
+    n_hb = triton.cdiv(h, config.block_h)
+    fused = config.fused_merge and splits > 1
+    counters = _merge_counters(q_lat.device, b_sz * n_hb) if fused else part_lse
+    _mla_split_kernel[(b_sz, splits, n_hb)](
         q_lat, q_pe, kv, pe, block_table, seq_lens, part_o, part_lse,
         scale * _LOG2E, h, page_size, splits, c, r,
         q_lat.stride(0), q_lat.stride(1), q_pe.stride(0), q_pe.stride(1),
         kv.stride(0), kv.stride(1), pe.stride(0), pe.stride(1), block_table.stride(0),
         part_o.stride(0), part_o.stride(1), part_o.stride(2), part_lse.stride(0), part_lse.stride(1),
+        o, lse, counters, o.stride(0), o.stride(1), lse.stride(0), lse.stride(1), n_hb,
         D_LAT=d_lat, D_ROPE=d_rope, BLOCK_H=config.block_h, BLOCK_N=config.block_n, F32_DOT=cap is None,
-        IN_PAGE=page_size % config.block_n == 0, PREC=dot_precision(q_lat.dtype),
-        num_warps=config.num_warps, num_stages=config.num_stages,
+        IN_PAGE=page_size % config.block_n == 0, PREC=dot_precision(q_lat.dtype), FUSED=fused,
+        EXACT=interpreting(), num_warps=config.num_warps, num_stages=config.num_stages,
     )
+    if fused:
+        return o, lse
     _mla_merge_kernel[(b_sz, h)](
         part_o, part_lse, o, lse, splits, c,
         part_o.stride(0), part_o.stride(1), part_o.stride(2), part_lse.stride(0), part_lse.stride(1),

@@ -115,3 +115,18 @@ def test_engine_layout_matches_paged_layout(device):
                             inp["softmax_scale"])
     assert gemm_diff(o2, ro).value < 1e-5 and (l2 - rl).abs().max() < LSE_TOL[device]
     assert gemm_diff(o1, o2).value < 1e-5 and (l1 - l2).abs().max() < LSE_TOL[device]
+
+
+@pytest.mark.parametrize("splits", [2, 5])
+def test_fused_merge_equals_the_merge_kernel_and_resets_its_counters(splits, device):
+    """The last split to finish merges in place of the second kernel: same result, and its arrival counters
+    are back at zero, so a second call (or a graph replay) starts clean."""
+    from kernels.mla_decode import _COUNTERS
+
+    inp = paged_inputs([1, 130, 200], 20, device, torch.Generator(device).manual_seed(6))
+    two = paged_mla_decode(**inp, config=DecodeConfig(16, 32, splits, 4, 1))
+    for _ in range(2):
+        one = paged_mla_decode(**inp, config=DecodeConfig(16, 32, splits, 4, 1, fused_merge=True))
+        torch.testing.assert_close(one[0].float(), two[0].float(), rtol=2**-8, atol=1e-6)
+        torch.testing.assert_close(one[1], two[1], rtol=1e-6, atol=1e-6)
+    assert int(_COUNTERS[torch.device(device) if device == "cpu" else one[0].device].abs().sum()) == 0
