@@ -5,7 +5,8 @@
 #      anchors, a profile of our step), then the FP8 GEMM / MLA tile sweep (TMA, persistent, warp-specialised);
 #   heavy: the heavy kernels benchmark (parity, GEMM, MLA, MoE incl. w8a8, engine greedy), then the
 #      memory-bound kernels (act_quant, weight_dequant against the copy ceiling);
-#   suite: the whole test suite (`python -m pytest -q`), counts in $OUT/pytest_all.log;
+#   suite: the whole test suite (pytest over 12 workers), counts in $OUT/pytest_all.log, then the MLA split
+#      sweep and act_quant / weight_dequant against the copy ceiling;
 #   smoke: every step with --smoke, on this machine's CPU (no GPU needed), to check the script itself.
 # Outputs land in $OUT (default ./.out). Review-side wheels in .whl/ are installed when present.
 set -uo pipefail
@@ -53,6 +54,11 @@ case "${1:-roofline}" in
     # -v: one line per test in the log, so the counts survive even a run cut off at its limit
     step pytest_all "${SUITE_LIMIT:-540}" python3 -m pytest -v -p no:cacheprovider -n 12 --dist loadgroup -rfEs
     grep -Eo "(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS) " "$OUT/pytest_all.log" | sort | uniq -c
+    [ -n "${SUITE_ONLY:-}" ] && exit 0
+    step tune_mla 45 python3 benchmarks/tune_heavy.py --only mla --budget 35
+    step membound_quant 60 python3 benchmarks/kernels_membound.py --ops act_quant,weight_dequant --no-compile \
+      --budget 50 --out /tmp/kmb
+    cp /tmp/kmb/kernels_membound.json /tmp/kmb/kernels_membound.txt "$OUT/" 2>/dev/null
     ;;
   smoke)
     for f in engine_decode engine_hf_layers kernels_heavy kernels_membound tune_heavy; do

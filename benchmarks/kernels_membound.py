@@ -26,6 +26,7 @@ ap.add_argument("--out", default=os.environ.get("OUT", "."), help="folder for ke
 ap.add_argument("--smoke", action="store_true", help="tiny sizes on CPU under the Triton interpreter")
 ap.add_argument("--no-compile", action="store_true", help="skip torch.compile")
 ap.add_argument("--no-variants", action="store_true", help="skip the launch-config sweep")
+ap.add_argument("--ops", default="", help="comma list: only these ops (parity, bandwidth and variants)")
 ap.add_argument("--budget", type=float, default=330.0, help="seconds; later items are skipped past it")
 ARGS = ap.parse_args()
 # compiled kernels on the GPU, the interpreter for --smoke; decided before any kernel module is imported
@@ -180,6 +181,7 @@ def section(title: str) -> None:
 
 
 ERRORS: list[str] = []
+ONLY = set(filter(None, ARGS.ops.split(",")))
 
 
 def section_error(what: str, tb: str) -> None:
@@ -212,6 +214,8 @@ def main() -> int:
     section("parity")
     rows = []
     for op in OPS:
+        if ONLY and op not in ONLY:
+            continue
         try:
             spec = load_spec(op)
             if ARGS.smoke:  # one CPU case per op: the suite runs them all
@@ -228,6 +232,8 @@ def main() -> int:
     # 3. triton vs eager (and torch.compile at a few sizes), decode → prefill
     section("bandwidth: triton vs torch eager")
     for name, make, sizes in BENCH:
+        if ONLY and name not in ONLY:
+            continue
         for r in sizes:
             if left() < 60:
                 RESULTS["notes"].append(f"budget: skipped {name} {r}")
@@ -280,6 +286,8 @@ def main() -> int:
              [{"tile_n": t, "warps": w} for t in (16, 32, 64, 128) for w in (4, 8)]),
         ]
         for name, make, tunes in grids:
+            if ONLY and name not in ONLY:
+                continue
             try:
                 case = make()
                 for tune in (tunes[:1] if ARGS.smoke else tunes):
