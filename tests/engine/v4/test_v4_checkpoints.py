@@ -167,3 +167,16 @@ def test_fp8_pool_decode_triton_kernels_match_reference(wide_dir, kernel_device)
     b = generate(tri, prompts, 3, kv="fp8")[0]
     assert tri.ops.resolved()["sparse_decode"] == "triton"
     assert a.tokens == b.tokens and max(abs(x - y) for x, y in zip(a.margins, b.margins, strict=True)) < 1e-3
+
+
+def test_op_table_backends_per_op_and_errors():
+    from engine.v4.ops import OPS, V4Ops
+
+    ops = V4Ops({"default": "torch", "hc_pre": "triton"})
+    used = ops.resolved()
+    assert used["hc_pre"] == "triton" and used["hc_post"] == "torch" and set(used) == set(OPS)
+    assert V4Ops("triton").resolved()["hc_head"] == "torch"  # no Triton kernel: the reference, and it says so
+    with pytest.raises(ValueError, match="unknown op"):
+        V4Ops({"hc_prefix": "triton"})
+    with pytest.raises(ValueError, match="backend must be one of"):
+        V4Ops("cuda")
