@@ -145,6 +145,8 @@ def query_text(kind: Kind, ctx: str | None, lang: str, label: str = "", extra: s
     switch over two enums is two families.
     """
     pred = "" if ctx is None or kind.scope or kind.whole_file else f' (#eq? @_ctx "{_escape(ctx)}")'
+    if ctx is None and kind.ctx_filter:  # mining: let the query drop calls no registry makes, before Python sees them
+        pred += f' (#match? @_ctx "{_escape(kind.ctx_filter)}")'
     if label:
         pred += f' (#match? @key "^{re.escape(label)}")'
     if extra:
