@@ -560,6 +560,8 @@ def run_audits(work: Path, audits: int, *, kills: int = 0, fault_rate: float = 0
         "poison_accepted": accepted_poison,
         "poison_rows": poison_rows,
         "comment_posts": sum(1 for m, p in state.arrivals if m == "POST" and p.endswith("/comments")),
+        "failed_reasons": sorted({(j.error or j.result or "?").splitlines()[0][:160] for j in jobs
+                                  if j.status == "failed"}),
     }
 
 
@@ -673,6 +675,9 @@ def main() -> int:
                 print("\n(no anchor row in this run: 'wall vs anchor' is relative to the first row)")
             table("2.-4. audits to completion (2 worker threads, lease 2 s, sweeper every 0.5 s)", AUDIT_HEADER,
                   [audit_row(names[k], r, anchor) for k, r in results.items()])
+            for k, r in results.items():
+                for reason in r["failed_reasons"]:
+                    print(f"{k}: a job failed: {reason}")
     print("\nsection seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in timings.items()))
     for f in failures:
         print(f"FAILED {f}")
