@@ -67,6 +67,7 @@ def elsewhere() -> bool:
 def configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "interpreter: written for the Triton interpreter (CPU); in a process "
                                        "that compiles kernels it runs in a TRITON_INTERPRET=1 subprocess")
+    config.addinivalue_line("markers", "xdist_group(name): pytest-xdist's grouping mark (known without xdist too)")
 
 
 def group(items: list[pytest.Item]) -> None:
