@@ -55,9 +55,9 @@ case "${1:-roofline}" in
     step pytest_all "${SUITE_LIMIT:-540}" python3 -m pytest -v -p no:cacheprovider -n 12 --dist loadgroup -rfEs
     grep -Eo "(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS) " "$OUT/pytest_all.log" | sort | uniq -c
     [ -n "${SUITE_ONLY:-}" ] && exit 0
-    step tune_mla 45 python3 benchmarks/tune_heavy.py --only mla --budget 35
-    step membound_quant 60 python3 benchmarks/kernels_membound.py --ops act_quant,weight_dequant --no-compile \
-      --budget 50 --out /tmp/kmb
+    step tune_mla 40 python3 benchmarks/tune_heavy.py --only mla --budget 30
+    step membound_quant 45 python3 benchmarks/kernels_membound.py --ops act_quant,weight_dequant --no-compile \
+      --no-variants --budget 38 --out /tmp/kmb
     cp /tmp/kmb/kernels_membound.json /tmp/kmb/kernels_membound.txt "$OUT/" 2>/dev/null
     ;;
   smoke)
