@@ -142,6 +142,8 @@ class Replay:
     repo: str
     sha: str
     subject: str
+    drift: str = ""  # what was out of step, as read from the fix (the data file)
+    parsed: bool = True  # false: the fix is in files no grammar here reads
     zero: list[str] = field(default_factory=list)  # relevant new inferred findings, zero config
     init: list[str] = field(default_factory=list)  # relevant new findings, init's config
     error: str = ""
@@ -156,7 +158,7 @@ def recall(repos: dict[str, Path], fixes: list[dict], with_init: bool = True) ->
         repo = repos[fx["repo"]]
         sha = git(repo, "rev-parse", fx["sha"]).strip()
         parent = git(repo, "rev-parse", f"{sha}^").strip()
-        r = Replay(fx["repo"], sha, fx["subject"])
+        r = Replay(fx["repo"], sha, fx["subject"], fx.get("drift", ""), bool(fx.get("parsed", True)))
         try:
             files = touched(repo, parent, sha)
             found, _ = audit(repo, sha, parent)
@@ -251,11 +253,12 @@ def report(repos, times, replays, forwards, verdicts, started) -> tuple[str, lis
         lines += ["## Recall on real cross-file drift fixes (reverse PR: base = fix, head = its parent)", "",
                   f"zero config: **{zero}/{n} = {zero / n:.0%}** (target ≥ {TARGETS['recall']:.0%}); "
                   f"`drift-audit init` config unedited: **{init}/{n} = {init / n:.0%}**", "",
-                  "| repo | fix | subject | zero config | init config |", "|---|---|---|---|---|"]
+                  "| repo | fix | subject | what drifted | zero config | init config |", "|---|---|---|---|---|---|"]
         for r in replays:
             z = "caught" if r.zero else ("error: " + r.error if r.error else "missed")
             i = "caught" if r.init else ("—" if r.error else "missed")
-            lines.append(f"| {r.repo} | {r.sha[:10]} | {r.subject[:70]} | {z} | {i} |")
+            drift = r.drift + ("" if r.parsed else " (file type not parsed)")
+            lines.append(f"| {r.repo} | {r.sha[:10]} | {r.subject[:70]} | {drift} | {z} | {i} |")
         lines += ["", "Caught findings (first per fix):", ""]
         lines += [f"- {r.sha[:10]}: {(r.zero or r.init)[0][:300]}" for r in replays if r.zero or r.init]
         lines.append("")
