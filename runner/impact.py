@@ -272,6 +272,21 @@ def info_of(path: str, blob: str | None, read: Callable[[str], bytes | None]) ->
     return got
 
 
+def importers(graph: ImportGraph, tests: list[str]) -> dict[str, list[str]]:
+    """Module → the files that import it, among those the tests reach: only these modules' names matter."""
+    users: dict[str, list[str]] = {}
+    seen = set(tests)
+    queue = deque(tests)
+    while queue:
+        cur = queue.popleft()
+        for nxt in graph.edges(cur):
+            users.setdefault(nxt, []).append(cur)
+            if nxt not in seen and nxt.endswith(".py"):
+                seen.add(nxt)
+                queue.append(nxt)
+    return users
+
+
 @dataclass
 class Impact:
     """Propagates changed names from changed modules to the test files that use them."""
@@ -284,17 +299,10 @@ class Impact:
     exports: dict[str, dict[str, Changed]] = field(default_factory=dict, init=False)
     parent: dict[str, str | None] = field(default_factory=dict, init=False)
 
-    def run(self, tests: list[str]) -> None:
-        users: dict[str, list[str]] = {}  # module → files that import it (among those the tests reach)
-        seen = set(tests)
-        queue = deque(tests)
-        while queue:
-            cur = queue.popleft()
-            for nxt in self.graph.edges(cur):
-                users.setdefault(nxt, []).append(cur)
-                if nxt not in seen and nxt.endswith(".py"):
-                    seen.add(nxt)
-                    queue.append(nxt)
+    def run(self, tests: list[str], users: dict[str, list[str]] | None = None) -> None:
+        """Propagate from the changed modules; ``users`` is ``importers(graph, tests)`` when already known."""
+        if users is None:
+            users = importers(self.graph, tests)
         work: deque[str] = deque()
         for path, names in self.changed.items():
             if names == ALL or names:

@@ -17,14 +17,17 @@ from __future__ import annotations
 import fnmatch
 import shlex
 from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
 from functools import lru_cache
 
 import pathspec
 
 from checks.config import CONFIG_PATH, Config, Suite
 from checks.model import AuditOptions, ChangeSet, Findings, PillarMap, PlannedSuite, TestPlan
-from runner.impact import ALL, Changed, Impact, info_of
+from runner.impact import ALL, Changed, Impact, importers, info_of
 from runner.imports import ImportGraph, gpu_need
+from runner.outline import Outline, touches_kept_definition
 from runner.runnable import extension_names
 
 PYTEST_PREFIX = "pytest:"
@@ -226,8 +229,10 @@ def _automatic(config: Config, changes: ChangeSet, paths: list[str], pillars: Pi
             picks.add(s.id, reason)
 
     by_name = getattr(config.settings, "symbol_selection", True)
+    reach = _test_reach(config, changes, head, head_paths)
     changed: dict[str, Changed] = (
-        changed_names(changes, head) if by_name else {p: ALL for p in paths if p.endswith(".py")}
+        changed_names(changes, head, relevant=reach.users.__contains__ if reach else lambda _p: False)
+        if by_name else {p: ALL for p in paths if p.endswith(".py")}
     )
     inert = inert_files(changes, head, head_paths, changed) if by_name else {}
     inert_out.update(inert)
@@ -239,8 +244,8 @@ def _automatic(config: Config, changes: ChangeSet, paths: list[str], pillars: Pi
     for s in config.suites:
         _declared_reasons(s, paths, pillars, findings, picks)
 
-    if config.settings.import_graph and config.settings.test_paths:
-        return _import_graph(config, changes, head, head_paths, picks, changed)
+    if reach is not None:
+        return _import_graph(config, reach, head, head_paths, picks, changed)
     return {}
 
 
@@ -249,23 +254,43 @@ def _need_of(head, head_paths: set[str], test_file: str) -> str | None:
     return gpu_need(graph, test_file, _declared_extensions(head, head_paths))
 
 
-def _import_graph(config: Config, changes: ChangeSet, head, head_paths: set[str], picks: _Picks,
-                  changed: dict[str, Changed]) -> dict[str, str]:
-    """Select the test files a change reaches; returns {implicit test file: why it needs a GPU}."""
+@dataclass
+class _Reach:
+    """The test files and the import graph they are followed through, before any name is looked at."""
+
+    graph: ImportGraph
+    test_files: list[str]
+    changed_py: set[str]
+    gone: list[str]
+    users: dict[str, list[str]]  # module → the files importing it, among those the tests reach
+
+
+def _test_reach(config: Config, changes: ChangeSet, head, head_paths: set[str]) -> _Reach | None:
+    """None when no test file is selected by imports (no import graph, no test files, no Python change)."""
+    if not (config.settings.import_graph and config.settings.test_paths):
+        return None
     changed_py = {f.path for f in changes.files if f.path.endswith(".py")}
     changed_py |= {f.old_path for f in changes.files if f.old_path and f.old_path.endswith(".py")}
     if not changed_py:
-        return {}
+        return None
     tests = spec(tuple(config.settings.test_paths))
     test_files = sorted(p for p in head_paths if p.endswith(".py") and tests.match_file(p))
     if not test_files:
-        return {}
+        return None
     gone = [p for p in changed_py if p not in head_paths]
+    graph = ImportGraph(paths=head_paths, read=head.read, extra_paths=gone, blob_sha=getattr(head, "blob_sha", None))
+    users = importers(graph, [t for t in test_files if t not in changed_py])
+    return _Reach(graph, test_files, changed_py, gone, users)
+
+
+def _import_graph(config: Config, reach: _Reach, head, head_paths: set[str], picks: _Picks,
+                  changed: dict[str, Changed]) -> dict[str, str]:
+    """Select the test files a change reaches; returns {implicit test file: why it needs a GPU}."""
+    graph, test_files, changed_py, gone = reach.graph, reach.test_files, reach.changed_py, reach.gone
     blob_sha = getattr(head, "blob_sha", None)
-    graph = ImportGraph(paths=head_paths, read=head.read, extra_paths=gone, blob_sha=blob_sha)
     impact = Impact(graph, lambda p: info_of(p, blob_sha(p) if blob_sha else None, head.read),
                     {**{p: ALL for p in gone}, **changed})
-    impact.run([t for t in test_files if t not in changed_py])
+    impact.run([t for t in test_files if t not in changed_py], reach.users)
     covering = [(s, _command_paths(s.command)) for s in config.suites]
     extensions = _declared_extensions(head, head_paths)
     needs: dict[str, str] = {}
@@ -286,8 +311,13 @@ def _import_graph(config: Config, changes: ChangeSet, head, head_paths: set[str]
     return needs
 
 
-def changed_names(changes: ChangeSet, head) -> dict[str, Changed]:
-    """Changed Python module → the top-level names its hunks touch (head side, and base side for removals)."""
+def changed_names(changes: ChangeSet, head, relevant: Callable[[str], bool] | None = None) -> dict[str, Changed]:
+    """Changed Python module → the top-level names its hunks touch (head side, and base side for removals).
+
+    A module for which ``relevant`` is false (no test file's imports reach it) only needs to be told
+    inert or not: when its change provably touches a definition both sides have, it gets ALL without
+    the full tables (its names would select nothing; ALL and those names are alike "not inert").
+    """
     repo_path = getattr(head, "repo_path", None)
     out: dict[str, Changed] = {}
     for fc in changes.files:
@@ -300,6 +330,9 @@ def changed_names(changes: ChangeSet, head) -> dict[str, Changed]:
             continue
         added = [n for h in fc.hunks for n in h.added]
         removed = [n for h in fc.hunks for n in h.removed]
+        if relevant is not None and not relevant(fc.path) and _observable(repo_path, fc, head, added, removed):
+            out[fc.path] = ALL
+            continue
         head_info = info_of(fc.path, fc.new_blob, head.read)
         base_info = _base_info(repo_path, fc)
         if head_info.opaque or base_info is None or base_info.opaque:
@@ -313,6 +346,22 @@ def changed_names(changes: ChangeSet, head) -> dict[str, Changed]:
         if names:
             out[fc.path] = head_info.close(names)
     return out
+
+
+def _observable(repo_path: str | None, fc, head, added: list[int], removed: list[int]) -> bool:
+    """Whether the change provably is not inert, from the statements around its lines alone."""
+    if repo_path is None or not fc.old_blob:
+        return False
+    from checks.workspace import read_blob
+
+    head_data = head.read(fc.path)
+    try:
+        base_data = read_blob(repo_path, fc.old_blob)
+    except ValueError:
+        return False
+    if head_data is None:
+        return False
+    return touches_kept_definition(Outline(head_data, fc.new_blob), Outline(base_data, fc.old_blob), added, removed)
 
 
 def _base_info(repo_path: str | None, fc):
