@@ -220,8 +220,8 @@ def demo(args) -> int:
             shutil.rmtree(root, ignore_errors=True)
     kept = not temporary or args.keep
     if code == EXIT_FAIL:  # the sample PR drifts on purpose: a failing verdict is the demo working
-        how = f"`drift-audit review {root} --base {base[:12]}`" if kept else "`drift-audit review` on it"
-        print(f"drift-audit demo: verdict fail, as intended; {how} exits 1 on it, so it can gate CI"
+        how = f"`drift-audit review {root} --base {base[:12]}`" if kept else "`drift-audit review`"
+        print(f"drift-audit demo: verdict fail, as intended; {how} exits 1 on this change, so it can gate CI"
               + ("" if kept else " (sample repo removed; --keep keeps it)"), file=sys.stderr)
         return 0
     return code

@@ -12,6 +12,8 @@ def test_demo_reviews_a_drifting_pr_and_runs_its_cpu_suite(tmp_path):
                           "--format", "json", "--output", str(out)], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr  # the review fails the PR, which is what the demo shows
     assert "verdict fail, as intended" in res.stderr
+    closing = res.stderr.strip().splitlines()[-1]
+    assert closing.count(" on ") == 1 and "exits 1 on this change, so it can gate CI" in closing, closing
     audit = from_json(Audit, out.read_text())
     new = audit.findings.with_status("new")
     assert [f.rule for f in new] == ["pk-task-wiring"]
@@ -22,3 +24,12 @@ def test_demo_reviews_a_drifting_pr_and_runs_its_cpu_suite(tmp_path):
     assert outcomes[("wrapper-unit", "cpu")][0] == "passed"
     assert outcomes[("attention-parity", "sm90")] == ("skipped", "needs sm90")
     assert audit.report.verdict == "fail" and "pk-task-wiring" in audit.report.markdown
+
+
+def test_demo_closing_line_without_keep_names_the_command_once(tmp_path):
+    res = subprocess.run([sys.executable, "-m", "bot.cli", "demo", "--no-run", "--format", "json",
+                          "--output", str(tmp_path / "a.json")], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    closing = res.stderr.strip().splitlines()[-1]
+    assert closing.count("on it") == 0 and "`drift-audit review` exits 1 on this change" in closing, closing
+    assert "sample repo removed; --keep keeps it" in closing
