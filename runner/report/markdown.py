@@ -202,7 +202,8 @@ class _PillarRow:
     title: str
     files: int
     symbols: int
-    findings: int
+    findings: int  # new or changed: what this PR did to the pillar
+    pre: int  # pre-existing: also on the base, shown apart so they are not read as the PR's
     suites: int
     touches: list[_Touch] = field(default_factory=list)
     more: int = 0  # touches not listed at this level of detail
@@ -236,7 +237,8 @@ def _pillar_rows(audit: Audit, limits: dict) -> list[_PillarRow]:
             touches.append(_Touch(t.path, _fit(t.symbols, limits["symbols"]), why))
         rows.append(_PillarRow(
             id=p.id, title=p.title, files=len(p.files), symbols=len(p.symbols),
-            findings=sum(1 for f in audit.findings.findings if f.pillar == p.id and f.status != "fixed"),
+            findings=sum(1 for f in audit.findings.findings if f.pillar == p.id and f.status in ("new", "changed")),
+            pre=sum(1 for f in audit.findings.findings if f.pillar == p.id and f.status == "pre-existing"),
             suites=_suites_for(p, plan_suites), touches=touches, more=len(p.touches) - len(touches),
         ))
     return rows

@@ -7,7 +7,7 @@ import re
 from bot.demo import build_demo_repo
 from checks.model import AuditRequest, Finding, Location, Results, SuiteResult
 from runner import pipeline
-from runner.report import Context, report
+from runner.report import Context, render, report
 
 BAD_QUERY_CONFIG = """
 [[fact]]
@@ -138,3 +138,39 @@ def test_suite_reasons_stay_on_one_screen_line(tmp_path):
     text = report(audit).markdown
     line = next(ln for ln in text.splitlines() if ln.startswith(f"- `{audit.plan.suites[0].id}` on "))
     assert len(line) <= 600 and re.search(r"; … \d+ more$", line)
+
+
+def test_pillar_lines_count_only_what_the_pr_did(tmp_path):
+    """The demo's base already drifts in the weights pillar; that finding is the base's, not the PR's."""
+    text = report(demo_audit(tmp_path)).markdown
+    pillar_lines = {m.group(1): m.group(0) for m in re.finditer(r"^- \*\*.*\(`(\w+)`\): .*$", text, re.M)}
+    assert "0 new findings (1 pre-existing)" in pillar_lines["weights"], pillar_lines["weights"]
+    assert "**" not in pillar_lines["weights"].split("):", 1)[1]  # nothing bold: the PR touched nothing there
+    assert "**1 new finding** · " in pillar_lines["wiring"], pillar_lines["wiring"]  # the new one, not the improved
+    assert "pre-existing" not in pillar_lines["wiring"]
+
+
+INERT_BASE = {
+    "pkg/__init__.py": "",
+    "pkg/norm.py": "def rms(x):\n    return x\n\n\ndef unused_helper(x):\n    return x * 2\n",
+    "tests/test_rms.py": "from pkg.norm import rms\n\n\ndef test_rms():\n    assert rms(1.0)\n",
+}
+
+
+def test_inert_changes_are_shown_folded(tmp_path):
+    """A change no code can observe selects nothing; the comment and the details page say which and why."""
+    from tests.gitrepo import GitRepo
+
+    repo = GitRepo(tmp_path / "repo")
+    base = repo.commit_files(INERT_BASE, "base")
+    head = repo.commit_files({"pkg/norm.py": "def rms(x):\n    return x\n"}, "drop the helper")
+    audit = pipeline.plan(AuditRequest(repo=str(repo.root), base=base, head=head))
+    assert audit.plan is not None and audit.plan.inert == [
+        "pkg/norm.py: only adds or removes unused_helper, which nothing uses"]
+    text = report(audit).markdown
+    folded = re.search(r"<details><summary>1 changed file no code can observe \(selected no suite\)</summary>\n\n"
+                       r"- (.*)\n\n</details>", text)
+    assert folded and folded.group(1) == "pkg/norm.py: only adds or removes unused\\_helper, which nothing uses"
+    assert text.index("#### Tests") < folded.start() < text.index("#### Pillars")
+    page = render(audit, "html")
+    assert "1 changed file no code can observe" in page and "<li>pkg/norm.py: only adds or removes" in page

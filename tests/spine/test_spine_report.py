@@ -26,7 +26,7 @@ def test_review_of_a_real_range(repo):
     text = audit.report.markdown
     assert text.startswith(COMMENT_MARKER)
     assert "Drift Audit" in text.splitlines()[1]
-    assert "(`topology`): 1 file · 1 symbol · 0 findings · 0 suites" in text
+    assert "(`topology`): 1 file · 1 symbol · 0 new findings · 0 suites" in text
     assert "`engine/model.py`" in text and "`MLA.forward`" in text
     assert base[:12] in text and "config: built-in default" in text
     for stage in ("checkout", "diff", "pillars", "report"):
