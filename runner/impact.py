@@ -29,7 +29,7 @@ from __future__ import annotations
 import ast
 import re
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -132,9 +132,24 @@ def _word(name: str, text: bytes) -> bool:
     return re.search(rb"(?<![\w])" + re.escape(name.encode()) + rb"(?![\w])", text) is not None
 
 
+def _walk(node: ast.AST) -> Iterator[ast.AST]:
+    """``ast.walk`` in the same (breadth-first) order, without its two generator layers per node."""
+    todo = deque([node])
+    node_type = ast.AST
+    while todo:
+        cur = todo.popleft()
+        for name in cur._fields:
+            child = getattr(cur, name, None)
+            if isinstance(child, list):
+                todo.extend(item for item in child if isinstance(item, node_type))
+            elif isinstance(child, node_type):
+                todo.append(child)
+        yield cur
+
+
 def _refs(node: ast.AST) -> set[str]:
     out: set[str] = set()
-    for sub in ast.walk(node):
+    for sub in _walk(node):
         if isinstance(sub, ast.Name):
             out.add(sub.id)
         elif isinstance(sub, ast.Attribute):
@@ -228,7 +243,7 @@ def module_info(path: str, data: bytes | None) -> ModuleInfo:
                 base = _absolute(path, inner.module, inner.level)
                 if base is not None:
                     bindings += [Binding(base, a.name, a.asname or a.name, index) for a in inner.names]
-        for sub in ast.walk(node):
+        for sub in _walk(node):
             if isinstance(sub, ast.Call):
                 fn = _decorator_name(sub.func)
                 if fn in ("import_module", "__import__"):
@@ -241,17 +256,20 @@ def module_info(path: str, data: bytes | None) -> ModuleInfo:
     )
     runs = tuple(dict.fromkeys(imp.module for imp in run_strings(tree)))
     attrs: dict[str, set[str]] = {}
-    bases = {id(sub.value) for sub in ast.walk(tree) if isinstance(sub, ast.Attribute)}
-    escapes = {sub.id for sub in ast.walk(tree)
-               if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Load) and id(sub) not in bases}
-    for sub in ast.walk(tree):
+    bases: set[int] = set()
+    loads: list[ast.Name] = []
+    for sub in _walk(tree):  # one pass: attribute chains, and the loaded names that are no chain's base
         if isinstance(sub, ast.Attribute):
+            bases.add(id(sub.value))
             chain, owner = [sub.attr], sub.value
             while isinstance(owner, ast.Attribute):
                 chain.append(owner.attr)
                 owner = owner.value
             if isinstance(owner, ast.Name):
                 attrs.setdefault(owner.id, set()).update(chain)
+        elif isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Load):
+            loads.append(sub)
+    escapes = {sub.id for sub in loads if id(sub) not in bases}
     return ModuleInfo(tuple(stmts), tuple(bindings), refs, frozenset(dynamic), False, by_name,
                       data if by_name else b"", trivial, runs, {k: frozenset(v) for k, v in attrs.items()},
                       frozenset(escapes))
