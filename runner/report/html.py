@@ -36,9 +36,43 @@ def details_page(audit: Audit | None, *, record: Any = None, job: Any = None, mi
 
     figures = charts.figures(audit) if audit is not None else []
     verdict, headline = verdict_of(audit) if audit is not None else ("neutral", "")
+    tests = test_rows(audit) if audit is not None else []
     return environment().get_template("details.html.j2").render(
-        audit=audit, record=record, job=job, missing=missing, figures=figures, verdict=verdict, headline=headline
+        audit=audit, record=record, job=job, missing=missing, figures=figures, verdict=verdict, headline=headline,
+        tests=tests,
     )
+
+
+@dataclass(frozen=True)
+class TestRow:
+    """One suite run on the page: what was selected and why, beside what came back (if anything)."""
+
+    suite: str
+    runner: str
+    outcome: str  # a result's outcome, or "selected, not run" / "selected, no result came back"
+    duration: float | None
+    reason: str  # the result's reason (why it failed, why not runnable)
+    why: str  # why the plan selected it; empty for a result nothing planned (run by id in the bot)
+
+
+def test_rows(audit: Audit) -> list[TestRow]:
+    """Planned suites in plan order with their results, then results the plan did not list: the page
+    shows the selection even when nothing ran, as the comment does."""
+    results = {(r.suite, r.runner): r for r in (audit.results.suites if audit.results else [])}
+    rows = []
+    for s in audit.plan.suites if audit.plan else []:
+        r = results.pop((s.id, s.runner), None)
+        if r is None:
+            outcome = "selected, no result came back" if audit.results else "selected, not run"
+            rows.append(TestRow(s.id, s.runner, outcome, None, "", "; ".join(s.reasons)))
+        else:
+            rows.append(TestRow(s.id, s.runner, _outcome(r.outcome), r.duration, r.reason, "; ".join(s.reasons)))
+    rows += [TestRow(r.suite, r.runner, _outcome(r.outcome), r.duration, r.reason, "") for r in results.values()]
+    return rows
+
+
+def _outcome(outcome: str) -> str:
+    return "not runnable here" if outcome == "not-runnable" else outcome
 
 
 @dataclass(frozen=True)

@@ -174,3 +174,49 @@ def test_inert_changes_are_shown_folded(tmp_path):
     assert text.index("#### Tests") < folded.start() < text.index("#### Pillars")
     page = render(audit, "html")
     assert "1 changed file no code can observe" in page and "<li>pkg/norm.py: only adds or removes" in page
+
+
+def _cells(page: str) -> list[list[str]]:
+    from html.parser import HTMLParser
+
+    rows: list[list[str]] = []
+
+    class Rows(HTMLParser):
+        def handle_starttag(self, tag, attrs):
+            if tag == "tr":
+                rows.append([])
+            elif tag == "td" and rows:
+                rows[-1].append("")
+
+        def handle_data(self, data):
+            if rows and rows[-1]:
+                rows[-1][-1] += data
+
+    Rows().feed(page)
+    return [r for r in rows if r]
+
+
+def test_details_page_and_check_summary_list_the_selected_suites(tmp_path):
+    """The page and the check run say what was selected and why, ran or not, as the comment does."""
+    import json
+
+    audit = demo_audit(tmp_path)
+    audit.findings.inferred = ["same-set over TASK_* enums and the name map (support 5)"]
+    page = render(audit, "html")
+    tests = page[page.index("<h2>Tests</h2>"):page.index("<h2>Pillars</h2>")]
+    rows = {(r[0], r[1]): r for r in _cells(tests)}
+    assert rows[("wrapper-unit", "cpu")][2] == "passed"
+    assert "imports: tests/unit/test_wrapper.py" in rows[("wrapper-unit", "cpu")][5]
+    assert rows[("attention-parity", "sm90")][2:4] == ["selected, no result came back", "—"]
+    assert "pillar 'wiring' touched" in rows[("attention-parity", "sm90")][5]
+    assert rows[("ext", "cpu")][2:5] == ["not runnable here", "0.0 s",
+                                         "cannot import name '_C' (extension not built)"]
+    assert "Inferred from the base: 1 invariant checked" in page and "support 5" in page
+
+    audit.results = None  # planned only: the page still lists the selection
+    rows = {(r[0], r[1]): r for r in _cells(render(audit, "html"))}
+    assert rows[("attention-parity", "sm120")][2] == "selected, not run"
+
+    summary = json.loads(render(audit, "check-run"))["output"]["summary"]
+    assert "#### Tests" in summary and "#### Not run" in summary
+    assert "`attention-parity` on sm120: selected. Run it:" in summary
