@@ -126,6 +126,8 @@ class PillarMatcher:
             for p in pillars
             if any(not pat.startswith("!") for pat in p.paths)
         }
+        # one spec per pillar first: most files match none of a pillar's globs, and one match_file says so
+        self.any_path = {pid: compile_globs([pat for pat, _spec in patterns]) for pid, patterns in self.paths.items()}
         self.excluded = {
             p.id: compile_globs([pat[1:] for pat in p.paths if pat.startswith("!")])
             for p in pillars
@@ -146,6 +148,8 @@ class PillarMatcher:
         """(pillar id, first matching glob) for each pillar whose paths match."""
         hits = []
         for pid, patterns in self.paths.items():
+            if not self.any_path[pid].match_file(path):
+                continue
             for pattern, spec in patterns:
                 if spec.match_file(path):
                     if not self._excludes(pid, path):
