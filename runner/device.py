@@ -7,6 +7,8 @@ is asked first because it is cheap; torch is the fallback when it is missing.
 
 from __future__ import annotations
 
+import glob
+import os
 import platform
 import re
 import shutil
@@ -132,7 +134,21 @@ def _nvidia_smi(timeout: float = 10.0) -> Gpu | None:
     return Gpu(name=parts[0], capability=cap, driver=parts[2] or None, cuda=cuda)
 
 
+# Device nodes a GPU runtime needs: CUDA on Linux (/dev/nvidia*), CUDA on WSL2 (/dev/dxg), ROCm (/dev/kfd).
+_GPU_NODES = ("nvidia*", "dxg", "kfd")
+
+
+def has_gpu_node(dev: str = "/dev") -> bool:
+    """False only on Linux with no GPU device node: torch could not see a GPU there either, and importing
+    it just to be told so costs a second or more of every audit that has nothing to run here."""
+    if platform.system() != "Linux":
+        return True
+    return any(glob.glob(os.path.join(dev, pattern)) for pattern in _GPU_NODES)
+
+
 def _torch_gpu() -> Gpu | None:
+    if not has_gpu_node():
+        return None
     try:
         import torch
     except Exception:

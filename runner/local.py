@@ -57,7 +57,7 @@ def is_pytest(command: str) -> bool:
 
 def run_plan(
     plan,
-    repo_dir: str,
+    repo_dir: str | Callable[[], str],
     *,
     labels: list[str] | None = None,
     capability: Any = None,
@@ -65,14 +65,24 @@ def run_plan(
 ):
     """Run ``plan``'s suites (those for ``labels``, or all) in ``repo_dir``, the head tree.
 
-    ``capability`` is None to detect this machine's GPU, ``"cpu"`` for none, or
-    ``"9.0"`` / ``(9, 0)`` to state it. Suites whose runner label or
-    ``requires`` this machine cannot satisfy are skipped with the reason.
+    ``repo_dir`` may be a callable that makes the tree: it is called once, before the first suite that
+    runs, so a plan whose suites all need another machine makes no tree. ``capability`` is None to
+    detect this machine's GPU, ``"cpu"`` for none, or ``"9.0"`` / ``(9, 0)`` to state it. Suites whose
+    runner label or ``requires`` this machine cannot satisfy are skipped with the reason.
     """
     m = model()
-    root = Path(repo_dir)
-    if not root.is_dir():
-        raise ValueError(f"{repo_dir}: not a directory; pass the directory holding the head tree")
+    tree: list[str] = []
+
+    def root() -> str:
+        if not tree:
+            path = repo_dir() if callable(repo_dir) else repo_dir
+            if not Path(path).is_dir():
+                raise ValueError(f"{path}: not a directory; pass the directory holding the head tree")
+            tree.append(path)
+        return tree[0]
+
+    if not callable(repo_dir):
+        root()  # a wrong path is the caller's mistake: say so before any suite is looked at
     suites = [s for s in plan.suites if labels is None or s.runner in labels]
     if not suites:  # nothing to run costs nothing: no GPU probe (importing torch alone takes seconds)
         return m.Results(audit_id=plan.audit_id, head_sha=plan.head_sha)
@@ -92,7 +102,7 @@ def run_plan(
             _say(progress, f"[{i}/{len(suites)}] {suite.id} on {suite.runner}: skipped ({unmet})")
             continue
         _say(progress, f"[{i}/{len(suites)}] {suite.id} on {suite.runner}: running")
-        result = run_suite(suite, str(root))
+        result = run_suite(suite, root())
         results.suites.append(result)
         _say(progress, f"[{i}/{len(suites)}] {suite.id} on {suite.runner}: {result.outcome} in {result.duration:.1f} s")
     return results

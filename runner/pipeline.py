@@ -151,12 +151,18 @@ class LocalBackend:
         self.checkout, self.runner, self.progress = checkout, runner, progress
 
     def __call__(self, plan: TestPlan) -> Results:
+        from contextlib import ExitStack
+
         from runner.local import run_plan
         from runner.worktree import head_worktree
 
-        with head_worktree(self.checkout.git or self.checkout.repo, self.checkout.head_sha) as tree_dir:
-            labels = [self.runner] if self.runner else None
-            return run_plan(plan, tree_dir, labels=labels, progress=self.progress)
+        labels = [self.runner] if self.runner else None
+        with ExitStack() as stack:  # the worktree is made only once a suite can run here
+            def tree() -> str:
+                return stack.enter_context(head_worktree(self.checkout.git or self.checkout.repo,
+                                                         self.checkout.head_sha))
+
+            return run_plan(plan, tree, labels=labels, progress=self.progress)
 
 
 def run(audit: Audit, backend: Backend | None = None, *, progress: Progress | None = None) -> Audit:
