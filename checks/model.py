@@ -270,6 +270,8 @@ class TestPlan:
     suites: list[PlannedSuite] = field(default_factory=list)
     not_affected: list[str] = field(default_factory=list)  # suite ids, runnable with `--suite ID`
     inert: list[str] = field(default_factory=list)  # "path: why" for changed files no code can observe
+    # selected, then left out by the request's runner filter (`--runner cpu`): said, with how to run them
+    filtered: list[PlannedSuite] = field(default_factory=list)
 
     def for_runner(self, label: str) -> list[PlannedSuite]:
         return [s for s in self.suites if s.runner == label]

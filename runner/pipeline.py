@@ -12,6 +12,7 @@ Dependencies point one way: bot → runner → checks. Nothing here imports bot.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import time
 from collections.abc import Callable, Iterator
@@ -137,11 +138,23 @@ def plan(request: AuditRequest, *, progress: Progress | None = None, config_over
         audit.findings = run_checks(co, config, changes)
     add_finding_pillars(audit.pillars, audit.findings, config)
     with _stage(timings, "select", progress):
-        audit.plan = select_tests(config, changes, pillars, audit.findings, request.options,
-                                  Tree(co.repo, co.head_sha), audit_id_for(request, co.head_sha))
+        everywhere = dataclasses.replace(request.options, runner=None)
+        audit.plan = filter_runner(select_tests(config, changes, pillars, audit.findings, everywhere,
+                                                Tree(co.repo, co.head_sha), audit_id_for(request, co.head_sha)),
+                                   request.options.runner)
     if request.options.pillars:  # after selection: a suite is picked by every pillar the change touches
         restrict_pillars(audit.pillars, audit.findings, request.options.pillars)
     return audit
+
+
+def filter_runner(test_plan: TestPlan, runner: str | None) -> TestPlan:
+    """Keep the suites of one runner label; the others stay on the plan as ``filtered``, so the report
+    can say what ``--runner`` left out and how to run it, instead of "no suite is affected"."""
+    if not runner:
+        return test_plan
+    kept = [s for s in test_plan.suites if s.runner == runner]
+    left = [s for s in test_plan.suites if s.runner != runner]
+    return dataclasses.replace(test_plan, suites=kept, filtered=[*test_plan.filtered, *left])
 
 
 class LocalBackend:

@@ -68,6 +68,9 @@ def test_rows(audit: Audit) -> list[TestRow]:
         else:
             rows.append(TestRow(s.id, s.runner, _outcome(r.outcome), r.duration, r.reason, "; ".join(s.reasons)))
     rows += [TestRow(r.suite, r.runner, _outcome(r.outcome), r.duration, r.reason, "") for r in results.values()]
+    left = f"selected, left out by --runner {audit.request.options.runner}"
+    rows += [TestRow(s.id, s.runner, left, None, "", "; ".join(s.reasons))
+             for s in (audit.plan.filtered if audit.plan else [])]
     return rows
 
 

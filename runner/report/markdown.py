@@ -275,6 +275,10 @@ class _View:
         self.ran_runners = list(dict.fromkeys(r.runner for r in self.ran))
         self.not_run = [r for r in results if r.outcome in NOT_RUN]
         done = {(r.suite, r.runner) for r in results}
+        self.filtered = a.plan.filtered if a.plan else []
+        runner = a.request.options.runner or ""
+        self.filter_note = (f"left out by {code('--runner ' + runner)}" if a.request.trigger == "cli"
+                            else f"left out: only {text(runner)} was asked for")
         self.pending = [s for s in (a.plan.suites if a.plan else []) if (s.id, s.runner) not in done]
         counts: dict[str, int] = {}
         for r in results:
