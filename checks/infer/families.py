@@ -26,7 +26,7 @@ import tree_sitter as ts
 from checks import syntax
 from checks.facts import read_blobs
 
-VERSION = 7  # bump when a pattern changes: cached rows of an older pattern set are not reused
+VERSION = 9  # bump when a pattern changes: cached rows of an older pattern set are not reused
 MAX_BYTES = 400_000  # generated tables and vendored amalgamations say nothing about the code's intent
 MAX_CACHED = 60_000  # blobs kept in a repo's on-disk member cache before it is pruned to one tree
 
@@ -54,7 +54,15 @@ _REGISTER = r"(^|\.)(register\w*|\w+_register|def|impl|define|custom_op|register
 _C = ("c", "cpp", "cuda")
 KINDS: tuple[Kind, ...] = (
     Kind("enum", _C, "(enum_specifier name: (type_identifier) @_ctx body: (enumerator_list (enumerator name: (identifier) @key)){pred})"),
-    Kind("case", _C, "(case_statement value: (_) @key)", scope=True),
+    # What a function dispatches on: its ``case`` labels, and the constants an ``if``/``||`` chain compares
+    # with (``src0->type == GGML_TYPE_F32 || ...``): the same belief, written as a switch or as a chain.
+    Kind(
+        "case",
+        _C,
+        "(case_statement value: (_) @key{pred})\n"
+        '(binary_expression operator: "==" right: (identifier) @key (#match? @key "^[A-Z][A-Z0-9_]*[A-Z0-9]$"){pred})',
+        scope=True,
+    ),
     Kind(
         "array",
         _C,
@@ -248,10 +256,27 @@ def _word(piece: bytes, word: bytes) -> bool:
     return False
 
 
+# A comparison chain is a family only from four constants on: fewer ``== CONST`` in a definition is a plain test.
+_C_EQ = re.compile(rb"==\s*[A-Z][A-Z0-9_]*[A-Z0-9]\b")
+_C_EQ_MIN = 4
+
+
+def _chain(piece: bytes) -> bool:
+    """Whether ``piece`` compares with at least ``_C_EQ_MIN`` constants (``bytes.count`` first: most code has few)."""
+    if piece.count(b"==") < _C_EQ_MIN:
+        return False
+    n = 0
+    for _ in _C_EQ.finditer(piece):
+        n += 1
+        if n >= _C_EQ_MIN:
+            return True
+    return False
+
+
 def _hint(data: bytes, start: int = 0, end: int | None = None) -> bool:
     """Whether ``data[start:end]`` can hold a C-family member."""
     piece = data[start:end] if start or end is not None else data
-    return any(_word(piece, w) for w in _C_WORDS) or any(r.search(piece) for r in _C_FAST)
+    return any(_word(piece, w) for w in _C_WORDS) or any(r.search(piece) for r in _C_FAST) or _chain(piece)
 
 
 def may_hold(lang: str, data: bytes) -> bool:

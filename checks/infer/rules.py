@@ -46,7 +46,19 @@ def fact_for(family: Family) -> Fact:
     if kind.scope:
         options["scope"] = f"function:{family.ctx}"
     files = LANG_GLOBS[family.lang] + _NOT_VENDORED if kind.repo_wide else list(family.paths)
-    return Fact(id=family.id, lang=family.lang, files=files, query=query_text(kind, family.ctx, family.lang, family.label), options=options)
+    query = query_text(kind, family.ctx, family.lang, _label(family))
+    return Fact(id=family.id, lang=family.lang, files=files, query=query, options=options)
+
+
+def _label(family: Family) -> str:
+    """The prefix a function's labels are read by at head: the enum they all had at base.
+
+    A function that dispatched only on ``GGML_TYPE_*`` at base and gains ``cc == GGML_CUDA_CC_X`` tests at
+    head has not lost its types; reading every constant would call the new ones missing elsewhere.
+    """
+    if family.label or family.kind != "case":
+        return family.label
+    return family.prefix if family.prefix.endswith("_") else ""
 
 
 def rule_id(inv: Invariant) -> str:
