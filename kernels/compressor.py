@@ -127,8 +127,9 @@ SPEC = ParitySpec(
            Case("flash csa 4096x8", {"shape": (4096, 8, 512), "overlap": True}, devices=("cuda",)),
            Case("flash hca 256x128", {"shape": (256, 128, 32)}, devices=("cuda",))],
     checks=[Check("allclose", 1.0, "online vs two-pass softmax differ by fp32 ulps, which can move a value across "
-                  "an e4m3 rounding boundary: one e4m3 step (2^-3 relative) at most",
-                  opts={"atol": 1e-6, "rtol": 0.13}, name="entries"),
+                  "an e4m3 rounding boundary: one e4m3 step at most, 2^-3 relative, or for subnormals 2^-9 of "
+                  "the tile scale (<= 2^-6 for these unit-RMS rows, so 2^-15 absolute)",
+                  opts={"atol": 2.0**-15, "rtol": 0.13}, name="entries"),
             Check("bit_exact", 0, "the tile scales are powers of two picked from the amax: only an amax within an "
                   "ulp of a binade edge could flip one", output=1, name="scales")],
     description="CSA/HCA compressor: gated pool + RMSNorm + rope + FP8 quant + store into the 584-byte pool",

@@ -65,55 +65,62 @@ def hc_head_ref(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: to
 # --- Triton ------------------------------------------------------------------------------------------
 
 @triton.jit
-def _hc_pre_kernel(x_ptr, fn_ptr, base_ptr, scale_ptr, col_ptr, post_ptr, comb_ptr, D, iters, eps, norm_eps,
-                   N: tl.constexpr, NMIX: tl.constexpr, BLOCK_D: tl.constexpr):
-    """One token per program: the N·D row is read in D-chunks twice (mix logits, then the collapse)."""
-    t = tl.program_id(0).to(tl.int64)
-    row = x_ptr + t * N * D
-    jn = tl.arange(0, N)
+def _hc_pre_kernel(x_ptr, fn_ptr, base_ptr, scale_ptr, col_ptr, post_ptr, comb_ptr, T, D, iters, eps, norm_eps,
+                   N: tl.constexpr, NMIX: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+                   PREC: tl.constexpr):
+    """BLOCK_T tokens per program: the mixing logits are a skinny GEMM ``x[BT, N·D] · fnᵀ`` (fn read once per
+    program), then the per-token weights and Sinkhorn, then a second pass over x for the collapse."""
+    t = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+    tm = t < T
     mix_i = tl.arange(0, NMIX)
-    ss = tl.zeros([N], dtype=tl.float32)
-    acc = tl.zeros([NMIX], dtype=tl.float32)
-    for d0 in range(0, D, BLOCK_D):
-        d = d0 + tl.arange(0, BLOCK_D)
-        dm = d < D
-        xv = tl.load(row + jn[:, None] * D + d[None, :], mask=dm[None, :], other=0.0).to(tl.float32)  # [N, BD]
-        ss += tl.sum(xv * xv, axis=1)
-        for j in tl.static_range(N):
-            xj = tl.sum(tl.where(jn[:, None] == j, xv, 0.0), axis=0)  # [BD]
-            w = tl.load(fn_ptr + mix_i[:, None] * (N * D) + j * D + d[None, :],
-                        mask=(mix_i[:, None] < (2 + N) * N) & dm[None, :], other=0.0)
-            acc += tl.sum(w * xj[None, :], axis=1)
-    rstd = 1.0 / tl.sqrt_rn(tl.sum(ss, axis=0) / (N * D) + norm_eps)
-    acc = acc * rstd
+    n_mix = (2 + N) * N
+    ss = tl.zeros([BLOCK_T], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_T, NMIX], dtype=tl.float32)
+    for j in tl.static_range(N):
+        for d0 in range(0, D, BLOCK_D):
+            d = d0 + tl.arange(0, BLOCK_D)
+            dm = d < D
+            xv = tl.load(x_ptr + (t[:, None] * N + j) * D + d[None, :], mask=tm[:, None] & dm[None, :],
+                         other=0.0).to(tl.float32)
+            ss += tl.sum(xv * xv, axis=1)
+            w = tl.load(fn_ptr + mix_i[None, :] * (N * D) + j * D + d[:, None],
+                        mask=(mix_i[None, :] < n_mix) & dm[:, None], other=0.0)
+            acc = tl.dot(xv, w, acc, input_precision=PREC)
+    rstd = 1.0 / tl.sqrt_rn(ss / (N * D) + norm_eps)
+    acc = acc * rstd[:, None]
     s0 = tl.load(scale_ptr)
     s1 = tl.load(scale_ptr + 1)
     s2 = tl.load(scale_ptr + 2)
-    b = tl.load(base_ptr + mix_i, mask=mix_i < (2 + N) * N, other=0.0)
-    pre_l = tl.sum(tl.where(mix_i[None, :] == jn[:, None], (acc * s0 + b)[None, :], 0.0), axis=1)  # [N]
-    post_l = tl.sum(tl.where(mix_i[None, :] == jn[:, None] + N, (acc * s1 + b)[None, :], 0.0), axis=1)
-    pre = tl.sigmoid(pre_l) + eps
+    b = tl.load(base_ptr + mix_i, mask=mix_i < n_mix, other=0.0)
+    jn = tl.arange(0, N)
+    pre_l = tl.sum(tl.where(mix_i[None, None, :] == jn[None, :, None], (acc * s0 + b[None, :])[:, None, :], 0.0), axis=2)
+    post_l = tl.sum(tl.where(mix_i[None, None, :] == jn[None, :, None] + N, (acc * s1 + b[None, :])[:, None, :], 0.0),
+                    axis=2)
+    pre = tl.sigmoid(pre_l) + eps  # [BT, N]
     post = 2.0 * tl.sigmoid(post_l)
-    tl.store(post_ptr + t * N + jn, post)
-    # comb[i, j] = logits[2N + i*N + j]
-    ci = tl.arange(0, N)[:, None]
-    cj = tl.arange(0, N)[None, :]
-    sel = (2 * N + ci * N + cj)  # [N, N]
-    cl = tl.sum(tl.where(mix_i[None, None, :] == sel[:, :, None], (acc * s2 + b)[None, None, :], 0.0), axis=2)
-    cl = cl - tl.max(cl, axis=1)[:, None]
+    tl.store(post_ptr + t[:, None] * N + jn[None, :], post, mask=tm[:, None])
+    nn = tl.arange(0, N * N)
+    cl = tl.sum(tl.where(mix_i[None, None, :] == (2 * N + nn)[None, :, None], (acc * s2 + b[None, :])[:, None, :], 0.0),
+                axis=2)  # [BT, N*N], row-major (i, j)
+    cl = tl.reshape(cl, [BLOCK_T, N, N])
+    cl = cl - tl.max(cl, axis=2)[:, :, None]
     ce = tl.exp(cl)
-    comb = ce / tl.sum(ce, axis=1)[:, None] + eps
-    comb = comb / (tl.sum(comb, axis=0)[None, :] + eps)
+    comb = ce / tl.sum(ce, axis=2)[:, :, None] + eps
+    comb = comb / (tl.sum(comb, axis=1)[:, None, :] + eps)
     for _ in range(iters - 1):
-        comb = comb / (tl.sum(comb, axis=1)[:, None] + eps)
-        comb = comb / (tl.sum(comb, axis=0)[None, :] + eps)
-    tl.store(comb_ptr + t * N * N + ci * N + cj, comb)
+        comb = comb / (tl.sum(comb, axis=2)[:, :, None] + eps)
+        comb = comb / (tl.sum(comb, axis=1)[:, None, :] + eps)
+    tl.store(comb_ptr + t[:, None] * (N * N) + nn[None, :], tl.reshape(comb, [BLOCK_T, N * N]), mask=tm[:, None])
     for d0 in range(0, D, BLOCK_D):
         d = d0 + tl.arange(0, BLOCK_D)
         dm = d < D
-        xv = tl.load(row + jn[:, None] * D + d[None, :], mask=dm[None, :], other=0.0).to(tl.float32)
-        c = tl.sum(pre[:, None] * xv, axis=0)
-        tl.store(col_ptr + t * D + d, c.to(col_ptr.dtype.element_ty), mask=dm)
+        c = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
+        for j in tl.static_range(N):
+            xv = tl.load(x_ptr + (t[:, None] * N + j) * D + d[None, :], mask=tm[:, None] & dm[None, :],
+                         other=0.0).to(tl.float32)
+            pj = tl.sum(tl.where(jn[None, :] == j, pre, 0.0), axis=1)
+            c += pj[:, None] * xv
+        tl.store(col_ptr + t[:, None] * D + d[None, :], c.to(col_ptr.dtype.element_ty), mask=tm[:, None] & dm[None, :])
 
 
 @triton.jit
@@ -150,10 +157,13 @@ def hc_pre(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.T
         torch.empty(*lead, d, dtype=x.dtype, device=x.device),
         torch.empty(*lead, n, dtype=torch.float32, device=x.device),
         torch.empty(*lead, n, n, dtype=torch.float32, device=x.device))
+    bt = 16 if interpreting() else 32
     if t:
-        _hc_pre_kernel[(t,)](xc, fn.float().contiguous(), base.float().contiguous(), scale.float().contiguous(),
-                             col, post, comb, d, iters, eps, norm_eps, N=n, NMIX=next_pow2((2 + n) * n),
-                             BLOCK_D=min(next_pow2(d), 64 if interpreting() else 128))
+        _hc_pre_kernel[(triton.cdiv(t, bt),)](xc, fn.float().contiguous(), base.float().contiguous(),
+                                              scale.float().contiguous(), col, post, comb, t, d, iters, eps, norm_eps,
+                                              N=n, NMIX=max(16, next_pow2((2 + n) * n)), BLOCK_T=bt,
+                                              BLOCK_D=max(16, min(next_pow2(d), 64)),
+                                              PREC="ieee" if interpreting() else "tf32x3", num_warps=4)
     return col, post, comb
 
 

@@ -106,7 +106,8 @@ def _e2m1(code):
     e = (code >> 1) & 3
     m = (code & 1).to(tl.float32)
     mag = tl.where(e == 0, m * 0.5, tl.exp2((e - 1).to(tl.float32)) * (1.0 + 0.5 * m))
-    return tl.where((code & 8) != 0, -mag, mag)
+    # the sign as a bit, so code 8 is -0.0 (a negation can be folded away for a zero)
+    return (mag.to(tl.int32, bitcast=True) | ((code & 8) << 28)).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -118,8 +119,10 @@ def _dequant_kernel(w_ptr, s_ptr, o_ptr, n_bytes, BLOCK: tl.constexpr):
     sc = tl.exp2((s - 127).to(tl.float32))
     lo = _e2m1(b & 0xF) * sc
     hi = _e2m1(b >> 4) * sc
-    tl.store(o_ptr + 2 * i, lo.to(o_ptr.dtype.element_ty), mask=m)
-    tl.store(o_ptr + 2 * i + 1, hi.to(o_ptr.dtype.element_ty), mask=m)
+    # interleave (low nibble first) in registers, so each program writes one contiguous run
+    out = tl.reshape(tl.join(lo, hi), [2 * BLOCK]).to(o_ptr.dtype.element_ty)
+    j = tl.program_id(0).to(tl.int64) * 2 * BLOCK + tl.arange(0, 2 * BLOCK)
+    tl.store(o_ptr + j, out, mask=j < 2 * n_bytes)
 
 
 def mxfp4_dequant(w: torch.Tensor, scale: torch.Tensor, out_dtype: torch.dtype = torch.float32, *,

@@ -42,14 +42,17 @@ def sparse_mla_decode_ref(q: torch.Tensor, pool: torch.Tensor, indices: torch.Te
 # --- Triton ------------------------------------------------------------------------------------------
 
 @triton.jit
-def _sparse_decode_kernel(q_ptr, pool_ptr, pool16_ptr, idx_ptr, sink_ptr, o_ptr, K, H, qk_scale,
+def _sparse_decode_kernel(q_ptr, pool_ptr, pool16_ptr, idx_ptr, sink_ptr, o_ptr, ml_ptr, K, H, qk_scale, chunk,
                           BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, HW_CAST: tl.constexpr,
                           F32_DOT: tl.constexpr, ROW: tl.constexpr, NOPE: tl.constexpr, SOFF: tl.constexpr,
-                          LOW: tl.constexpr, EXACT: tl.constexpr):
-    """One program per (row, block of heads): gathers BLOCK_T slots at a time, dequantises them to bf16
-    (exact: e4m3 times a power of two, and bf16 rope), and runs an online softmax that starts from the sink."""
+                          LOW: tl.constexpr, EXACT: tl.constexpr, SPLIT: tl.constexpr):
+    """One program per (row, block of heads, split of the indices): gathers BLOCK_T slots at a time,
+    dequantises them to bf16 (exact: e4m3 times a power of two, and bf16 rope) and runs an online softmax.
+    Unsplit, it starts from the sink and writes the output; split, it writes its (acc, max, sum) for
+    :func:`_combine` (the sink joins there, once)."""
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    sp = tl.program_id(2)
     hm = h < H
     c = tl.arange(0, 512)
     q = tl.load(q_ptr + (b * H + h[:, None]) * 512 + c[None, :], mask=hm[:, None], other=0.0)
@@ -57,14 +60,20 @@ def _sparse_decode_kernel(q_ptr, pool_ptr, pool16_ptr, idx_ptr, sink_ptr, o_ptr,
         q = cast_rne(q.to(tl.float32), tl.bfloat16, EXACT)
     if F32_DOT:  # fp32 dots (also for the interpreter, whose bf16 dot is wrong in triton 3.9)
         q = q.to(tl.float32)
-    sink = tl.load(sink_ptr + h, mask=hm, other=0.0).to(tl.float32) * 1.4426950408889634
-    m = sink
-    lsum = tl.full([BLOCK_H], 1.0, tl.float32)
+    if SPLIT:
+        m = tl.full([BLOCK_H], -1e30, tl.float32)  # finite: an empty split stays NaN-free
+        lsum = tl.zeros([BLOCK_H], dtype=tl.float32)
+    else:
+        m = tl.load(sink_ptr + h, mask=hm, other=0.0).to(tl.float32) * 1.4426950408889634
+        lsum = tl.full([BLOCK_H], 1.0, tl.float32)
     acc = tl.zeros([BLOCK_H, 512], dtype=tl.float32)
     is_nope = c < NOPE
-    for t0 in range(0, K, BLOCK_T):
+    tile = tl.arange(0, 8)
+    lo = sp * chunk
+    hi = tl.minimum(lo + chunk, K)
+    for t0 in range(lo, hi, BLOCK_T):
         t = t0 + tl.arange(0, BLOCK_T)
-        slot = tl.load(idx_ptr + b * K + t, mask=t < K, other=-1).to(tl.int64)
+        slot = tl.load(idx_ptr + b * K + t, mask=t < hi, other=-1).to(tl.int64)
         ok = slot >= 0
         sl = tl.maximum(slot, 0)
         byte = tl.load(pool_ptr + sl[:, None] * ROW + c[None, :], mask=ok[:, None] & is_nope[None, :], other=0)
@@ -72,9 +81,11 @@ def _sparse_decode_kernel(q_ptr, pool_ptr, pool16_ptr, idx_ptr, sink_ptr, o_ptr,
             v = byte.to(tl.float8e4nv, bitcast=True).to(tl.float32)
         else:
             v = e4m3_to_f32(byte)
-        e = tl.load(pool_ptr + sl[:, None] * ROW + SOFF + c[None, :] // 64, mask=ok[:, None] & is_nope[None, :],
+        # one scale byte per 64-channel tile, broadcast over the tile (the rope tile's 8th byte is padding)
+        e = tl.load(pool_ptr + sl[:, None] * ROW + SOFF + tile[None, :], mask=ok[:, None] & (tile < NOPE // 64)[None, :],
                     other=127).to(tl.int32)
-        nope = v * ((e & 0xFF) << 23).to(tl.float32, bitcast=True)
+        sc = ((e & 0xFF) << 23).to(tl.float32, bitcast=True)
+        nope = tl.reshape(tl.reshape(v, [BLOCK_T, 8, 64]) * sc[:, :, None], [BLOCK_T, 512])
         r16 = tl.load(pool16_ptr + sl[:, None] * (ROW // 2) + NOPE // 2 + (c[None, :] - NOPE),
                       mask=ok[:, None] & (c >= NOPE)[None, :], other=0)
         kv = tl.where(is_nope[None, :], nope, r16.to(tl.bfloat16, bitcast=True).to(tl.float32))
@@ -99,8 +110,36 @@ def _sparse_decode_kernel(q_ptr, pool_ptr, pool16_ptr, idx_ptr, sink_ptr, o_ptr,
         else:
             acc = acc * alpha[:, None] + tl.dot(pd.to(tl.bfloat16), kv)
         m = m_new
-    o = acc / lsum[:, None]
-    tl.store(o_ptr + (b * H + h[:, None]) * 512 + c[None, :], o.to(o_ptr.dtype.element_ty), mask=hm[:, None])
+    if SPLIT:
+        n_split = tl.num_programs(2)
+        base = (b * n_split + sp) * H + h
+        tl.store(o_ptr + base[:, None] * 512 + c[None, :], acc, mask=hm[:, None])
+        tl.store(ml_ptr + base * 2, m, mask=hm)
+        tl.store(ml_ptr + base * 2 + 1, lsum, mask=hm)
+    else:
+        o = acc / lsum[:, None]
+        tl.store(o_ptr + (b * H + h[:, None]) * 512 + c[None, :], o.to(o_ptr.dtype.element_ty), mask=hm[:, None])
+
+
+@triton.jit
+def _combine_kernel(part_ptr, ml_ptr, sink_ptr, o_ptr, H, n_split, BLOCK_H: tl.constexpr):
+    """Merge the splits' partial softmaxes with the sink (log2 domain), one program per (row, head block)."""
+    b = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    hm = h < H
+    c = tl.arange(0, 512)
+    mx = tl.load(sink_ptr + h, mask=hm, other=0.0).to(tl.float32) * 1.4426950408889634
+    for sp in range(0, n_split):
+        mx = tl.maximum(mx, tl.load(ml_ptr + ((b * n_split + sp) * H + h) * 2, mask=hm, other=-1e30))
+    total = tl.exp2(tl.load(sink_ptr + h, mask=hm, other=0.0).to(tl.float32) * 1.4426950408889634 - mx)
+    acc = tl.zeros([BLOCK_H, 512], dtype=tl.float32)
+    for sp in range(0, n_split):
+        base = (b * n_split + sp) * H + h
+        w = tl.exp2(tl.load(ml_ptr + base * 2, mask=hm, other=-1e30) - mx)
+        total += w * tl.load(ml_ptr + base * 2 + 1, mask=hm, other=0.0)
+        acc += w[:, None] * tl.load(part_ptr + base[:, None] * 512 + c[None, :], mask=hm[:, None], other=0.0)
+    tl.store(o_ptr + (b * H + h[:, None]) * 512 + c[None, :], (acc / total[:, None]).to(o_ptr.dtype.element_ty),
+             mask=hm[:, None])
 
 
 def sparse_mla_decode(q: torch.Tensor, pool: torch.Tensor, indices: torch.Tensor, sinks: torch.Tensor, scale: float,
@@ -115,18 +154,30 @@ def sparse_mla_decode(q: torch.Tensor, pool: torch.Tensor, indices: torch.Tensor
     o = out if out is not None else torch.empty_like(q)
     cap = capability(q.device)
     bh = 16
-    bt = 16 if cap is None else 32
+    bt = 16
     k = indices.shape[1]
     low = q.dtype != torch.float32
     f32 = interpreting() or not low
-    if b and k:
-        _sparse_decode_kernel[(b, triton.cdiv(h, bh))](q.contiguous(), flat, flat.view(torch.int16),
-                                                       indices.to(torch.int32).contiguous(), sinks.float().contiguous(),
-                                                       o, k, h, float(scale) * 1.4426950408889634, BLOCK_H=bh,
-                                                       BLOCK_T=bt, HW_CAST=fp8_hw_cast(cap), F32_DOT=f32,
-                                                       ROW=TOKEN_BYTES, NOPE=NOPE_DIM, SOFF=SCALE_OFFSET, LOW=low,
-                                                       EXACT=interpreting(),
-                                                       num_warps=8 if cap else 1)
+    hb = triton.cdiv(h, bh)
+    # split the indices until the grid fills the GPU (~4 programs per SM); the interpreter splits to test it
+    if cap is None:
+        n_split = 2 if k > 2 * bt else 1
+    else:
+        n_split = max(1, min(triton.cdiv(k, 4 * bt), triton.cdiv(528, max(1, b * hb))))
+    chunk = triton.cdiv(triton.cdiv(k, n_split), bt) * bt
+    n_split = triton.cdiv(k, chunk) if k else 1
+    args = dict(BLOCK_H=bh, BLOCK_T=bt, HW_CAST=fp8_hw_cast(cap), F32_DOT=f32, ROW=TOKEN_BYTES, NOPE=NOPE_DIM,
+                SOFF=SCALE_OFFSET, LOW=low, EXACT=interpreting(), num_warps=4 if cap else 1)
+    qc, idx, sk = q.contiguous(), indices.to(torch.int32).contiguous(), sinks.float().contiguous()
+    if b and k and n_split == 1:
+        _sparse_decode_kernel[(b, hb, 1)](qc, flat, flat.view(torch.int16), idx, sk, o, o, k, h,
+                                          float(scale) * 1.4426950408889634, chunk, SPLIT=False, **args)
+    elif b and k:
+        part = torch.empty(b, n_split, h, 512, dtype=torch.float32, device=q.device)
+        ml = torch.empty(b, n_split, h, 2, dtype=torch.float32, device=q.device)
+        _sparse_decode_kernel[(b, hb, n_split)](qc, flat, flat.view(torch.int16), idx, sk, part, ml, k, h,
+                                                float(scale) * 1.4426950408889634, chunk, SPLIT=True, **args)
+        _combine_kernel[(b, hb)](part, ml, sk, o, h, n_split, BLOCK_H=bh, num_warps=4 if cap else 1)
     elif b:
         o.zero_()
     return o
