@@ -299,7 +299,24 @@ def classify(
         return "failed", f"{len(failed)} of {len(cases)} case(s) reported failure (exit code 0)"
     if cases and all(c.outcome == "skipped" for c in cases):
         return "skipped", cases[0].message or "every test skipped"
-    return "passed", ""
+    return "passed", skipped_part(cases)
+
+
+def skipped_part(cases: list[metrics.Case]) -> str:
+    """"4 of 5 tests skipped: could not import 'transformers'" for a passing suite that skipped some:
+    a pass whose oracle never ran must not read like one that checked everything."""
+    skipped = [c for c in cases if c.outcome == "skipped"]
+    if not skipped:
+        return ""
+    reasons: dict[str, int] = {}
+    for c in skipped:
+        first = (c.message.splitlines() or [""])[0].strip()
+        reasons[first] = reasons.get(first, 0) + 1
+    common = sorted(reasons, key=lambda r: -reasons[r])
+    said = next((r for r in common if r), "")
+    others = len([r for r in common if r and r != said])
+    return (f"{len(skipped)} of {len(cases)} tests skipped" + (f": {said[:200]}" if said else "")
+            + (f" (and {others} other reason{'s' * (others != 1)})" if others else ""))
 
 
 def _check_golden(golden: str, repo_dir: str, produced: str) -> tuple[str, str, dict[str, Any]]:

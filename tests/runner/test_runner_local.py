@@ -340,3 +340,38 @@ def test_not_runnable_does_not_fail_the_runner_exit_code(ext_tree, tmp_path):
     out = tmp_path / "results.json"
     assert execute(str(plan), str(out), repo_dir=str(ext_tree), capability="cpu", log=lambda s: None) == 0
     assert json.loads(out.read_text())["suites"][0]["outcome"] == "not-runnable"
+
+
+PARTLY_SKIPPED = '''
+import pytest
+
+
+def test_runs():
+    assert True
+
+
+def test_oracle():
+    pytest.importorskip("nosuch_oracle_module")
+
+
+def test_oracle_again():
+    pytest.importorskip("nosuch_oracle_module")
+'''
+
+
+def test_a_pass_that_skipped_cases_says_so(tree):
+    """Two of three tests never ran (their oracle is not installed): passed, but not silently."""
+    (tree / "test_partly.py").write_text(PARTLY_SKIPPED)
+    got, results = run(tree, [suite("p", "python -m pytest -q test_partly.py")])
+    r = got["p"]
+    assert r.outcome == "passed"
+    assert r.reason == "2 of 3 tests skipped: could not import 'nosuch_oracle_module': No module named " \
+                       "'nosuch_oracle_module'", r.reason
+    from checks.model import Audit, AuditRequest, ChangeSet, Checkout, Findings, PillarMap
+    from runner.report import render
+
+    audit = Audit(AuditRequest("/r", "a", "b"), Checkout("/r", "a" * 40, "b" * 40, "a" * 40), "cfg",
+                  ChangeSet("a" * 40, "b" * 40, "a" * 40), PillarMap(), Findings(rules_run=["x"]),
+                  plan=Plan("aid", "abc", [suite("p", "python -m pytest -q test_partly.py")]), results=results)
+    text = render(audit, "markdown")
+    assert "| `p` | ✅ passed: 2 of 3 tests skipped: could not import 'nosuch\\_oracle\\_module'" in text
