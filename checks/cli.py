@@ -53,7 +53,7 @@ def _load(args, repo, sha):
 def run(args: argparse.Namespace) -> int:
     import json
 
-    from checks.config import ConfigError, Fact
+    from checks.config import CONFIG_PATH, ConfigError, Fact
     from checks.facts import FactError, extract
     from checks.workspace import Tree, WorkspaceError, open_repo, resolve
 
@@ -93,6 +93,10 @@ def run(args: argparse.Namespace) -> int:
             )
             return 2
         facts = [f for f in facts if f.id in args.fact]
+    if not facts and config is not None:  # "nothing declared" must not look like "declared facts matched nothing"
+        print(f"drift-audit facts: no [[fact]] in {config.source}; declare facts in {CONFIG_PATH} (docs/rules.md), "
+              "try one with --files GLOB --lang LANG --query/--regex, or run `drift-audit infer` to see what "
+              "this repository's code suggests", file=sys.stderr)
     tree = Tree(str(repo.working_dir or repo.git_dir), sha)
     status = 0
     dump = []

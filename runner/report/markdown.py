@@ -107,7 +107,11 @@ def verdict_of(audit: Audit) -> tuple[str, str]:
     if parts:
         return "fail", "; ".join(parts)
     touched = [p for p in audit.pillars.pillars if p.id != "other"]
-    bits = [f"{_plural(len(touched), 'pillar')} touched"]
+    other = next((p for p in audit.pillars.pillars if p.id == "other" and p.files), None)
+    if touched or other is None:
+        bits = [f"{_plural(len(touched), 'pillar')} touched"]
+    else:  # "0 pillars touched" above a Pillars list that shows Other's files reads like a contradiction
+        bits = [f"only Other touched ({_plural(len(other.files), 'file')})"]
     if not rules_configured(audit):
         bits.append("no drift rules configured")
     elif not audit.findings.rules_run and not audit.findings.findings:

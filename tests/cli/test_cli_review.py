@@ -164,3 +164,23 @@ def test_a_pull_request_already_merged_into_its_base_is_an_empty_audit(repo):
         assert isinstance(exc, ValueError) and "reversed range" in str(exc)
     else:
         raise AssertionError("the CLI's reversed range must be refused")
+
+
+def test_facts_with_none_declared_says_so(capsys, two_commits):
+    repo, _, _ = two_commits
+    code = main(["facts", str(repo.root)])
+    captured = capsys.readouterr()
+    assert code == 0 and captured.out == ""
+    assert captured.err.startswith("drift-audit facts: no [[fact]] in built-in default")
+    assert ".github/drift-audit.toml" in captured.err and "drift-audit infer" in captured.err
+
+
+def test_headline_of_a_change_only_other_holds(capsys, repo):
+    repo.write("src/a.txt", "one\n")
+    base = repo.commit("base")
+    repo.write("src/a.txt", "two\n")
+    repo.commit("head")
+    main(["review", str(repo.root), "--base", base])
+    out = capsys.readouterr().out
+    assert "### ⚠️ Drift Audit: only Other touched \\(1 file\\)" in out.splitlines()[1], out.splitlines()[1]
+    assert "0 pillars touched" not in out
