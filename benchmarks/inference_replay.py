@@ -26,6 +26,7 @@ import argparse
 import datetime as dt
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -304,6 +305,87 @@ def report(repos, times, replays, forwards, verdicts, started) -> tuple[str, lis
     return "\n".join(lines) + "\n", problems
 
 
+# --------------------------------------------------------------------------- anchor: an earlier revision, same run
+
+
+@dataclass
+class Anchor:
+    """The same replay by this product at an earlier revision, run inside this run (same repos, same box)."""
+
+    rev: str
+    zero: dict[str, bool] = field(default_factory=dict)  # fix sha[:10] → caught with zero config
+    noise: int = 0  # new inferred findings judged noise
+    found: int = 0  # new inferred findings
+    commits: int = 0
+    error: str = ""
+
+
+_ROW = re.compile(r"^\| [^|]+ \| ([0-9a-f]{10}) \| .* \| (caught|missed|error[^|]*) \| [^|]* \|$")
+_NOISE = re.compile(r"new inferred findings: (\d+) = [\d.]+ per 100 commits; judged noise: \*\*(\d+) = ")
+_TOTAL = re.compile(r"Commits replayed: .*\(total (\d+)\)")
+
+
+def anchor_run(rev: str, repos_dir: Path, ordinary_n: int, with_init: bool) -> Anchor:
+    """Recall and noise of revision ``rev`` of this product: its tree (``git archive``, read-only for this
+    checkout) runs its own replay script in a subprocess with a cache of its own."""
+    out = Anchor(rev)
+    with tempfile.TemporaryDirectory(prefix="infer-anchor-") as tmp:
+        tree = Path(tmp) / "tree"
+        tree.mkdir()
+        archive = subprocess.run(["git", "archive", rev], cwd=ROOT, capture_output=True, check=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+        result = Path(tmp) / "anchor.md"
+        args = [sys.executable, str(tree / "benchmarks" / "inference_replay.py"), "--repos", str(repos_dir),
+                "--ordinary", str(ordinary_n), "--skip", "timings", "--out", str(result)]
+        if not with_init:
+            args += ["--skip", "init"]
+        env = {**os.environ, "DRIFT_AUDIT_CACHE": str(Path(tmp) / "cache"), "PYTHONPATH": str(tree)}
+        proc = subprocess.run(args, cwd=tree, capture_output=True, text=True, env=env)
+        if proc.returncode != 0 or not result.is_file():
+            out.error = f"anchor {rev} exited {proc.returncode}: {proc.stderr.strip()[-300:]}"
+            return out
+        return parse_anchor(rev, result.read_text())
+
+
+def parse_anchor(rev: str, text: str) -> Anchor:
+    """Per-fix verdicts and noise counts from a report this script wrote (at any revision since 2026-12-01)."""
+    out = Anchor(rev)
+    for line in text.splitlines():
+        m = _ROW.match(line)
+        if m:
+            out.zero[m.group(1)] = m.group(2) == "caught"
+    m = _NOISE.search(text)
+    t = _TOTAL.search(text)
+    if m is None or t is None or not out.zero:
+        out.error = f"anchor {rev}: its report has no recall table or noise line"
+        return out
+    out.found, out.noise, out.commits = int(m.group(1)), int(m.group(2)), int(t.group(1))
+    return out
+
+
+def anchor_lines(anchor: Anchor, replays: list[Replay], forwards: list[Forward], verdicts: dict) -> list[str]:
+    """Before (the anchor revision) and after (this tree), measured in this run."""
+    if anchor.error:
+        return ["## Before / after", "", f"anchor failed: {anchor.error}", ""]
+    n = len(replays)
+    now = sum(1 for r in replays if r.zero)
+    then = sum(1 for r in replays if anchor.zero.get(r.sha[:10]))
+    found = sum(len(fw.inferred) for fw in forwards)
+    false = sum(1 for fw in forwards for f in fw.inferred if _verdict(verdicts, fw, f) == "noise")
+    total = len(forwards) or 1
+    lines = [f"## Before / after (anchor = this product at {anchor.rev}, replayed inside this run)", "",
+             "| measure | anchor | this tree | ratio |", "|---|---:|---:|---:|",
+             f"| zero-config recall | {then}/{n} = {then / n:.0%} | {now}/{n} = {now / n:.0%} | "
+             f"{now / then if then else float('inf'):.2f}x |",
+             f"| new inferred findings / 100 ordinary commits | {100 * anchor.found / (anchor.commits or 1):.1f} | "
+             f"{100 * found / total:.1f} | — |",
+             f"| judged false / 100 ordinary commits | {100 * anchor.noise / (anchor.commits or 1):.1f} | "
+             f"{100 * false / total:.1f} | — |", ""]
+    changed = [r for r in replays if bool(r.zero) != anchor.zero.get(r.sha[:10], False)]
+    lines += [f"- {r.sha[:10]} {r.subject[:70]}: {'missed → caught' if r.zero else 'caught → missed'}" for r in changed]
+    return lines + [""]
+
+
 # --------------------------------------------------------------------------- smoke
 
 
@@ -335,6 +417,10 @@ def smoke() -> int:
             problems.append("smoke: zero-config inference caught none of the seeded drifts")
         if any(fw.inferred for fw in forwards):
             problems.append("smoke: a clean change gave an inferred finding")
+        parsed = parse_anchor("smoke", text)  # the before/after section reads reports like this one
+        if parsed.error or parsed.zero != {r.sha[:10]: bool(r.zero) for r in replays}:
+            problems.append(f"smoke: the anchor parser misread this run's report: {parsed.error or parsed.zero}")
+        print("\n".join(anchor_lines(parsed, replays, forwards, judged())))
     for p in problems:
         print(f"ERROR {p}", file=sys.stderr)
     return 1 if problems else 0
@@ -350,6 +436,8 @@ def main() -> int:
     ap.add_argument("--noise-repo", action="append", metavar="OWNER/NAME",
                     help="replay these repos forward instead of the data file's noise_repos")
     ap.add_argument("--out", help="write the markdown table here (default benchmarks/results/inference_replay_DATE.md)")
+    ap.add_argument("--anchor-rev", metavar="REV",
+                    help="also replay this product at an earlier git revision in this run and report before/after")
     args = ap.parse_args()
     if args.smoke:
         return smoke()
@@ -373,7 +461,13 @@ def main() -> int:
             skip.add(git(repos[f["repo"]], "rev-parse", f["sha"]).strip())
     noise_repos = {n: repos[n] for n in noise_names}
     forwards = noise(noise_repos, args.ordinary, skip) if "noise" not in args.skip else []
-    text, problems = report(repos, times, replays, forwards, judged(), started)
+    verdicts = judged()
+    text, problems = report(repos, times, replays, forwards, verdicts, started)
+    if args.anchor_rev and replays and forwards:
+        anchor = anchor_run(args.anchor_rev, root, args.ordinary, with_init="init" not in args.skip)
+        head, _, rest = text.partition("\n## ")
+        text = head + "\n" + "\n".join(anchor_lines(anchor, replays, forwards, verdicts)) + "\n## " + rest
+        problems += [anchor.error] if anchor.error else []
     out = Path(args.out) if args.out else ROOT / "benchmarks" / "results" / f"inference_replay_{started:%Y-%m-%d}.md"
     out.write_text(text)
     print(text)

@@ -26,7 +26,7 @@ import tree_sitter as ts
 from checks import syntax
 from checks.facts import read_blobs
 
-VERSION = 9  # bump when a pattern changes: cached rows of an older pattern set are not reused
+VERSION = 10  # bump when a pattern changes: cached rows of an older pattern set are not reused
 MAX_BYTES = 400_000  # generated tables and vendored amalgamations say nothing about the code's intent
 MAX_CACHED = 60_000  # blobs kept in a repo's on-disk member cache before it is pruned to one tree
 
@@ -134,7 +134,13 @@ KINDS: tuple[Kind, ...] = (
         ctx_filter=r"^(new|add|append|emit|create|declare|register)_\w+$",
         fn_key=True,
     ),
-    Kind("compare", ("python",), "(comparison_operator [(identifier) (attribute)] @_ctx (string) @key{pred})"),
+    # ``if mode == "x"`` and ``if mode in ("x", "y")``: the names a value is tested against.
+    Kind(
+        "compare",
+        ("python",),
+        "(comparison_operator [(identifier) (attribute)] @_ctx (string) @key{pred})\n"
+        "(comparison_operator [(identifier) (attribute)] @_ctx [(tuple (string) @key) (list (string) @key) (set (string) @key)]{pred})",
+    ),
     Kind(
         "py-register",
         ("python",),
