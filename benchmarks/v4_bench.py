@@ -186,7 +186,7 @@ def sec_engine() -> None:
             logging.set_verbosity_error()
             hf = transformers.DeepseekV4ForCausalLM.from_pretrained(d, dtype=dtype, attn_implementation="eager",
                                                                      local_files_only=True)
-            hf = hf.to(DEV).eval()  # type: ignore[arg-type]  (transformers types .to through a decorator)
+            hf = hf.to(DEV).eval()  # type: ignore[arg-type]
             ids = torch.tensor([prompts[0]] * len(prompts), device=DEV)  # HF: one length (no ragged support)
             with torch.no_grad():
                 hf.generate(ids, max_new_tokens=2, do_sample=False)
