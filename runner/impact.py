@@ -213,6 +213,36 @@ def _block_statements(node: ast.stmt) -> list[ast.stmt]:
     return out
 
 
+def _bindings(path: str, index: int, node: ast.stmt) -> list[Binding]:
+    """The import bindings a top-level statement makes, nested blocks included."""
+    out: list[Binding] = []
+    for inner in _statements([node]):
+        if isinstance(inner, ast.Import):
+            for a in inner.names:
+                out.append(Binding(a.name, None, a.asname or a.name.split(".", 1)[0], index))
+        elif isinstance(inner, ast.ImportFrom):
+            base = _absolute(path, inner.module, inner.level)
+            if base is not None:
+                out += [Binding(base, a.name, a.asname or a.name, index) for a in inner.names]
+    return out
+
+
+def static_bindings(path: str, data: bytes | None) -> tuple[Binding, ...] | None:
+    """A module's import bindings when they are all it can reach a module by; None when the full
+    ``module_info`` must decide (it does not parse, or it may import by name at run time).
+
+    One parse and no walk of expressions: ``importlib.import_module`` / ``__import__`` are spelled out in
+    the text of an ASCII file, so a file without them imports by its statements alone.
+    """
+    if data is None or not data.isascii() or b"import_module" in data or b"__import__" in data:
+        return None
+    try:
+        tree = ast.parse(data, filename=path)
+    except (SyntaxError, ValueError):
+        return None
+    return tuple(b for index, node in enumerate(tree.body) for b in _bindings(path, index, node))
+
+
 def module_info(path: str, data: bytes | None) -> ModuleInfo:
     if data is None:
         return ModuleInfo(opaque=True)
@@ -235,14 +265,7 @@ def module_info(path: str, data: bytes | None) -> ModuleInfo:
             names = {"__doc__"}  # argparse descriptions and --help read it
         start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
         stmts.append(Stmt(start, node.end_lineno or node.lineno, frozenset(names), frozenset(_refs(node)), effect))
-        for inner in _statements([node]):
-            if isinstance(inner, ast.Import):
-                for a in inner.names:
-                    bindings.append(Binding(a.name, None, a.asname or a.name.split(".", 1)[0], index))
-            elif isinstance(inner, ast.ImportFrom):
-                base = _absolute(path, inner.module, inner.level)
-                if base is not None:
-                    bindings += [Binding(base, a.name, a.asname or a.name, index) for a in inner.names]
+        bindings += _bindings(path, index, node)
         for sub in _walk(node):
             if isinstance(sub, ast.Call):
                 fn = _decorator_name(sub.func)

@@ -25,7 +25,7 @@ import pathspec
 
 from checks.config import CONFIG_PATH, Config, Suite
 from checks.model import AuditOptions, ChangeSet, Findings, PillarMap, PlannedSuite, TestPlan
-from runner.impact import ALL, Changed, Impact, importers, info_of
+from runner.impact import ALL, Binding, Changed, Impact, importers, info_of, static_bindings
 from runner.imports import ImportGraph, gpu_need
 from runner.outline import Outline, touches_kept_definition
 from runner.runnable import extension_names
@@ -415,10 +415,13 @@ def inert_files(changes: ChangeSet, head, head_paths: set[str], changed: dict[st
     for user in sorted(head_paths):
         if not removed or not user.endswith(".py"):
             continue
-        info = impact.info(user)
+        quick = static_bindings(user, head.read(user))
         for mod in list(removed):
             if user == mod:
                 continue
+            if quick is not None and not any(_may_reach(graph, user, b, mod) for b in quick):
+                continue  # none of its imports leads to mod: the full table could find no use either
+            info = impact.info(user)
             if info.opaque or info.may_load(mod, removed[mod]) \
                     or any(impact._binding_hit(user, b, mod, removed[mod], info) for b in info.bindings) \
                     or _through_package(graph, user, info, mod, removed[mod]):
@@ -429,6 +432,20 @@ def inert_files(changes: ChangeSet, head, head_paths: set[str], changed: dict[st
         else:
             out[mod] = "only adds or removes " + ", ".join(sorted(names - {"__doc__"})) + ", which nothing uses"
     return out
+
+
+def _may_reach(graph: ImportGraph, user: str, b: Binding, mod: str) -> bool:
+    """Whether binding ``b`` could reach ``mod`` the ways ``Impact._binding_hit`` and ``_through_package`` look
+    for: the module itself, a submodule imported from a package, a package run on the way, or an
+    ``import pkg`` whose package holds ``mod``."""
+    if b.name is not None and b.name != "*" and graph.module_file(f"{b.module}.{b.name}", user) == mod:
+        return True
+    if graph.module_file(b.module, user) == mod or mod in graph.resolve(b.module, user):
+        return True
+    if b.name is None:
+        inits = graph.resolve(b.module.split(".", 1)[0], user)
+        return any(mod.startswith(init.rsplit("/", 1)[0] + "/") for init in inits if "/" in init)
+    return False
 
 
 def _through_package(graph: ImportGraph, user: str, info, mod: str, names: frozenset[str]) -> bool:

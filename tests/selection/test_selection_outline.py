@@ -109,3 +109,31 @@ def test_outline_names_the_statement_around_a_line():
     assert outline.stmt_at(lines.index("    return x + 1") + 1) == (frozenset({"kept"}), False)
     assert outline.stmt_at(lines.index("    # note") + 1) is None  # comment lines name nothing
     assert outline.binds("Box") and outline.binds("kept") and not outline.binds("size")
+
+
+USERS = {  # a file outside the tests that uses the name pkg/solo.py adds, each way the full tables see
+    "from-import": "from pkg.solo import fresh\n",
+    "module attribute": "from pkg import solo\n\n\ndef g():\n    return solo.fresh\n",
+    "dotted import": "import pkg.solo\n\n\ndef g():\n    return pkg.solo.fresh(1)\n",
+    "through the package": "import pkg\n\n\ndef g():\n    return pkg.solo.fresh\n",
+    "star import": "from pkg.solo import *\n",
+    "relative": "from .solo import fresh\n",
+    "getattr on the module": "from pkg import solo\n\nNAME = 'fre' + 'sh'\nX = getattr(solo, NAME)\n",
+    "import_module": "import importlib\n\nM = importlib.import_module('pkg.solo')\nF = M.fresh\n",
+    "unparsable": "def broken(:\n",
+    "unrelated": "import os\n\n\ndef g():\n    return os.sep\n",
+}
+
+
+@pytest.mark.parametrize("how", sorted(USERS))
+def test_inert_scan_skips_only_files_that_cannot_reach_the_module(repo, how, monkeypatch):
+    import runner.select as select
+
+    repo.base = repo.commit_files({"pkg/user.py": USERS[how]}, "a user of pkg/solo.py")
+    _co, changes, tree = _audit(repo, {"pkg/solo.py": CASES["names only added"]})  # adds fresh()
+    full = changed_names(changes, tree)
+    got = inert_files(changes, tree, set(tree.paths()), full)
+    monkeypatch.setattr(select, "static_bindings", lambda _path, _data: None)  # every file by its full table
+    want = inert_files(changes, tree, set(tree.paths()), full)
+    assert got == want
+    assert ("pkg/solo.py" in got) is (how == "unrelated")
