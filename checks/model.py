@@ -374,3 +374,5 @@ class Audit:
     results: Results | None = None
     report: Report | None = None
     timings: dict[str, float] = field(default_factory=dict)
+    # the PR's own config (the head's) does not load: said now, since after the merge every audit stops on it
+    head_config_error: str | None = None

@@ -23,9 +23,9 @@ from typing import Protocol
 import git
 
 from checks.audit import run_checks
-from checks.config import Config, load_config, parse_config
+from checks.config import CONFIG_PATH, Config, ConfigError, load_config, parse_config
 from checks.diff import build_changeset
-from checks.model import Audit, AuditOptions, AuditRequest, Checkout, Results, TestPlan
+from checks.model import Audit, AuditOptions, AuditRequest, ChangeSet, Checkout, Results, TestPlan
 from checks.pillars import map_pillars
 from checks.scope import add_finding_pillars, check_pillar_ids, restrict_pillars
 from checks.workspace import Tree, WorkspaceError, default_base, open_repo, resolve
@@ -120,6 +120,19 @@ def _check_runner(options: AuditOptions, config: Config) -> None:
         raise RequestError(f"unknown runner label '{options.runner}'; known labels: {', '.join(known)}")
 
 
+def head_config_error(co: Checkout, changes: ChangeSet) -> str | None:
+    """Why the head's config does not load, when this change touches it. The audit runs on the base's
+    config (a PR cannot weaken its own audit), so without this a PR that breaks the file passes, and
+    every audit after the merge stops on it."""
+    if not any(f.path == CONFIG_PATH and f.status != "deleted" for f in changes.files):
+        return None
+    try:
+        load_config(co.git or open_repo(co.repo), co.head_sha)
+    except ConfigError as exc:
+        return str(exc)
+    return None
+
+
 def plan(request: AuditRequest, *, progress: Progress | None = None, config_override: str | None = None) -> Audit:
     """workspace → diff → pillars → checks → select. Bad names in the request fail before any work."""
     timings: dict[str, float] = {}
@@ -133,7 +146,7 @@ def plan(request: AuditRequest, *, progress: Progress | None = None, config_over
     with _stage(timings, "pillars", progress):
         pillars = map_pillars(co, config, changes)
     audit = Audit(request=request, checkout=co, config_source=config.source, changes=changes, pillars=pillars,
-                  timings=timings)
+                  timings=timings, head_config_error=head_config_error(co, changes))
     with _stage(timings, "checks", progress):
         audit.findings = run_checks(co, config, changes)
     add_finding_pillars(audit.pillars, audit.findings, config)

@@ -134,6 +134,9 @@ def rules_configured(audit: Audit) -> bool:
 def warnings_of(audit: Audit) -> list[str]:
     """Lines under the headline: states that make a green verdict mean less than it says."""
     out = []
+    if audit.head_config_error:
+        out.append(f"This PR's {code('.github/drift-audit.toml')} does not load, so this audit used the base's; "
+                   f"after the merge every audit stops on it: {text(clip(audit.head_config_error, 400))}")
     if not rules_configured(audit):
         out.append(f"No drift rules configured: nothing was checked for drift. {code('drift-audit init')} "
                    "proposes rules from this repository's code.")

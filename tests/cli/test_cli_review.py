@@ -184,3 +184,24 @@ def test_headline_of_a_change_only_other_holds(capsys, repo):
     out = capsys.readouterr().out
     assert "### ⚠️ Drift Audit: only Other touched \\(1 file\\)" in out.splitlines()[1], out.splitlines()[1]
     assert "0 pillars touched" not in out
+
+
+def test_a_pr_that_breaks_the_config_is_warned_in_that_pr(capsys, repo, tmp_path):
+    repo.write(".github/drift-audit.toml", PINNED_CONFIG)
+    repo.write("engine/model.py", "LIMIT = 8\n")
+    base = repo.commit("base")
+    repo.write(".github/drift-audit.toml", "[settings\n")
+    repo.commit("head")
+    code = main(["review", str(repo.root), "--base", base])
+    out = capsys.readouterr().out
+    assert code == 0  # audited with the base's config, which still passes
+    warning = next(line for line in out.splitlines() if "does not load" in line)
+    assert warning.startswith("> ⚠️ This PR's `.github/drift-audit.toml` does not load, so this audit used the base's")
+    assert ".github/drift-audit.toml@" in warning and "line 1" in warning, warning
+    main(["review", str(repo.root), "--base", base, "--format", "html", "-o", str(tmp_path / "d.html")])
+    assert "does not load, so this audit used the base" in (tmp_path / "d.html").read_text()
+
+    repo.write(".github/drift-audit.toml", PINNED_CONFIG + "\n# still fine\n")
+    repo.commit("repaired")
+    main(["review", str(repo.root), "--base", base])
+    assert "does not load" not in capsys.readouterr().out
