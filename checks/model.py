@@ -175,6 +175,7 @@ class HunkPillars:
 class PillarMap:
     pillars: list[PillarHit] = field(default_factory=list)  # config order; untouched pillars omitted
     hunks: list[HunkPillars] = field(default_factory=list)
+    oversized: list[str] = field(default_factory=list)  # over [settings] max_file_bytes: mapped by path only
 
     def get(self, pillar_id: str) -> PillarHit | None:
         return next((p for p in self.pillars if p.id == pillar_id), None)

@@ -254,9 +254,11 @@ def _run_serial(jobs: list[_HunkJob]) -> list[list[list[tuple[str, int]]]]:
     return [_symbols_job(j) for j in jobs]
 
 
-def _file_job(checkout: Checkout, fc: FileChange) -> tuple[list[_HunkJob], list[tuple[int, int, int]]]:
+def _file_job(checkout: Checkout, fc: FileChange,
+              max_bytes: int | None = None) -> tuple[list[_HunkJob], list[tuple[int, int, int]], bool]:
     """Jobs for one file's hunks (head side, and base side for deletion-only hunks), and where each
-    hunk's answer lands: (job index within the returned list, hunk position in that job, first line)."""
+    hunk's answer lands: (job index within the returned list, hunk position in that job, first line).
+    A blob over ``max_bytes`` gets no job (its hunks land nowhere): it is mapped by path only."""
     lang = None if fc.binary else syntax.lang_for_path(fc.path)
     sides: dict[str, list[list[int]]] = {}
     where = []
@@ -272,15 +274,24 @@ def _file_job(checkout: Checkout, fc: FileChange) -> tuple[list[_HunkJob], list[
         where.append((list(sides).index(blob), len(bucket), first))
         bucket.append(lines)
     jobs: list[_HunkJob] = []
+    oversized = False
     if lang is None:
-        return jobs, where
+        return jobs, where, oversized
+    at: list[int] = []  # side index → job index, -1 for a side mapped by path only
     for blob, hunk_lines in sides.items():
         try:
             data = read_blob(checkout.repo, blob)
         except ValueError:  # blob missing from a shallow mirror
             data = b""
+        if max_bytes is not None and len(data) > max_bytes:  # generated code: costs more than the audit
+            at.append(-1)
+            oversized = True
+            continue
+        at.append(len(jobs))
         jobs.append((lang, data, blob, hunk_lines))
-    return jobs, where
+    if oversized:
+        where = [(at[j], k, first) if j >= 0 and at[j] >= 0 else (-1, -1, first) for j, k, first in where]
+    return jobs, where, oversized
 
 
 def map_pillars(checkout: Checkout, config: Config, changes: ChangeSet) -> PillarMap:
@@ -291,6 +302,7 @@ def map_pillars(checkout: Checkout, config: Config, changes: ChangeSet) -> Pilla
     seen_files: set[tuple[str, str]] = set()
     seen_symbols: set[tuple[str, str]] = set()
     touches: dict[tuple[str, str, str, str], Touch] = {}
+    said: dict[tuple[str, str, str, str], tuple[set[str], set[int]]] = {}  # a Touch's symbols and lines, as sets
 
     def touch(pid: str, fc: FileChange, reason: Literal["path", "symbol", "fallback"], pattern: str,
               symbol: str | None, line: int | None) -> None:
@@ -306,15 +318,23 @@ def map_pillars(checkout: Checkout, config: Config, changes: ChangeSet) -> Pilla
         if t is None:
             t = touches[key] = Touch(path=fc.path, reason=reason, pattern=pattern)
             hit.touches.append(t)
-        if symbol and symbol not in t.symbols:
+            said[key] = (set(), set())
+        symbols, lines = said[key]  # membership in sets: a 300k-function file stays linear
+        if symbol and symbol not in symbols:
+            symbols.add(symbol)
             t.symbols.append(symbol)
-        if line is not None and line not in t.lines:
+        if line is not None and line not in lines:
+            lines.add(line)
             t.lines.append(line)
 
     all_jobs: list[_HunkJob] = []
     placement: dict[int, list[tuple[int, int, int]]] = {}
+    max_bytes = getattr(config.settings, "max_file_bytes", None)
+    oversized: list[str] = []
     for n, fc in enumerate(changes.files):
-        jobs, where = _file_job(checkout, fc)
+        jobs, where, over = _file_job(checkout, fc, max_bytes)
+        if over:
+            oversized.append(fc.path)
         offset = len(all_jobs)
         all_jobs += jobs
         placement[n] = [(offset + j if j >= 0 else -1, k, first) for j, k, first in where]
@@ -359,4 +379,5 @@ def map_pillars(checkout: Checkout, config: Config, changes: ChangeSet) -> Pilla
             hunk_rows.append(HunkPillars(path=fc.path, hunk=index, symbol=names[0] if names else None,
                                          pillars=pillars, symbols=names))
 
-    return PillarMap(pillars=[h for h in hits.values() if h.files], hunks=hunk_rows)
+    return PillarMap(pillars=[h for h in hits.values() if h.files], hunks=hunk_rows, oversized=oversized)
+
