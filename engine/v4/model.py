@@ -17,7 +17,7 @@ from engine.v4.cache import CompressorCache, KVPool, LayerCache, WindowCache
 from engine.v4.compressor import Step
 from engine.v4.config import CSA, SLIDING, V4Config
 from engine.v4.hyper import HyperConnection, HyperHead
-from engine.v4.layers import Linear, RMSNorm, param, rope_tables
+from engine.v4.layers import Linear, RMSNorm, rope_tables
 from engine.v4.moe import MoE
 from engine.v4.ops import V4Ops
 
@@ -137,5 +137,3 @@ class DeepseekV4(nn.Module):
             if isinstance(m, Linear):
                 m.qat = on
 
-
-__all__ = ["DeepseekV4", "param"]
