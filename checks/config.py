@@ -92,6 +92,7 @@ class Settings:
     cache_dir: str = ""  # fact-row cache; default $DRIFT_AUDIT_CACHE or $XDG_CACHE_HOME/drift-audit
     gpu_runner: str = ""  # runner label for implicit test files whose imports need a GPU (runner/select.py)
     symbol_selection: bool = True  # select tests by the names a change touches, not only its modules
+    runner_labels: list[str] = field(default_factory=list)  # [[suite]] runners beyond cpu and sm70..sm129
     # Inference (checks/infer) and co-change history (checks/cochange.py); docs/inference.md.
     infer: bool | None = None  # inferred rules; None: on when the config declares no rule
     infer_min_support: int = 4  # names a relation must hold at base to become a rule
@@ -151,6 +152,11 @@ class _Lines:
             if re.match(rf"\s*{re.escape(key)}\s*=", self.lines[i]):
                 return i + 1
         return start
+
+
+# cpu, or a GPU family by compute capability (sm70 … sm129, an optional letter: sm90a); a typo such as sm999
+# would otherwise be "needs sm999" on every run, forever
+RUNNER_LABEL = re.compile(r"cpu|sm(?:[7-9]\d|1[0-2]\d)[a-z]?")
 
 
 def _closest(word: str, options: list[str] | tuple[str, ...]) -> str:
@@ -360,8 +366,10 @@ def parse_config(text: str, source: str = CONFIG_PATH, *, include_default_pillar
             r.fail("suite", i, "kind", f"unknown suite kind '{kind}'", _closest(kind, SUITE_KINDS))
         runners = r.str_list("suite", i, e, "runners") or ["cpu"]
         for lbl in runners:
-            if not re.fullmatch(r"cpu|sm\d{2,3}[a-z]?", lbl):
-                r.fail("suite", i, "runners", f"unknown runner label '{lbl}'", "use cpu, sm90, sm100 or sm120")
+            if not (RUNNER_LABEL.fullmatch(lbl) or lbl in settings.runner_labels):
+                labels = ["cpu", "sm80", "sm90", "sm100", "sm120", *settings.runner_labels]
+                r.fail("suite", i, "runners", f"unknown runner label '{lbl}'",
+                       f"{_closest(lbl, labels)} (a label of your own: list it in [settings] runner_labels)")
         pls = r.str_list("suite", i, e, "pillars")
         for p in pls:
             if p not in pillar_ids:

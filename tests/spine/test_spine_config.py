@@ -96,3 +96,20 @@ def test_fact_options_are_checked_when_the_config_loads():
 
 def test_unknown_pack_is_named():
     assert "unknown rule pack 'nope'" in error_of('[settings]\npacks = ["nope"]\n')
+
+
+@pytest.mark.parametrize("label,hint", [("sm999", "did you mean 'sm90'?"), ("sm9", "did you mean 'sm90'?"),
+                                        ("rocm", "use one of: cpu, sm80, sm90, sm100, sm120")])
+def test_a_runner_label_typo_is_a_config_error(label, hint):
+    suite = f'[[suite]]\nid = "s"\nkind = "parity"\ncommand = "pytest"\nrunners = ["cpu", "{label}"]\n'
+    message = error_of(suite)
+    assert message.startswith(".github/drift-audit.toml:5: [[suite]] #1, key 'runners': ")
+    assert f"unknown runner label '{label}'" in message and hint in message
+    assert "[settings] runner_labels" in message
+
+
+def test_gpu_families_and_declared_labels_load():
+    cfg = parse_config('[settings]\nrunner_labels = ["h100-large"]\n'
+                       '[[suite]]\nid = "s"\nkind = "parity"\ncommand = "pytest"\n'
+                       'runners = ["cpu", "sm80", "sm90a", "sm100", "sm120", "h100-large"]\n')
+    assert cfg.suites[0].runners == ["cpu", "sm80", "sm90a", "sm100", "sm120", "h100-large"]
