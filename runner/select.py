@@ -15,6 +15,8 @@ ask for them by id.
 from __future__ import annotations
 
 import fnmatch
+import posixpath
+import re
 import shlex
 from collections import OrderedDict
 from collections.abc import Callable
@@ -158,6 +160,31 @@ def gpu_runner(config: Config) -> str:
     return labels[0] if labels else DEFAULT_GPU_RUNNER
 
 
+# An arch in a test file's name or marks: test_fmha_sm100.py, test_gemm_sm_90a.py, @pytest.mark.sm100
+_NAMED_ARCH = re.compile(r"(?<![a-z0-9])sm_?(\d{2,3})[a-z]?(?![0-9])", re.I)
+_MARKED_ARCH = re.compile(rb"pytest\.mark\.sm_?(\d{2,3})[a-z]?\b")
+KNOWN_GPU_LABELS = ("sm90", "sm100", "sm120")
+
+
+def implicit_label(config: Config, test_file: str, text: bytes | None) -> tuple[str, str]:
+    """(label, how it was chosen) for a test file whose imports need a GPU. An arch its name or marks
+    state wins when that label is known (declared by a suite, standard, or in [settings] runner_labels):
+    an SM100-only test sent to sm90 would fail there for no fault of the change."""
+    known = {lbl for s in config.suites for lbl in s.runners} | set(KNOWN_GPU_LABELS)
+    known |= set(getattr(config.settings, "runner_labels", []) or [])
+    for m in _NAMED_ARCH.finditer(posixpath.basename(test_file)):
+        if f"sm{m.group(1)}" in known:
+            return f"sm{m.group(1)}", f"its name says sm{m.group(1)}"
+    for marked in _MARKED_ARCH.finditer(text or b""):
+        label = f"sm{marked.group(1).decode()}"
+        if label in known:
+            return label, f"it is marked {label}"
+    label = gpu_runner(config)
+    configured = getattr(config.settings, "gpu_runner", None)
+    chosen = configured or any(lbl != "cpu" for s in config.suites for lbl in s.runners)
+    return label, "" if chosen else "guessed: no arch in its name or marks; [settings] gpu_runner sets it"
+
+
 def select_tests(
     config: Config,
     changes: ChangeSet,
@@ -188,8 +215,6 @@ def select_tests(
     inert: dict[str, str] = {}
     if not options.suites:  # asking for suites by id runs just those
         needs = _automatic(config, changes, paths, pillars, findings, options, head, head_paths, picks, inert)
-    label = gpu_runner(config)
-
     planned: list[PlannedSuite] = []
     for sid, reasons in picks.reasons.items():
         if sid in suites:
@@ -202,7 +227,9 @@ def select_tests(
             if need is None and sid in options.suites:  # asked for by id: it still runs where its imports say
                 need = _need_of(head, head_paths, test_file)
             if need:
-                planned.append(pytest_suite(test_file, [*reasons, f"runs on {label}: {need}"], runner=label))
+                label, how = implicit_label(config, test_file, head.read(test_file))
+                on = f"runs on {label}" + (f" ({how})" if how else "")
+                planned.append(pytest_suite(test_file, [*reasons, f"{on}: {need}"], runner=label))
             else:
                 planned.append(pytest_suite(test_file, reasons))
     if options.runner:

@@ -57,12 +57,12 @@ def test_imports_decide_the_runner_label(git_repo):
     got = {s.id.removeprefix("pytest:"): (s.runner, s.reasons[-1]) for s in plan.suites}
     assert got == {
         "tests/interp/test_interp.py": ("cpu", "imports: tests/interp/test_interp.py → pkg/kern.py → pkg/util.py"),
-        "tests/test_cuda.py": ("sm90", "runs on sm90: tests/test_cuda.py uses CUDA tensors"),
-        "tests/test_declared.py": ("sm90", "runs on sm90: tests/test_declared.py imports fastops, a compiled extension"),
+        "tests/test_cuda.py": ("sm90", "runs on sm90 (guessed: no arch in its name or marks; [settings] gpu_runner sets it): tests/test_cuda.py uses CUDA tensors"),
+        "tests/test_declared.py": ("sm90", "runs on sm90 (guessed: no arch in its name or marks; [settings] gpu_runner sets it): tests/test_declared.py imports fastops, a compiled extension"),
         "tests/test_either.py": ("cpu", "imports: tests/test_either.py → pkg/util.py"),  # asks is_available()
-        "tests/test_ext.py": ("sm90", "runs on sm90: ext/__init__.py imports ext._C, a compiled extension"),
+        "tests/test_ext.py": ("sm90", "runs on sm90 (guessed: no arch in its name or marks; [settings] gpu_runner sets it): ext/__init__.py imports ext._C, a compiled extension"),
         "tests/test_plain.py": ("cpu", "imports: tests/test_plain.py → pkg/util.py"),
-        "tests/test_triton.py": ("sm90", "runs on sm90: pkg/kern.py imports triton"),
+        "tests/test_triton.py": ("sm90", "runs on sm90 (guessed: no arch in its name or marks; [settings] gpu_runner sets it): pkg/kern.py imports triton"),
     }
 
 
@@ -97,3 +97,32 @@ def test_an_empty_plan_costs_nothing(tmp_path):
     results = run_plan(Plan("a", "h", []), str(tmp_path))  # capability None would probe the GPU
     assert results.suites == [] and results.devices == []
     assert time.perf_counter() - start < 0.5
+
+
+ARCH_TESTS = {
+    "tests/test_fmha_sm100.py": "import torch\nfrom pkg.util import value\n\n\ndef test_f():\n"
+                                "    assert torch.ones(1).cuda().sum() == value()\n",
+    "tests/test_marked.py": "import pytest\nimport torch\nfrom pkg.util import value\n\n\n@pytest.mark.sm120\n"
+                            "def test_m():\n    assert torch.ones(1).cuda().sum() == value()\n",
+    "tests/test_gemm_sm80.py": "import torch\nfrom pkg.util import value\n\n\ndef test_g():\n"
+                               "    assert torch.ones(1).cuda().sum() == value()\n",
+}
+
+
+def test_an_arch_in_the_name_or_marks_picks_a_known_label(git_repo):
+    plan = plan_of(git_repo, ARCH_TESTS)
+    got = {s.id.removeprefix("pytest:"): (s.runner, s.reasons[-1]) for s in plan.suites}
+    assert got["tests/test_fmha_sm100.py"] == (
+        "sm100", "runs on sm100 (its name says sm100): tests/test_fmha_sm100.py uses CUDA tensors")
+    assert got["tests/test_marked.py"] == (
+        "sm120", "runs on sm120 (it is marked sm120): tests/test_marked.py uses CUDA tensors")
+    # sm80 is no label here (no suite, not standard, not in runner_labels): the default, said to be a guess
+    assert got["tests/test_gemm_sm80.py"][0] == "sm90" and "guessed" in got["tests/test_gemm_sm80.py"][1]
+
+
+def test_a_declared_label_named_by_a_test_file_is_used(git_repo):
+    plan = plan_of(git_repo, {**ARCH_TESTS, ".github/drift-audit.toml": '[settings]\nrunner_labels = ["sm80"]\n'})
+    got = {s.id.removeprefix("pytest:"): (s.runner, s.reasons[-1]) for s in plan.suites}
+    assert got["tests/test_gemm_sm80.py"] == (
+        "sm80", "runs on sm80 (its name says sm80): tests/test_gemm_sm80.py uses CUDA tensors")
+    assert got["tests/test_cuda.py"][0] == "sm90"
