@@ -102,8 +102,12 @@ def load_v4(model_dir: str | Path, *, dtype: torch.dtype = torch.bfloat16, devic
             backend: str | dict[str, str] = "torch", fp8: str = "dequant", mxfp4: str = "dequant", max_positions: int | None = None,
             strict: bool = True, progress: Progress | None = None) -> DeepseekV4:
     """Build the V4 model for ``config.json`` in ``model_dir`` and fill it from the checkpoint there."""
+    from engine.v4.release import ReleaseReader, is_release_layout
+
     cfg = load_v4_config(model_dir)
-    return _build(cfg, _Reader(checkpoint_index(model_dir)), str(model_dir), dtype=dtype, device=device,
+    index = checkpoint_index(model_dir)
+    reader = ReleaseReader(index) if is_release_layout(index) else _Reader(index)
+    return _build(cfg, reader, str(model_dir), dtype=dtype, device=device,
                   backend=backend, fp8=fp8, mxfp4=mxfp4, max_positions=max_positions, strict=strict,
                   progress=progress)
 

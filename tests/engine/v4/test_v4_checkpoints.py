@@ -180,3 +180,57 @@ def test_op_table_backends_per_op_and_errors():
         V4Ops({"hc_prefix": "triton"})
     with pytest.raises(ValueError, match="backend must be one of"):
         V4Ops("cuda")
+
+
+# HF name -> DeepSeek's release name, written here independently of engine/v4/release.py (HF's own loader,
+# which renames release checkpoints itself, is the oracle below)
+_TO_RELEASE = [
+    (r"^model\.", ""), (r"^embed_tokens\.weight$", "embed.weight"), (r"^lm_head\.weight$", "head.weight"),
+    (r"^hc_head\.hc_(fn|base|scale)$", r"hc_head_\1"), (r"\.input_layernorm\.", ".attn_norm."),
+    (r"\.post_attention_layernorm\.", ".ffn_norm."), (r"\.attn_hc\.(fn|base|scale)$", r".hc_attn_\1"),
+    (r"\.ffn_hc\.(fn|base|scale)$", r".hc_ffn_\1"), (r"\.sinks$", ".attn_sink"),
+    (r"\.compressor\.indexer\.scorer\.weights_proj\.", ".indexer.weights_proj."),
+    (r"\.compressor\.indexer\.q_b_proj\.", ".indexer.wq_b."), (r"\.compressor\.indexer\.", ".indexer.compressor."),
+    (r"\.self_attn\.q_b_proj\.", ".self_attn.wq_b."), (r"\.q_a_proj\.", ".wq_a."), (r"\.o_a_proj\.", ".wo_a."),
+    (r"\.o_b_proj\.", ".wo_b."), (r"\.q_a_norm\.", ".q_norm."), (r"\.position_bias$", ".ape"),
+    (r"\.shared_experts\.gate_proj\.", ".shared_experts.w1."), (r"\.shared_experts\.down_proj\.", ".shared_experts.w2."),
+    (r"\.shared_experts\.up_proj\.", ".shared_experts.w3."), (r"(compressor(\.indexer)?)\.kv_proj\.", r"\1.wkv."),
+    (r"(compressor(\.indexer)?)\.gate_proj\.", r"\1.wgate."), (r"(compressor(\.indexer)?)\.kv_norm\.", r"\1.norm."),
+    (r"self_attn\.kv_proj\.", "self_attn.wkv."), (r"\.gate\.e_score_correction_bias$", ".gate.bias"),
+    (r"\.self_attn\.", ".attn."), (r"\.mlp\.", ".ffn."),
+]
+
+
+def test_release_layout_loads_like_hf_loads_it(tmp_path, hf_v4):
+    import re
+
+    import transformers
+
+    from engine.tiny import save_checkpoint
+    from engine.v4.generate import prefill_logits
+    from engine.v4.tiny import random_weights
+
+    out = {}
+    for name, t in random_weights(TINY, seed=4).items():
+        m = re.match(r"model\.(layers\.\d+)\.mlp\.experts\.(gate_up_proj|down_proj)$", name)
+        if m:  # per-expert w1 (gate), w3 (up), w2 (down)
+            for e in range(t.shape[0]):
+                if m.group(2) == "down_proj":
+                    out[f"{m.group(1)}.ffn.experts.{e}.w2.weight"] = t[e].clone()
+                else:
+                    half = t.shape[1] // 2
+                    out[f"{m.group(1)}.ffn.experts.{e}.w1.weight"] = t[e, :half].clone()
+                    out[f"{m.group(1)}.ffn.experts.{e}.w3.weight"] = t[e, half:].clone()
+            continue
+        for pat, rep in _TO_RELEASE:
+            name = re.sub(pat, rep, name)
+        out[name] = t
+    assert "layers.1.attn.indexer.compressor.wkv.weight" in out and "embed.weight" in out
+    d = save_checkpoint(tmp_path / "release", dict(TINY), out)
+    ours = load_v4(d, dtype=torch.float32)
+    hf = transformers.DeepseekV4ForCausalLM.from_pretrained(str(d), dtype=torch.float32, attn_implementation="eager",
+                                                             local_files_only=True).eval()
+    tokens = torch.randint(2, 256, (1, 20), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        ref = hf(tokens, use_cache=False).logits
+    assert (prefill_logits(ours, tokens) - ref).abs().max().item() < 1e-4
