@@ -57,6 +57,9 @@ class Stmt:
     names: frozenset[str]
     refs: frozenset[str]
     effect: bool  # module-level code whose effect is not captured by the names it binds
+    # a bare import statement: its names come from elsewhere, so one changed name does not change its siblings
+    # (``from .interface import a, b`` in a package __init__ re-exports each name on its own)
+    imports: bool = False
 
 
 @dataclass(frozen=True)
@@ -103,6 +106,8 @@ class ModuleInfo:
         while grew:
             grew = False
             for s in self.stmts:
+                if s.imports:
+                    continue
                 if s.refs & changed and not s.names <= changed:
                     if s.effect:
                         return ALL
@@ -264,7 +269,8 @@ def module_info(path: str, data: bytes | None) -> ModuleInfo:
                 and isinstance(node.value.value, str):
             names = {"__doc__"}  # argparse descriptions and --help read it
         start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
-        stmts.append(Stmt(start, node.end_lineno or node.lineno, frozenset(names), frozenset(_refs(node)), effect))
+        stmts.append(Stmt(start, node.end_lineno or node.lineno, frozenset(names), frozenset(_refs(node)), effect,
+                          isinstance(node, (ast.Import, ast.ImportFrom))))
         bindings += _bindings(path, index, node)
         for sub in _walk(node):
             if isinstance(sub, ast.Call):

@@ -173,3 +173,29 @@ def test_a_module_docstring_edit_selects_only_where_doc_is_read(repo):
     repo.base = repo.commit_files({}, "noop")
     assert ids(plan(repo, {"tool/loud.py": files["tool/loud.py"].replace("Loud.", "Very loud.")})) == [
         "tests/test_tool.py"]
+
+
+REEXPORT = {
+    "lib/__init__.py": '__version__ = "1"\n\nfrom lib.iface import (\n    run_a,\n    run_b,\n)\n\n'
+                       '__all__ = ["run_a", "run_b"]\n',
+    "lib/iface.py": "def run_a(x):\n    return x\n\n\ndef run_b(x):\n    return -x\n",
+    "tests/test_a.py": "from lib import run_a\n\n\ndef test_a():\n    assert run_a(1) == 1\n",
+    "tests/test_b.py": "from lib import run_b\n\n\ndef test_b():\n    assert run_b(1) == -1\n",
+    "tests/test_mod.py": "import lib\n\n\ndef test_m():\n    assert lib.run_b(2) == -2\n",
+}
+
+
+def test_a_package_re_export_passes_on_each_name_alone(tmp_path):
+    """``pkg/__init__.py`` re-exports several names in one import; a change to one selects its users only."""
+    from tests.gitrepo import GitRepo
+
+    repo = GitRepo(tmp_path / "re")
+    repo.base = repo.commit_files(REEXPORT, "base")
+    got = plan(repo, {"lib/iface.py": REEXPORT["lib/iface.py"].replace("return x\n", "return x + 0\n")})
+    assert ids(got) == ["tests/test_a.py"]
+    assert {s.id: s.reasons for s in got.suites}["pytest:tests/test_a.py"] == [
+        "imports: tests/test_a.py → lib/__init__.py → lib/iface.py"]
+    repo.base = repo.git("rev-parse", "HEAD")
+    got = plan(repo, {"lib/iface.py": REEXPORT["lib/iface.py"].replace("return x\n", "return x + 0\n")
+                      .replace("return -x\n", "return 0 - x\n")})
+    assert ids(got) == ["tests/test_b.py", "tests/test_mod.py"]
