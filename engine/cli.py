@@ -34,7 +34,9 @@ def _model_args(p: argparse.ArgumentParser) -> None:
                    help="one prompt's token ids (space- or comma-separated); repeat the flag for a batch")
     p.add_argument("--prompts", help="JSON-lines file of prompts: a list of ids per line, or objects with 'prompt'")
     p.add_argument("--max-new-tokens", type=int, default=32)
-    p.add_argument("--mla", choices=("naive", "absorbed"), default="naive")
+    p.add_argument("--mla", choices=("naive", "absorbed"), default="naive", help="DeepSeek-V3 attention form")
+    p.add_argument("--kv", choices=("dense", "fp8"), default="dense",
+                   help="DeepSeek-V4 decode cache: dense, or the paged 584-byte FP8 pool")
     p.add_argument("--dtype", default="bfloat16", help="float32 | bfloat16 | float16")
     p.add_argument("--device", default="cpu")
     p.add_argument("--backend", choices=("torch", "triton"), default="torch")
@@ -84,10 +86,29 @@ def _load(args):
                       fp8=args.fp8, progress=progress)
 
 
+def _model_type(model_dir: str) -> str:
+    from pathlib import Path
+
+    try:
+        cfg = json.loads((Path(model_dir) / "config.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return ""  # the V3 loader reports a missing or broken config.json with its path
+    return str(cfg.get("model_type", "")) if isinstance(cfg, dict) else ""
+
+
 def _generate(args):
+    """One entry for both families: ``config.json``'s ``model_type`` picks the V3 or the V4 engine."""
+    prompts = _read_prompts(args)
+    if _model_type(args.model) == "deepseek_v4":
+        from engine.model import dtype_of
+        from engine.v4.generate import generate as generate_v4
+        from engine.v4.loader import load_v4
+
+        model = load_v4(args.model, dtype=dtype_of(args.dtype), device=args.device, backend=args.backend,
+                        fp8=args.fp8)
+        return model, prompts, generate_v4(model, prompts, args.max_new_tokens, kv=args.kv)
     from engine.generate import generate
 
-    prompts = _read_prompts(args)
     model = _load(args)
     return model, prompts, generate(model, prompts, args.max_new_tokens, mla=args.mla)
 
