@@ -1,6 +1,7 @@
 """Recall and noise of zero-config inference on real engine and kernel repos, replayed from their history.
 
     python benchmarks/inference_replay.py [--repos DIR] [--ordinary N] [--out FILE]
+    python benchmarks/inference_replay.py --anchor-rev REV   # also replay this product at REV, same run
     python benchmarks/inference_replay.py --smoke
 
 Sections (each one's failure makes the run exit non-zero):
