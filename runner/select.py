@@ -18,7 +18,7 @@ import fnmatch
 import posixpath
 import re
 import shlex
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
@@ -271,9 +271,70 @@ def _automatic(config: Config, changes: ChangeSet, paths: list[str], pillars: Pi
     for s in config.suites:
         _declared_reasons(s, paths, pillars, findings, picks)
 
-    if reach is not None:
-        return _import_graph(config, reach, head, head_paths, picks, changed)
-    return {}
+    needs = _import_graph(config, reach, head, head_paths, picks, changed) if reach is not None else {}
+    if config.settings.import_graph and config.settings.test_paths:
+        for test_file, need in _kernel_sources(config, changes, head, head_paths, picks).items():
+            needs.setdefault(test_file, need)
+    return needs
+
+
+KERNEL_SOURCES = (".cu", ".cuh", ".cpp", ".cc", ".cxx", ".c", ".h", ".hpp", ".hh", ".inl")
+
+
+def _kernel_sources(config: Config, changes: ChangeSet, head, head_paths: set[str],
+                    picks: _Picks) -> dict[str, str]:
+    """Test files that import a package whose compiled (or JIT-compiled) sources changed.
+
+    No import reaches a ``.cu`` or ``.hpp`` file, yet the tests that import the package run that code: a
+    source under ``P/`` belongs to package ``P``; one outside every package (``csrc/``) to the packages
+    the build files name, or to the tree's only package. Returns {test file: GPU need}.
+    """
+    sources = [f.path for f in changes.files if f.path.endswith(KERNEL_SOURCES)]
+    if not sources:
+        return {}
+    packages = sorted({p.split("/", 1)[0] for p in head_paths if p.count("/") == 1 and p.endswith("/__init__.py")})
+    if not packages:
+        return {}
+    build_text = b"\n".join(head.read(p) or b"" for p in BUILD_FILES if p in head_paths)
+    built = [pkg for pkg in packages if re.search(rb"\b%s\b" % re.escape(pkg.encode()), build_text)]
+    outside = built or (packages if len(packages) == 1 else [])
+    owners: dict[str, list[str]] = {}
+    for src in sources:
+        top = src.split("/", 1)[0]
+        for pkg in [top] if top in packages else outside:
+            owners.setdefault(pkg, []).append(src)
+    if not owners:
+        return {}
+    tests = spec(tuple(config.settings.test_paths))
+    test_files = sorted(p for p in head_paths if p.endswith(".py") and tests.match_file(p))
+    graph = ImportGraph(paths=head_paths, read=head.read, blob_sha=getattr(head, "blob_sha", None))
+    users = importers(graph, test_files)
+    covering = [(s, _command_paths(s.command)) for s in config.suites]
+    extensions = _declared_extensions(head, head_paths)
+    needs: dict[str, str] = {}
+    for pkg, srcs in owners.items():
+        shown = ", ".join(srcs[:3]) + (f" +{len(srcs) - 3} more" if len(srcs) > 3 else "")
+        reason = f"kernel source of {pkg} changed: {shown}"
+        for test_file in _reaching(users, f"{pkg}/", set(test_files)):
+            owned = [s for s, cmd_paths in covering if _covers(cmd_paths, test_file)]
+            for suite in owned:
+                picks.add(suite.id, reason)
+            if not owned:
+                picks.add(f"{PYTEST_PREFIX}{test_file}", reason)
+                needs[test_file] = gpu_need(graph, test_file, extensions) or f"it runs {pkg}'s compiled code"
+    return needs
+
+
+def _reaching(users: dict[str, list[str]], prefix: str, test_files: set[str]) -> list[str]:
+    """The test files whose imports reach a module under ``prefix`` (one walk up the importers map)."""
+    seen = {m for m in users if m.startswith(prefix)}
+    queue = deque(seen)
+    while queue:
+        for user in users.get(queue.popleft(), []):
+            if user not in seen:
+                seen.add(user)
+                queue.append(user)
+    return sorted(seen & test_files)
 
 
 def _need_of(head, head_paths: set[str], test_file: str) -> str | None:

@@ -126,3 +126,38 @@ def test_a_declared_label_named_by_a_test_file_is_used(git_repo):
     assert got["tests/test_gemm_sm80.py"] == (
         "sm80", "runs on sm80 (its name says sm80): tests/test_gemm_sm80.py uses CUDA tensors")
     assert got["tests/test_cuda.py"][0] == "sm90"
+
+
+KERNEL_REPO = {
+    "kern/__init__.py": "from kern import _C\n\n\ndef gemm(a):\n    return _C.gemm(a)\n",
+    "kern/include/gemm.cuh": "template <int N> __device__ void gemm() {}\n",
+    "other/__init__.py": "X = 1\n",
+    "csrc/gemm.cu": "__global__ void g() {}\n",
+    "setup.py": "from torch.utils.cpp_extension import CUDAExtension\n"
+                "ext = [CUDAExtension(name='kern._C', sources=['csrc/gemm.cu'])]\n",
+    "tests/test_gemm.py": "from kern import gemm\n\n\ndef test_g():\n    assert gemm(1)\n",
+    "tests/test_other.py": "from other import X\n\n\ndef test_o():\n    assert X\n",
+}
+
+
+def kernel_plan(git_repo, files):
+    base = git_repo.commit_files(KERNEL_REPO, "base")
+    head = git_repo.commit_files(files)
+    co = checkout(AuditRequest(repo=str(git_repo.path), base=base, head=head))
+    config = load_config(open_repo(co.repo), co.base_sha)
+    changes = build_changeset(co)
+    return select_tests(config, changes, map_pillars(co, config, changes), Findings(), AuditOptions(),
+                        Tree(co.repo, co.head_sha), "aid")
+
+
+def test_a_kernel_only_change_selects_the_tests_of_its_package(git_repo):
+    plan = kernel_plan(git_repo, {"csrc/gemm.cu": "__global__ void g() { int x = 1; }\n"})
+    assert [(s.id, s.runner) for s in plan.suites] == [("pytest:tests/test_gemm.py", "sm90")]
+    assert plan.suites[0].reasons[0] == "kernel source of kern changed: csrc/gemm.cu"
+    assert plan.suites[0].reasons[-1].endswith("kern/__init__.py imports kern._C, a compiled extension")
+
+
+def test_a_header_inside_a_package_belongs_to_it(git_repo):
+    plan = kernel_plan(git_repo, {"kern/include/gemm.cuh": "template <int N> __device__ void gemm() { }\n"})
+    assert [s.id for s in plan.suites] == ["pytest:tests/test_gemm.py"]
+    assert plan.suites[0].reasons[0] == "kernel source of kern changed: kern/include/gemm.cuh"
