@@ -39,15 +39,26 @@ def _where(f: Finding) -> str:
     return "\n".join(f"{loc.path}:{loc.line}" + (f" ({loc.note})" if loc.note else "") for loc in f.locations)
 
 
+_QUOTED = re.compile(r"'([^'\n]{1,120})'")
+
+
+def case_name(f: Finding) -> str:
+    """Rule, key and file: CI keeps a test's history by its name, so the name must survive a reworded
+    message and moved lines. The key is the first quoted name in the message (what drifted), else the
+    finding's identity digest; the message itself goes in the failure."""
+    quoted = _QUOTED.search(f.message)
+    key = quoted.group(1) if quoted else (f.fingerprint[:12] or "finding")
+    first = f.locations[0].path if f.locations else ""
+    return f"{f.rule}: {key}" + (f" [{first}]" if first else "")
+
+
 def _findings_suite(audit: Audit) -> ET.Element:
     suite = ET.Element("testsuite", name="drift-audit.findings")
     failing = {id(f) for f in audit.findings.failing}
     with_findings = set()
     for f in audit.findings.findings:
         with_findings.add(f.rule)
-        first = f.locations[0] if f.locations else None
-        name = f"{f.rule}: {f.message}" + (f" [{first.path}:{first.line}]" if first else "")
-        case = _case(suite, f"findings.{f.pillar}", name)
+        case = _case(suite, f"findings.{f.pillar}", case_name(f))
         detail = f"{f.severity} · {f.status} · {f.source}\n{_where(f)}" + (
             "\nevidence:\n" + "\n".join(f.evidence) if f.evidence else "")
         if id(f) in failing:

@@ -69,6 +69,8 @@ def test_junit_has_findings_and_suites_as_test_cases(capsys, repo, tmp_path):
     findings, runs = suites["drift-audit.findings"], suites["drift-audit.suites"]
     failed = [c for c in findings.findall("testcase") if c.find("failure") is not None]
     assert len(failed) == 1 and failed[0].get("name").startswith("limit-pinned: ")
+    assert ":" not in failed[0].get("name").split("[", 1)[-1]  # a file, no line number: lines move
+    assert failed[0].find("failure").get("message").endswith(audit_message(out_file.parent, repo, base, trial))
     assert failed[0].get("classname") == "findings.runtime"
     unit = [c for c in runs.findall("testcase") if c.get("classname") == "suites.cpu.unit"]
     assert len(unit) == 1 and not list(unit[0])  # `true` passed: no failure, error or skipped child
@@ -205,3 +207,26 @@ def test_a_pr_that_breaks_the_config_is_warned_in_that_pr(capsys, repo, tmp_path
     repo.commit("repaired")
     main(["review", str(repo.root), "--base", base])
     assert "does not load" not in capsys.readouterr().out
+
+
+def audit_message(tmp, repo, base, trial):
+    main(["review", str(repo.root), "--base", base, "--config", str(trial), "--format", "json",
+          "-o", str(tmp / "a.json")])
+    from checks.model import Audit, from_json
+
+    return from_json(Audit, (tmp / "a.json").read_text()).findings.findings[0].message
+
+
+def test_junit_case_names_are_rule_key_and_file_only():
+    from checks.model import Finding, Location
+    from runner.report.junit import case_name
+
+    f = Finding("pk-task-wiring", "wiring", "error",
+                "task wiring is incomplete: 'TASK_TOPK_SOFTMAX' is in pk_enum_tasks but missing from pk_name_map",
+                [Location("include/engine/runtime_header.h", 9)], fingerprint="ab" * 20)
+    assert case_name(f) == "pk-task-wiring: TASK_TOPK_SOFTMAX [include/engine/runtime_header.h]"
+    reworded = Finding(f.rule, f.pillar, f.severity, "'TASK_TOPK_SOFTMAX' lacks pk_name_map (and more)",
+                       [Location("include/engine/runtime_header.h", 12)], fingerprint=f.fingerprint)
+    assert case_name(reworded) == case_name(f)
+    bare = Finding("limits", "runtime", "error", "LIMIT is 9", [], fingerprint="cd" * 20)
+    assert case_name(bare) == "limits: " + "cd" * 6
