@@ -287,3 +287,23 @@ def test_files_over_max_file_bytes_are_mapped_by_path_only(repo):
                   config_source="t", changes=changes, pillars=pm)
     text = render(audit, "markdown")
     assert "1 file over `[settings] max_file_bytes`, mapped by path only (no symbols): `engine/gen.py`" in text
+
+
+def test_default_pillars_place_python_kernels_and_fp8_casts(repo):
+    """A GEMM library's Python-written kernels, tilelang ops and fp8 cast helpers are not "Other"."""
+    files = {
+        "deep_gemm/legacy/a_fused_m_grouped_gemm.py": "def kernel(a):\n    return a\n",
+        "third-party/tilelang_ops/swiglu_apply_weight_to_fp8.py": "def swiglu(x):\n    return x\n",
+        "deep_gemm/utils/math.py": "def per_token_cast_to_fp8(x):\n    return x\n",
+    }
+    repo.write("README.md", "x\n")
+    base = repo.commit("base")
+    for path, text in files.items():
+        repo.write(path, text)
+    repo.commit("head")
+    co = checkout(AuditRequest(repo=str(repo.root), base=base, head="HEAD"))
+    pm = map_pillars(co, default_config(), build_changeset(co))
+    where = {f: p.id for p in pm.pillars for f in p.files}
+    assert where["deep_gemm/legacy/a_fused_m_grouped_gemm.py"] == "wiring"
+    assert where["third-party/tilelang_ops/swiglu_apply_weight_to_fp8.py"] == "wiring"
+    assert where["deep_gemm/utils/math.py"] == "weights"
