@@ -60,7 +60,8 @@ class BotSettings:
     def require_app(self) -> None:
         missing = [n for n in ("app_id", "private_key", "webhook_secret") if not getattr(self, n)]
         if missing:
-            names = ", ".join(ENV_PREFIX + n.upper() for n in missing)
+            names = ", ".join(ENV_PREFIX + n.upper() + (f" or {ENV_PREFIX}PRIVATE_KEY_FILE" if n == "private_key" else "")
+                              for n in missing)  # the docs tell users to set the key's file
             raise SettingsError(f"missing setting(s): {names} (set them in the environment or the settings file)")
 
     def redacted(self) -> dict[str, Any]:
