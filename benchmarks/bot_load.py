@@ -476,7 +476,7 @@ def insert_poison_rows(db: Path, count: int) -> int:
 
 
 def run_audits(work: Path, audits: int, *, kills: int = 0, fault_rate: float = 0.0, seed: int = 7,
-               poison: float = 0.0, kill_gap: tuple[float, float] = (0.3, 1.5), deadline_s: float = 600) -> dict:
+               poison: float = 0.0, kill_gap: tuple[float, float] = (0.3, 1.5), deadline_s: float = 400) -> dict:
     """``audits`` PRs to completion; ``kills`` SIGKILLs of the service, one every ``kill_gap`` seconds while
     work is in flight (then restarted)."""
     work.mkdir(parents=True)
@@ -521,7 +521,9 @@ def run_audits(work: Path, audits: int, *, kills: int = 0, fault_rate: float = 0
         deadline = time.monotonic() + deadline_s
         while not all(j.status in TERMINAL for j in store.jobs()):
             if time.monotonic() > deadline:
-                raise RuntimeError(f"audits did not finish within {deadline_s:.0f} s")
+                stuck = [(j.id, j.status, j.attempts) for j in store.jobs() if j.status not in TERMINAL]
+                raise RuntimeError(f"audits did not finish within {deadline_s:.0f} s; still open (id, status, "
+                                   f"attempts): {stuck[:10]}; see {svc.log.name}")
             time.sleep(0.1)
         settle = time.monotonic() + 5  # one sweep period and more, for runs left open by the last kill
         while time.monotonic() < settle and any(c["status"] != "completed" for c in state.check_runs.values()):
@@ -667,6 +669,8 @@ def main() -> int:
             r = section(key, fn)
             if isinstance(r, dict):
                 results[key], names[key] = r, name
+                print(f"  {name}: {r['once']}/{r['audits']} exactly once, {r['failed']} failed, {r['dups']} duplicates, "
+                      f"{r['open_runs']} runs left open, {r['kills']} kills, {r['wall']:.1f} s", flush=True)
                 if not audits_ok(r):
                     failures.append(f"{key}: not every audit completed exactly once with every check run concluded")
         if results:
