@@ -38,12 +38,15 @@ def with_inference(run: RunChecks) -> RunChecks:
         infer_on, cochange_on = enabled(config)
         if not infer_on and not cochange_on:
             return run(checkout, config, changes)
+        from checks.factcache import cache_root as fact_cache_root
         from checks.infer import Inferred, declared_cover, infer, repo_cache_dir
         from checks.workspace import Tree
 
         s = config.settings
         base_sha = checkout.merge_base_sha or (changes.merge_base_sha if changes else "") or checkout.base_sha
-        cache_dir = repo_cache_dir(checkout.repo, getattr(s, "cache_dir", "") or "")
+        setting = getattr(s, "cache_dir", "") or ""
+        # "off" (setting or $DRIFT_AUDIT_CACHE) disables the caches, as for the fact cache: not a directory named off
+        cache_dir = None if fact_cache_root(setting) is None else repo_cache_dir(checkout.repo, setting)
         problems: list[Unchecked] = []
         inferred = Inferred()
         if infer_on:

@@ -65,7 +65,7 @@ class Family:
             "py-enum": "enum class", "dict": "dict keys of", "list": "list", "compare": "names compared with",
             "py-register": "registrations via", "c-map": "map entries of", "py-methods": "methods of class",
             "py-functions": "functions", "dict-values": "dict values of",
-        }[self.kind]
+        }.get(self.kind, self.kind)  # a kind added in families.py alone still reads
         where = self.paths[0] if len(self.paths) == 1 else f"{len(self.paths)} files"
         if self.label and self.kind == "case":
             what = f"case labels {self.label}* in"
@@ -320,23 +320,29 @@ def _containment(families: list[Family], min_support: int, min_ratio: float) -> 
         for name in f.names:
             index[name].append(i)
     out: dict[int, dict[int, list[str]]] = {}
+    path_sets = [set(f.paths) for f in families]
     for a, fa in enumerate(families):
         real = [n for n in fa.names if not _sentinel(fa, n)]
         if len(real) < min_support:
             continue
         rarest = min(real, key=lambda n: len(index[n]))
+        real_set, paths_a, uses_a = set(real), path_sets[a], fa.kind in _USES
         found: dict[int, list[str]] = {}
+        # The cheap tests first, in C where they can be: many families share every name (methods every
+        # class has), so this loop meets most pairs of families.
         for b in index[rarest]:
             fb = families[b]
-            same_file = bool(set(fa.paths) & set(fb.paths))
-            # In one file: switches against switches, or definitions against the table that lists them;
-            # never two views of one literal (a dict's keys and values).
-            if same_file and (fa.ctx == fb.ctx or not ({fa.kind, fb.kind} & _USES)):
-                continue
             if b == a or len(fa.names) < min_ratio * len(fb.names):
                 continue
-            missing = [n for n in fa.names if n not in fb.names]
-            if len(missing) > 4 or any(not _sentinel(fa, n) for n in missing):
+            names_b = fb.names.keys()
+            if not real_set <= names_b:
+                continue  # B lacks a name of A that is no sentinel
+            # In one file: switches against switches, or definitions against the table that lists them;
+            # never two views of one literal (a dict's keys and values).
+            if not paths_a.isdisjoint(path_sets[b]) and (fa.ctx == fb.ctx or not (uses_a or fb.kind in _USES)):
+                continue
+            missing = [n for n in fa.names if n not in names_b]
+            if len(missing) > 4:
                 continue
             found[b] = missing
         if found:
