@@ -45,7 +45,8 @@ def test_smoke_run(script, tmp_path):
     if why:
         pytest.skip(why)
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "OUT")}
-    env.update(PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1", OUT=str(tmp_path), CUDA_VISIBLE_DEVICES="")
+    path = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)  # keep installed extras
+    env.update(PYTHONPATH=path, PYTHONUNBUFFERED="1", OUT=str(tmp_path), CUDA_VISIBLE_DEVICES="")
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, str(BENCH / script), "--smoke"], cwd=tmp_path, env=env,

@@ -127,6 +127,7 @@ def test_fused_merge_equals_the_merge_kernel_and_resets_its_counters(splits, dev
     two = paged_mla_decode(**inp, config=DecodeConfig(16, 32, splits, 4, 1))
     for _ in range(2):
         one = paged_mla_decode(**inp, config=DecodeConfig(16, 32, splits, 4, 1, fused_merge=True))
-        torch.testing.assert_close(one[0].float(), two[0].float(), rtol=2**-8, atol=1e-6)
-        torch.testing.assert_close(one[1], two[1], rtol=1e-6, atol=1e-6)
+        # the same fp32 merge, its exp2 compiled in another kernel: at most one bf16 rounding apart
+        torch.testing.assert_close(one[0].float(), two[0].float(), rtol=2**-7, atol=1e-5)
+        torch.testing.assert_close(one[1], two[1], rtol=1e-5, atol=LSE_TOL[device])
     assert int(_COUNTERS[torch.device(device) if device == "cpu" else one[0].device].abs().sum()) == 0
