@@ -7,6 +7,7 @@ holds, and lets parses be cached by blob SHA.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -85,9 +86,26 @@ class Tree:
         return read_blob(self.repo_path, sha) if sha else None
 
 
-@lru_cache(maxsize=8)
+_REPOS_PER_THREAD = 8
+_local = threading.local()
+
+
 def _repo(path: str) -> git.Repo:
-    return git.Repo(path)
+    """One open Repo per (thread, path).
+
+    A Repo keeps long-lived ``git cat-file --batch`` pipes; two threads of the bot's worker pool writing
+    requests into one pipe interleave their answers or block forever reading it, so no Repo is shared
+    across threads. A few per thread stay open, the oldest closed first.
+    """
+    repos: dict[str, git.Repo] | None = getattr(_local, "repos", None)
+    if repos is None:
+        repos = _local.repos = {}
+    repo = repos.get(path)
+    if repo is None:
+        if len(repos) >= _REPOS_PER_THREAD:
+            repos.pop(next(iter(repos))).close()
+        repo = repos[path] = git.Repo(path)
+    return repo
 
 
 @lru_cache(maxsize=16)
