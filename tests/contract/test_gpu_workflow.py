@@ -7,6 +7,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -52,8 +53,15 @@ def test_results_are_signed_by_a_fresh_isolated_recorder_before_upload():
         assert "${{" not in s.get("run", "")
 
 
-def test_zizmor_reports_nothing():
+def _zizmor() -> str | None:
     exe = shutil.which("zizmor") or str(Path(__import__("sys").executable).parent / "zizmor")
+    return exe if Path(exe).exists() else None
+
+
+@pytest.mark.skipif(_zizmor() is None, reason="zizmor is not installed (the test extra installs it)")
+def test_zizmor_reports_nothing():
+    exe = _zizmor()
+    assert exe is not None
     out = subprocess.run([exe, "--offline", "--persona=pedantic", str(PATH)], capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
