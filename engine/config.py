@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 
 class ConfigError(ValueError):
@@ -192,14 +193,18 @@ def parse_config(d: dict, source: str = "config.json") -> ModelConfig:
     )
 
 
-def load_config(model_dir: str | Path) -> ModelConfig:
+def read_config_json(model_dir: str | Path) -> tuple[Any, str]:
+    """``config.json``'s parsed JSON and its path; both model families read it through here."""
     path = Path(model_dir) / "config.json"
     try:
         text = path.read_text()
     except FileNotFoundError:
         raise ConfigError(f"{path}: not found (a model directory needs config.json)") from None
     try:
-        d = json.loads(text)
+        return json.loads(text), str(path)
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{path}:{exc.lineno}: invalid JSON: {exc.msg}") from None
-    return parse_config(d, str(path))
+
+
+def load_config(model_dir: str | Path) -> ModelConfig:
+    return parse_config(*read_config_json(model_dir))

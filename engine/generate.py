@@ -7,6 +7,7 @@ Every step also records the top-1 − top-2 logit margin, which goldens use to t
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -50,23 +51,36 @@ def generate(model: DeepseekV3, prompts: list[list[int]], max_new_tokens: int, *
         tokens[i, : len(p)] = torch.tensor(p, dtype=torch.long)
     pos = torch.arange(s, device=device).unsqueeze(0).expand(b, s)
     logits = model(tokens, pos, last=lens - 1)
+    return greedy_loop(logits, lambda nxt, step: model(nxt.unsqueeze(1), (lens + step).unsqueeze(1)), prompts,
+                       max_new_tokens, eos_token_id)
+
+
+def greedy_loop(logits: torch.Tensor, step: Callable[[torch.Tensor, int], torch.Tensor], prompts: list[list[int]],
+                max_new_tokens: int, eos_token_id: int | None = None) -> list[Generation]:
+    """The greedy loop every model family shares, so goldens of V3 and V4 mean the same thing.
+
+    ``logits[B, V]`` come from the prefill; ``step(next_tokens[B], i)`` runs decode step ``i`` (position
+    ``len(prompt) + i``) and returns the next logits. Ties go to the lowest id (``argmax``'s rule) and each
+    step's top-2 margin is recorded, so a comparator can tell a near-tie from a break.
+    """
+    b = logits.shape[0]
     outs = [Generation(prompt=list(map(int, p))) for p in prompts]
-    done = torch.zeros(b, dtype=torch.bool, device=device)
-    for step in range(max_new_tokens):
+    done = torch.zeros(b, dtype=torch.bool, device=logits.device)
+    for i in range(max_new_tokens):
         top2 = logits.topk(2, dim=-1).values
         nxt = logits.argmax(dim=-1)
         margin = (top2[:, 0] - top2[:, 1]).tolist()
-        for i, (t, m) in enumerate(zip(nxt.tolist(), margin, strict=True)):
-            if not done[i]:
-                outs[i].tokens.append(t)
-                outs[i].margins.append(m)
+        for j, (t, m) in enumerate(zip(nxt.tolist(), margin, strict=True)):
+            if not done[j]:
+                outs[j].tokens.append(t)
+                outs[j].margins.append(m)
         if eos_token_id is not None:
             done |= nxt == eos_token_id
             if bool(done.all()):
                 break
-        if step + 1 == max_new_tokens:
+        if i + 1 == max_new_tokens:
             break
-        logits = model(nxt.unsqueeze(1), (lens + step).unsqueeze(1))
+        logits = step(nxt, i)
     return outs
 
 

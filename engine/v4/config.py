@@ -7,11 +7,10 @@ file builds the same model on both sides. Every problem is a :class:`ConfigError
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.config import ConfigError, Yarn, _float, _int
+from engine.config import ConfigError, Yarn, _float, _int, read_config_json
 
 SLIDING, CSA, HCA = "sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention"
 LAYER_TYPES = (SLIDING, CSA, HCA)
@@ -230,13 +229,4 @@ def parse_v4_config(d: dict, source: str = "config.json") -> V4Config:
 
 
 def load_v4_config(model_dir: str | Path) -> V4Config:
-    path = Path(model_dir) / "config.json"
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: not found (a model directory needs config.json)") from None
-    try:
-        d = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{path}:{exc.lineno}: invalid JSON: {exc.msg}") from None
-    return parse_v4_config(d, str(path))
+    return parse_v4_config(*read_config_json(model_dir))

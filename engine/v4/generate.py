@@ -6,18 +6,10 @@ decodes from its own length. Every step records the top-1 − top-2 logit margin
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
 
+from engine.generate import Generation, greedy_loop
 from engine.v4.model import DeepseekV4
-
-
-@dataclass
-class Generation:
-    prompt: list[int]
-    tokens: list[int] = field(default_factory=list)
-    margins: list[float] = field(default_factory=list)
 
 
 def _check(model: DeepseekV4, prompts: list[list[int]], max_new_tokens: int) -> None:
@@ -49,23 +41,8 @@ def generate(model: DeepseekV4, prompts: list[list[int]], max_new_tokens: int,
         tokens[i, : len(p)] = torch.tensor(p, dtype=torch.long)
     cols = torch.arange(s, device=dev).unsqueeze(0)
     logits = model(tokens, cols.expand(b, s), cols < lens.unsqueeze(1), last=lens - 1)
-    outs = [Generation(prompt=[int(t) for t in p]) for p in prompts]
-    done = torch.zeros(b, dtype=torch.bool, device=dev)
-    for step in range(max_new_tokens):
-        top2 = logits.topk(2, dim=-1).values
-        nxt = logits.argmax(dim=-1)
-        for i, (t, m) in enumerate(zip(nxt.tolist(), (top2[:, 0] - top2[:, 1]).tolist(), strict=True)):
-            if not done[i]:
-                outs[i].tokens.append(t)
-                outs[i].margins.append(m)
-        if eos_token_id is not None:
-            done |= nxt == eos_token_id
-            if bool(done.all()):
-                break
-        if step + 1 == max_new_tokens:
-            break
-        logits = model(nxt.unsqueeze(1), (lens + step).unsqueeze(1))
-    return outs
+    return greedy_loop(logits, lambda nxt, step: model(nxt.unsqueeze(1), (lens + step).unsqueeze(1)), prompts,
+                       max_new_tokens, eos_token_id)
 
 
 @torch.inference_mode()
