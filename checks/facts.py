@@ -370,6 +370,13 @@ def compile_fact(fact: Fact) -> _Compiled:
     return _compile(sig, fact)
 
 
+@lru_cache(maxsize=4096)
+def _ts_query(lang: str, text: str) -> ts.Query:
+    """One compiled Query per (language, text): inferred rules repeat a few queries over many facts, and
+    building a Query is the slow part of compiling a fact. Queries are read-only; each run has its own cursor."""
+    return ts.Query(syntax.language(lang), text)
+
+
 _compile_lock = threading.Lock()
 _compiled: dict[str, _Compiled] = {}
 
@@ -382,7 +389,7 @@ def _compile(sig: str, fact: Fact) -> _Compiled:
     query = regex = None
     if fact.query and fact.lang != "regex":
         try:
-            query = ts.Query(syntax.language(fact.lang), fact.query)
+            query = _ts_query(fact.lang, fact.query)
         except (ts.QueryError, NameError, ValueError) as exc:
             raise FactError(f"{describe(fact)}: query does not compile for {fact.lang}: {exc}") from None
         names = {query.capture_name(i) for i in range(query.capture_count)}

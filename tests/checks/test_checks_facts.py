@@ -128,3 +128,15 @@ def test_files_without_a_required_literal_are_not_parsed():
     # A predicate on an optional capture holds when the capture is absent, so it must not filter.
     optional = Fact("opt", "python", ["*.py"], query='(argument_list (identifier)? @_f . (string) @key (#eq? @_f "nope"))')
     assert [r.key for r in extract_text(optional, "c.py", b'g("y")\n')[0]] == ["y"]
+
+
+def test_facts_with_one_query_share_one_compiled_query():
+    """Inferred rules repeat query texts over many facts: each text is compiled once per language."""
+    from checks.facts import compile_fact
+
+    query = "(enumerator name: (identifier) @key)"
+    a = compile_fact(Fact("share_a", "cpp", ["a/*.h"], query=query))
+    b = compile_fact(Fact("share_b", "cpp", ["b/*.h"], query=query))
+    c = compile_fact(Fact("share_c", "c", ["b/*.h"], query=query))
+    assert a.query is b.query and a.query is not None
+    assert c.query is not a.query  # another grammar, another compiled query
