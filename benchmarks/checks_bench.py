@@ -136,7 +136,7 @@ def _clear() -> None:
     workspace._blob_index.cache_clear()
     workspace._paths.cache_clear()
     workspace.read_blob.cache_clear()
-    workspace._repo.cache_clear()
+    workspace.close_repos()
 
 
 def _audit(repo: Path, base: str, head: str, config):

@@ -108,6 +108,13 @@ def _repo(path: str) -> git.Repo:
     return repo
 
 
+def close_repos() -> None:
+    """Close this thread's open Repos (their git processes); the next read opens them again."""
+    repos: dict[str, git.Repo] = getattr(_local, "repos", None) or {}
+    while repos:
+        repos.pop(next(iter(repos))).close()
+
+
 @lru_cache(maxsize=16)
 def _blob_index(repo_path: str, sha: str) -> dict[str, str]:
     """path → blob sha for a whole tree, in one `git ls-tree -r` call."""

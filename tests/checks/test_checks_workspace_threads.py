@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-from checks.workspace import _repo, read_blob
+from checks.workspace import _repo, close_repos, read_blob
 from tests.gitrepo import GitRepo
 
 
@@ -20,6 +20,8 @@ def test_each_thread_gets_its_own_repo_and_one_thread_reuses_its_own(tmp_path):
     t.start()
     t.join()
     assert seen and seen[0] is not here  # a Repo's cat-file pipes are never shared across threads
+    close_repos()
+    assert _repo(path) is not here  # closed repos are opened again on the next read
 
 
 def test_concurrent_blob_reads_return_each_blob_whole(tmp_path):
