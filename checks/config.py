@@ -22,6 +22,10 @@ SUITE_KINDS = ("parity", "decode", "unit")
 FACT_LANGS = ("python", "c", "cpp", "cuda", "regex", "path")
 
 
+INFERRED_PREFIX = "inferred-"  # every inferred rule's id starts so (checks/infer/rules.py)
+COCHANGE_RULE = "co-change"  # the rule id of co-change notes (checks/cochange.py)
+
+
 class ConfigError(ValueError):
     """A config problem, already phrased as ``file:line: what is wrong; the fix``."""
 
@@ -406,8 +410,8 @@ def parse_config(text: str, source: str = CONFIG_PATH, *, include_default_pillar
         if x.id not in known:
             rules.append(replace(x, source="pack", pillar=x.pillar if x.pillar in pillar_ids else "other"))
     all_ids = [x.id for x in rules]
-    for rid in settings.disable:
-        if rid not in all_ids:
+    for rid in settings.disable:  # inferred ids and co-change exist only at audit time: checks/infer/hook.py drops them
+        if rid not in all_ids and not rid.startswith(INFERRED_PREFIX) and rid != COCHANGE_RULE:
             line = r.where.key("settings", 0, "disable")
             raise ConfigError(f"{source}:{line}: [settings] disable: no rule '{rid}'; {_closest(rid, all_ids)}")
     rules = [x for x in rules if x.id not in settings.disable]

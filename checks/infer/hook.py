@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from checks.config import Config
+from checks.config import COCHANGE_RULE, Config
 from checks.model import ChangeSet, Checkout, Findings, Unchecked
 
 RunChecks = Callable[[Checkout, Config, ChangeSet], Findings]
@@ -29,7 +29,17 @@ def enabled(config: Config) -> tuple[bool, bool]:
     cochange_on = getattr(s, "cochange", None)
     if cochange_on is None:
         cochange_on = bool(infer_on)
+    if COCHANGE_RULE in s.disable:
+        cochange_on = False
     return bool(infer_on), bool(cochange_on)
+
+
+def _without(inferred: Any, off: set[str]) -> Any:
+    """``[settings] disable`` names an inferred rule by the id its findings show: it does not run."""
+    if not off or not any(r.id in off for r in inferred.rules):
+        return inferred
+    keep = [(r, line) for r, line in zip(inferred.rules, inferred.lines, strict=True) if r.id not in off]
+    return replace(inferred, rules=[r for r, _ in keep], lines=[line for _, line in keep])
 
 
 def with_inference(run: RunChecks) -> RunChecks:
@@ -59,6 +69,7 @@ def with_inference(run: RunChecks) -> RunChecks:
                     min_support=getattr(s, "infer_min_support", 4), severity=getattr(s, "infer_severity", "warning"),
                 )
                 inferred = declared_cover(config, inferred, base)
+                inferred = _without(inferred, set(s.disable))
             except Exception as exc:  # inference is a bonus: its failure is reported, the declared rules still run
                 problems.append(Unchecked("inference (checks/infer)", f"failed: {type(exc).__name__}: {exc}"))
                 inferred = Inferred()

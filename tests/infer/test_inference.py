@@ -233,3 +233,21 @@ def test_call_counts_agree_with_the_numbers_declared_elsewhere(tmp_path):
     f = found.findings[0]
     assert f.source == "inferred" and "key 'rmsnorm' disagrees" in f.message
     assert "calls of .new_input() per function *_layer" in f.message and f.evidence[0].startswith("support 5")
+
+
+def test_an_inferred_rule_is_silenced_by_the_id_its_finding_shows(repo):
+    r, base = repo
+    head = r.commit_files(engine.files(engine.OPS + ["rope"], registry=engine.OPS), "Add rope")
+    [finding] = audit(r.path, base, head).with_status("new")
+    config = parse_config(f'[settings]\ndisable = ["{finding.rule}", "co-change"]\n')
+    quiet = audit(r.path, base, head, config)
+    assert finding.rule not in quiet.rules_run and not quiet.with_status("new")
+    assert all(f.rule != "co-change" for f in quiet.findings)
+    assert quiet.rules_run  # the other inferred invariants still run
+
+
+def test_disabling_an_unknown_declared_rule_is_still_a_config_error():
+    from checks.config import ConfigError
+
+    with pytest.raises(ConfigError, match="disable: no rule 'nosuch'"):
+        parse_config('[settings]\ndisable = ["nosuch"]\n')
