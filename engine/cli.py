@@ -143,8 +143,26 @@ def cmd_compare(args) -> int:
     return 0 if result.ok else 1
 
 
+def parse_overrides(text: str | None, preset: dict, arch: str) -> dict:
+    """``--set`` JSON: a typo'd field would be written into config.json and silently change nothing."""
+    import difflib
+
+    try:
+        overrides = json.loads(text) if text else {}
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--set is not valid JSON: {exc.msg}") from None
+    if not isinstance(overrides, dict):
+        raise ValueError("--set must be a JSON object of config fields")
+    for key in overrides:
+        if key not in preset:
+            near = difflib.get_close_matches(key, list(preset), n=1)
+            hint = f"did you mean '{near[0]}'?" if near else f"fields: {', '.join(sorted(preset))}"
+            raise ValueError(f"--set: '{key}' is not a {arch} config field this engine reads; {hint}")
+    return overrides
+
+
 def cmd_tiny(args) -> int:
-    from engine.tiny import write_tiny
+    from engine.tiny import PRESETS, write_tiny
 
     if args.arch == "deepseek_v4":
         from engine.v4.cli import cmd_tiny_v4
@@ -152,7 +170,7 @@ def cmd_tiny(args) -> int:
         return cmd_tiny_v4(args)
     if args.mxfp4:
         raise ValueError("--mxfp4 needs --arch deepseek_v4 (DeepSeek-V3 checkpoints have no MXFP4 experts)")
-    overrides = json.loads(args.set) if args.set else {}
+    overrides = parse_overrides(args.set, PRESETS[args.preset], "deepseek_v3")
     out = write_tiny(args.out, preset=args.preset, seed=args.seed, fp8=args.fp8, **overrides)
     print(out)
     return 0

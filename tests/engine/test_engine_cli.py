@@ -63,3 +63,11 @@ def test_cli_module_is_import_light():
             "print(bad); sys.exit(1 if bad else 0)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_tiny_refuses_a_misspelled_set_field(tmp_path, capsys):
+    assert main(["engine", "tiny", str(tmp_path / "a"), "--set", '{"num_hiden_layers": 1}']) == 2
+    assert "did you mean 'num_hidden_layers'" in capsys.readouterr().err
+    assert main(["engine", "tiny", str(tmp_path / "b"), "--arch", "deepseek_v4", "--set", '{"nosuch_field": 1}']) == 2
+    assert "'nosuch_field' is not a deepseek_v4 config field" in capsys.readouterr().err
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()  # nothing half-written
