@@ -121,8 +121,9 @@ def propose(tree: Any, max_rules: int = MAX_RULES) -> tuple[str, dict[str, int]]
     from checks.config import Config, Pillar, parse_config
     from checks.infer import infer, repo_cache_dir
 
-    pillars = _pillars(tree.paths())
-    cfg_pillars = [Pillar(p["id"], p["title"], p["paths"]) for p in pillars] + [Pillar("other", "Other")]
+    builtin, pillars = _layout_pillars(tree.paths())
+    cfg_pillars = ([Pillar(b.id, b.title, b.paths, b.symbols) for b, _ in builtin]
+                   + [Pillar(p["id"], p["title"], p["paths"]) for p in pillars] + [Pillar("other", "Other")])
     inferred = infer(tree, cfg_pillars, cache_dir=repo_cache_dir(tree.repo_path), severity="error")
     chosen = list(zip(inferred.rules, inferred.lines))[:max_rules]
     facts_by_id = {f.id: f for f in inferred.facts}
@@ -133,8 +134,14 @@ def propose(tree: Any, max_rules: int = MAX_RULES) -> tuple[str, dict[str, int]]
         "# the code must keep in step, delete the rest. docs/rules.md explains facts and rules; docs/inference.md\n"
         "# how these were found. Every rule below held at that commit.\n",
     ]
+    for b, claimed in builtin:
+        seen = f"{len(claimed)} file(s) here by path" + (f", e.g. {', '.join(claimed[:3])}" if claimed else "")
+        out.append(f"\n# built-in pillar: {seen}\n"
+                   f"[[pillar]]\nid = {_s(b.id)}\ntitle = {_s(b.title)}\npaths = {_list(b.paths)}\n"
+                   + (f"symbols = {_list(b.symbols)}\n" if b.symbols else ""))
     for p in pillars:
-        out.append(f"\n[[pillar]]\nid = {_s(p['id'])}\ntitle = {_s(p['title'])}\npaths = {_list(p['paths'])}\n")
+        out.append(f"\n# most source files under {p['paths'][0]} fit no built-in pillar\n"
+                   f"[[pillar]]\nid = {_s(p['id'])}\ntitle = {_s(p['title'])}\npaths = {_list(p['paths'])}\n")
     ids = _short_ids([r for r, _ in chosen])
     for rule, line in chosen:
         rid = ids[rule.id]
@@ -158,7 +165,7 @@ def propose(tree: Any, max_rules: int = MAX_RULES) -> tuple[str, dict[str, int]]
     if failing:  # a renamed fact must still read what it read under its inferred id; drop any that does not
         text = _drop(text, failing)
         config = parse_config(text, "proposed .github/drift-audit.toml")
-    counts = {"pillars": len(pillars), "rules": len(config.rules), "facts": len(config.facts), "suites": len(suites)}
+    counts = {"pillars": len(builtin) + len(pillars), "rules": len(config.rules), "facts": len(config.facts), "suites": len(suites)}
     return text, counts
 
 
@@ -247,6 +254,35 @@ def _key(k: str) -> str:
 
 _SKIP_TOP = {"tests", "test", "docs", "doc", "examples", "example", "benchmarks", "scripts", "third_party", "3rdparty",
              "vendor", "build", "dist", ".github", "cmake"}
+
+
+def _layout_pillars(paths: list[str]) -> tuple[list[tuple[Any, list[str]]], list[dict]]:
+    """The built-in pillars that claim files of this layout (a repo that declares pillars gets only those it
+    declares, so the checklist's split must be written out), and a directory pillar for each source tree whose
+    files mostly fit none of them (they would land in Other)."""
+    from checks import syntax
+    from checks.config import default_config
+    from checks.pillars import PillarMatcher
+
+    builtin = [p for p in default_config().pillars if p.id != "other"]
+    matcher = PillarMatcher(builtin)
+    claimed: dict[str, list[str]] = defaultdict(list)
+    unclaimed: set[str] = set()
+    for path in paths:
+        if syntax.lang_for_path(path) is None:
+            continue
+        hits = matcher.by_path(path)
+        for pid, _ in hits:
+            claimed[pid].append(path)
+        if not hits:
+            unclaimed.add(path)
+    kept = [(p, claimed[p.id]) for p in builtin if claimed[p.id] or p.symbols]  # symbols claim by what files define
+    dirs = []
+    for d in _pillars(paths):
+        under = [x for x in paths if x.startswith(d["paths"][0][:-2]) and syntax.lang_for_path(x)]
+        if under and sum(x in unclaimed for x in under) * 2 > len(under):
+            dirs.append(d)
+    return kept, dirs
 
 
 def _pillars(paths: list[str]) -> list[dict]:

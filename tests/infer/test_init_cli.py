@@ -29,7 +29,16 @@ def test_init_writes_a_config_that_loads_and_holds_at_head(tmp_path, capsys):
     assert [x.kind for x in config.rules] == ["same-set", "table-equal"]
     assert all(x.source == "declared" and x.severity == "error" for x in config.rules)
     assert "# " in text and "support 6" in text  # each rule carries its evidence as a comment
-    assert {p.id for p in config.pillars} >= {"csrc", "engine"}
+    # The checklist's pillars, as the built-in default maps this layout: init never maps a file worse.
+    from checks.config import default_config
+    from checks.pillars import PillarMatcher
+
+    ours, builtin = PillarMatcher(config.pillars), PillarMatcher(default_config().pillars)
+    paths = Tree(str(r.path), base).paths()
+    claimed = [x for x in paths if builtin.by_path(x)]
+    assert claimed and [ours.by_path(x) for x in claimed] == [builtin.by_path(x) for x in claimed]
+    assert {pid for x in paths if not builtin.by_path(x) for pid, _ in ours.by_path(x)} <= {"engine"}  # else Other
+    assert {p.id for p in config.pillars} >= {"wiring"} and "# built-in pillar:" in text
     assert [(s.id, s.command) for s in config.suites] == [("tests", "python -m pytest -q tests")]
     assert "engine/**" in config.suites[0].paths  # the test imports engine.registry
     side = evaluate_tree(config, Tree(str(r.path), base))
@@ -84,3 +93,14 @@ def test_init_writes_count_agreement_as_a_join_equal_rule_that_holds(tmp_path):
     assert len(joins) == 1 and joins[0].options["equal"][0].endswith(".count")
     side = evaluate_tree(config, Tree(str(r.path), head))
     assert side.findings == [] and side.skipped_rules == set()
+
+
+def test_init_gives_a_source_tree_no_built_in_pillar_fits_its_own(tmp_path):
+    r = GitRepo(tmp_path / "engine")
+    files = dict(engine.files())
+    files.update({f"planner/step_{i}.py": f"def plan_{i}():\n    return {i}\n" for i in range(4)})
+    r.commit_files(files, "Engine and a planner")
+    assert main(["init", str(r.path)]) == 0
+    config = parse_config((r.path / CONFIG_PATH).read_text())
+    planner = next(p for p in config.pillars if p.id == "planner")
+    assert planner.paths == ["planner/**"]
