@@ -22,10 +22,13 @@ class Generation:
     margins: list[float] = field(default_factory=list)  # top-1 minus top-2 logit at each generated step
 
 
-def _check_prompts(model: DeepseekV3, prompts: list[list[int]]) -> None:
+def check_prompts(vocab_size: int, prompts: list[list[int]], max_new_tokens: int = 1) -> None:
+    """Bad prompts fail before any cache is allocated, naming the prompt; both model families use it."""
     if not prompts:
         raise ValueError("no prompts given")
-    v = model.cfg.vocab_size
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    v = vocab_size
     for i, p in enumerate(prompts):
         if not p:
             raise ValueError(f"prompt {i} is empty")
@@ -38,9 +41,7 @@ def _check_prompts(model: DeepseekV3, prompts: list[list[int]]) -> None:
 def generate(model: DeepseekV3, prompts: list[list[int]], max_new_tokens: int, *, mla: str = "naive",
              eos_token_id: int | None = None) -> list[Generation]:
     """Greedy continuations of ``prompts``; ties go to the lowest token id (``argmax``'s rule)."""
-    _check_prompts(model, prompts)
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    check_prompts(model.cfg.vocab_size, prompts, max_new_tokens)
     device = model.rope_cos.device
     b = len(prompts)
     lens = torch.tensor([len(p) for p in prompts], device=device)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.generate import Generation, _check_prompts
+from engine.generate import Generation, check_prompts
 from engine.kv_cache import paged_cache
 from engine.model import DeepseekV3
 from engine.paged_cache import PagedLatentCache
@@ -121,7 +121,7 @@ class PagedDecoder:
                  eos_token_id: int | None = None) -> list[Generation]:
         """Greedy continuations, in :func:`engine.generate.generate`'s format (a sequence stops recording
         at ``eos_token_id``; the batch stops when all have)."""
-        _check_prompts(self.model, prompts)
+        check_prompts(self.cfg.vocab_size, prompts)
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         b = len(prompts)

@@ -8,29 +8,15 @@ from __future__ import annotations
 
 import torch
 
-from engine.generate import Generation, greedy_loop
+from engine.generate import Generation, check_prompts, greedy_loop
 from engine.v4.model import DeepseekV4
-
-
-def _check(model: DeepseekV4, prompts: list[list[int]], max_new_tokens: int) -> None:
-    if not prompts:
-        raise ValueError("no prompts given")
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    v = model.cfg.vocab_size
-    for i, p in enumerate(prompts):
-        if not p:
-            raise ValueError(f"prompt {i} is empty")
-        bad = [t for t in p if not 0 <= int(t) < v]
-        if bad:
-            raise ValueError(f"prompt {i} has token id(s) {bad[:5]} outside the vocabulary [0, {v})")
 
 
 @torch.inference_mode()
 def generate(model: DeepseekV4, prompts: list[list[int]], max_new_tokens: int,
              eos_token_id: int | None = None, kv: str = "dense") -> list[Generation]:
     """Greedy continuations (ties to the lowest token id); ``kv="fp8"``: decode over the 584-byte FP8 pool."""
-    _check(model, prompts, max_new_tokens)
+    check_prompts(model.cfg.vocab_size, prompts, max_new_tokens)
     dev = model.device
     b = len(prompts)
     lens = torch.tensor([len(p) for p in prompts], device=dev)

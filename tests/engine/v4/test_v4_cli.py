@@ -25,3 +25,18 @@ def test_generate_and_golden_read_a_v4_checkpoint(v4_dir, v4_model, capsys):
     assert [r["tokens"] for r in records] == expected
     capsys.readouterr()
     assert main(["engine", "compare", str(gold), str(gold)]) == 0
+
+
+def test_both_families_refuse_bad_prompts_before_decoding(v4_model):
+    import pytest
+
+    from engine.generate import check_prompts
+    from engine.v4.generate import generate
+
+    v = v4_model.cfg.vocab_size
+    for prompts, steps, why in (([], 4, "no prompts"), ([[1], []], 4, "prompt 1 is empty"),
+                                ([[1, v]], 4, "outside the vocabulary"), ([[1]], 0, "max_new_tokens must be >= 1")):
+        with pytest.raises(ValueError, match=why):
+            check_prompts(v, prompts, steps)
+        with pytest.raises(ValueError, match=why):
+            generate(v4_model, prompts, steps)
