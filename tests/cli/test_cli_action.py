@@ -15,23 +15,11 @@ import jsonschema
 import pytest
 import yaml
 
+from tests.cli.configs import PINNED_CONFIG
+
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = json.loads((ROOT / "tests/checks/sarif-schema-2.1.0.json").read_text())
-CONFIG = """
-[[fact]]
-id = "limits"
-lang = "regex"
-files = ["engine/*.py"]
-regex = '(?P<key>LIMIT) = (?P<value>\\d+)'
-
-[[rule]]
-id = "limit-pinned"
-kind = "pinned"
-facts = ["limits"]
-values = { LIMIT = "8" }
-pillar = "runtime"
-severity = "error"
-"""
+CONFIG = PINNED_CONFIG
 
 
 def action_env(tmp_path: Path, **inputs: str) -> dict[str, str]:

@@ -10,22 +10,7 @@ import xml.etree.ElementTree as ET
 from bot.cli import main
 from checks.model import AuditOptions, AuditRequest
 from runner import pipeline
-
-PINNED_CONFIG = """
-[[fact]]
-id = "limits"
-lang = "regex"
-files = ["engine/*.py"]
-regex = '(?P<key>LIMIT) = (?P<value>\\d+)'
-
-[[rule]]
-id = "limit-pinned"
-kind = "pinned"
-facts = ["limits"]
-values = { LIMIT = "8" }
-pillar = "runtime"
-severity = "error"
-"""
+from tests.cli.configs import PINNED_CONFIG
 
 
 def test_config_file_is_tried_on_the_range_and_the_footer_says_so(capsys, repo, tmp_path):
