@@ -73,13 +73,22 @@ def run_infer(args: argparse.Namespace) -> int:
                           for r, line in zip(out.rules, out.lines)], indent=2))
         return 0
     if not out.rules:
-        print(f"No invariant with support >= {args.min_support} holds across files at {tree.sha[:12]}.")
+        print(f"No invariant found at {tree.sha[:12]}: no list of names (enum, switch, table, registration) with at "
+              f"least {args.min_support} names is kept in step across files, so a review with no config has no "
+              "inferred rule to check. --min-support N lowers the bar.")
         return 0
-    print(f"{len(out.rules)} invariant(s) hold across files at {tree.sha[:12]}:")
-    for rule, line in zip(out.rules, out.lines):
-        print(f"\n{line}")
+    n = len(out.rules)
+    print(f"{n} invariant{'s' if n > 1 else ''} inferred from the code at {tree.sha[:12]} (no config needed): each is a "
+          "set of lists that held the same names there.\nA pull request that adds or removes a name in one list of a "
+          "set and not in the others gets a finding.")
+    for i, (rule, line) in enumerate(zip(out.rules, out.lines, strict=True), 1):
+        summary = line.split(": ", 1)[-1]
+        print(f"\n{i}. {summary}\n   id: {rule.id}")
         for e in rule.evidence:
-            print(f"    {e}")
+            if not e.startswith("support "):  # the line above says it
+                print(f"   {e}")
+    print("\nNext: `drift-audit init` writes these down as .github/drift-audit.toml for you to edit; to silence one "
+          "without a config file, list its id under [settings] disable.")
     return 0
 
 
@@ -108,7 +117,9 @@ def run_init(args: argparse.Namespace) -> int:
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(text, encoding="utf-8")
     print(f"wrote {target}: {counts['pillars']} pillar(s), {counts['rules']} rule(s) over {counts['facts']} fact(s), "
-          f"{counts['suites']} suite(s); review it, then commit it")
+          f"{counts['suites']} suite(s).\nNext: read it (a comment above each rule says why it was proposed), delete "
+          "the rules that are not real invariants, and commit it. With rules declared, reviews check these rules "
+          "instead of inferring their own ([settings] infer = true keeps both).")
     return 0
 
 
@@ -143,16 +154,18 @@ def propose(tree: Any, max_rules: int = MAX_RULES) -> tuple[str, dict[str, int]]
         out.append(f"\n# most source files under {p['paths'][0]} fit no built-in pillar\n"
                    f"[[pillar]]\nid = {_s(p['id'])}\ntitle = {_s(p['title'])}\npaths = {_list(p['paths'])}\n")
     ids = _short_ids([r for r, _ in chosen])
+    taken: set[str] = set()
     for rule, line in chosen:
         rid = ids[rule.id]
-        out.append(f"\n# {line.split(': ', 1)[-1]}\n")
+        summary = line.split(": ", 1)[-1]
+        out.append(f"\n# {summary}\n")
         out += [f"#   {e}\n" for e in rule.evidence]
         names: dict[str, str] = {}
         for fid in rule.facts:
             fact = facts_by_id[fid]
-            names[fid] = re.sub(r"\W", "_", f"{rid}_{len(names) + 1}")  # a plain identifier: operands are FACT.FIELD
+            names[fid] = _fact_name(fid, taken)  # a plain identifier: operands are FACT.FIELD
             out.append(_fact_toml(fact, names[fid]))
-        out.append(_rule_toml(rule, rid, names))
+        out.append(_rule_toml(rule, rid, names, re.sub(r" \(\d+ names?, \d+ files?\)$", "", summary)))
     for s in suites:
         out.append(f"\n[[suite]]\nid = {_s(s['id'])}\nkind = \"unit\"\ncommand = {_s(s['command'])}\n"
                    f"paths = {_list(s['paths'])}\n")
@@ -188,9 +201,26 @@ def _fact_toml(fact, fid: str) -> str:
     return "".join(lines)
 
 
-def _rule_toml(rule, rid: str, names: dict[str, str]) -> str:
+def _fact_name(fid: str, taken: set[str]) -> str:
+    """A fact's name in the written config, from what it reads: ``enum:OpKind@csrc/ops.h`` → ``enum_OpKind``."""
+    kind, _, rest = fid.partition(":")
+    ctx = rest.rsplit("@", 1)[0] if "@" in rest else rest
+    order = "_order" if fid.endswith("#order") else ""
+    base = re.sub(r"\W+", "_", f"{kind}_{ctx}{order}" if ctx else fid).strip("_") or "fact"
+    if base[0].isdigit():
+        base = "f_" + base
+    name, n = base, 2
+    while name in taken:
+        name, n = f"{base}_{n}", n + 1
+    taken.add(name)
+    return name
+
+
+def _rule_toml(rule, rid: str, names: dict[str, str], message: str = "") -> str:
     text = (f"\n[[rule]]\nid = {_s(rid)}\nkind = {_s(rule.kind)}\nfacts = {_list([names[f] for f in rule.facts])}\n"
             f"pillar = {_s(rule.pillar)}\nseverity = \"error\"\n")
+    if message:
+        text += f"message = {_s(message)}\n"
     for k, v in rule.options.items():
         if k == "extra_ok":
             v = [names[f] for f in v]
@@ -203,17 +233,22 @@ def _rule_toml(rule, rid: str, names: dict[str, str]) -> str:
 
 
 def _drop(text: str, rule_ids: set[str]) -> str:
-    """Remove the [[rule]] blocks with these ids (their facts stay harmless but unused: drop them too)."""
+    """Remove the [[rule]] blocks with these ids, with the comment and the facts written for them."""
     blocks = re.split(r"(?m)^(?=\n?# |\[\[)", text)
-    keep = []
+    keep: list[str] = []
+    pending: list[str] = []  # a rule's comment and facts, written before it
     for b in blocks:
-        m = re.search(r'(?m)^id = "([^"]+)"', b)
-        if m and b.startswith("[[rule]]") and m.group(1) in rule_ids:
-            continue
-        if m and b.startswith("[[fact]]") and any(m.group(1).startswith(re.sub(r"\W", "_", f"{r}_")) for r in rule_ids):
-            continue
-        keep.append(b)
-    return "".join(keep)
+        if b.startswith("[[rule]]"):
+            m = re.search(r'(?m)^id = "([^"]+)"', b)
+            if not (m and m.group(1) in rule_ids):
+                keep += pending + [b]
+            pending = []
+        elif b.startswith(("[[pillar]]", "[[suite]]")):
+            keep += pending + [b]
+            pending = []
+        else:
+            pending.append(b)
+    return "".join(keep + pending)
 
 
 def _raw(value: str | None) -> str:

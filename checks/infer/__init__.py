@@ -38,6 +38,7 @@ class Inferred:
     lines: list[str] = field(default_factory=list)  # parallel to rules
     timings: dict[str, float] = field(default_factory=dict)
     cached: bool = False
+    labels: dict[str, str] = field(default_factory=dict)  # fact id → the family in words, for findings
 
 
 def cache_root(setting: str = "") -> Path:
@@ -90,16 +91,20 @@ def infer(
     out = Inferred()
     for inv in invariants:
         facts, rule = to_config(inv, pillars, severity)
+        for fam, fact in zip(inv.families, facts, strict=True):
+            out.labels[fact.id] = fam.what()
         known = {f.id for f in out.facts}
         out.facts += [f for f in facts if f.id not in known]
         out.rules.append(rule)
-        out.lines.append(f"{rule.id}: {summary(inv)} (support {inv.support}, {inv.files} files)")
+        support = len(inv.core[0].order) if inv.kind == "order-equal" else inv.support
+        out.lines.append(f"{rule.id}: {summary(inv)} ({support} names, {inv.files} file{'s' if inv.files > 1 else ''})")
     seen: set[tuple[str, str, str, str]] = set()
     for a, b in counts:
         if (a.path, a.ctx, b.path, b.ctx) in seen:
             continue  # one function set reached by its prefix and by its suffix
         seen.add((a.path, a.ctx, b.path, b.ctx))
         facts, rule, line = count_rule(a, b, pillars, severity)
+        out.labels[facts[0].id], out.labels[facts[1].id] = a.what(), b.what()
         out.facts += facts
         out.rules.append(rule)
         out.lines.append(line)
@@ -124,6 +129,7 @@ def _keep_holding(out: Inferred, tree: Any, pillars: list[Pillar]) -> None:
     out.lines = [out.lines[i] for i in keep]
     used = {f for r in out.rules for f in r.facts}
     out.facts = [f for f in out.facts if f.id in used]
+    out.labels = {k: v for k, v in out.labels.items() if k in used}
 
 
 def _save(path: Path, out: Inferred) -> None:
@@ -133,6 +139,7 @@ def _save(path: Path, out: Inferred) -> None:
             "facts": [dataclasses.asdict(f) for f in out.facts],
             "rules": [dataclasses.asdict(r) for r in out.rules],
             "lines": out.lines,
+            "labels": out.labels,
         }
         tmp = path.with_suffix(f".tmp{os.getpid()}")
         tmp.write_text(json.dumps(data))
@@ -147,7 +154,8 @@ def _save(path: Path, out: Inferred) -> None:
 def _load(path: Path) -> Inferred:
     data = json.loads(path.read_text())
     return Inferred(
-        facts=[Fact(**f) for f in data["facts"]], rules=[Rule(**r) for r in data["rules"]], lines=list(data["lines"])
+        facts=[Fact(**f) for f in data["facts"]], rules=[Rule(**r) for r in data["rules"]], lines=list(data["lines"]),
+        labels=dict(data.get("labels", {})),
     )
 
 
@@ -209,6 +217,7 @@ def declared_cover(config: Config, inferred: Inferred, tree: Any) -> Inferred:
         lines=[inferred.lines[i] for i in keep],
         timings=inferred.timings,
         cached=inferred.cached,
+        labels={k: v for k, v in inferred.labels.items() if k in used},
     )
 
 

@@ -26,7 +26,7 @@ import tree_sitter as ts
 from checks import syntax
 from checks.facts import read_blobs
 
-VERSION = 10  # bump when a pattern changes: cached rows of an older pattern set are not reused
+VERSION = 11  # bump when a pattern changes: cached rows of an older pattern set are not reused
 MAX_BYTES = 400_000  # generated tables and vendored amalgamations say nothing about the code's intent
 MAX_CACHED = 60_000  # blobs kept in a repo's on-disk member cache before it is pruned to one tree
 

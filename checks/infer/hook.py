@@ -83,6 +83,11 @@ def with_inference(run: RunChecks) -> RunChecks:
         if broken:
             found.findings = [f for f in found.findings if f.rule not in broken]
             found.rules_run = [r for r in found.rules_run if r not in broken]
+        if ours_rules and any(f.rule in ours_rules for f in found.findings):
+            from checks.infer.explain import explain
+
+            found.findings = explain(found.findings, inferred.rules, inferred.facts, inferred.labels,
+                                     Tree(checkout.repo, checkout.head_sha), Tree(checkout.repo, base_sha))
         ours = ours_rules | {f.id for f in inferred.facts}
         # A family whose file the PR deleted or renamed just is not checked; that is not a config problem.
         found.unchecked = [u for u in found.unchecked if not any(f"'{x}'" in u.entry for x in ours)] + problems

@@ -60,20 +60,24 @@ class Family:
         return KIND_BY_NAME[self.kind].repo_wide
 
     def describe(self) -> str:
+        where = self.paths[0] if len(self.paths) == 1 else f"{len(self.paths)} files"
+        return f"{self.what()} ({where})"
+
+    def what(self) -> str:
+        """The family in words, without its file: ``case labels in ggml_compute_forward`` (a finding adds file:line)."""
         what = {
             "enum": "enum", "case": "case labels in", "array": "array", "c-register": "registrations via",
             "py-enum": "enum class", "dict": "dict keys of", "list": "list", "compare": "names compared with",
             "py-register": "registrations via", "c-map": "map entries of", "py-methods": "methods of class",
             "py-functions": "functions", "dict-values": "dict values of",
         }.get(self.kind, self.kind)  # a kind added in families.py alone still reads
-        where = self.paths[0] if len(self.paths) == 1 else f"{len(self.paths)} files"
         if self.label and self.kind == "case":
             what = f"case labels {self.label}* in"
         elif self.label:
             what = f"{what} {self.label}*"
             if self.kind == "py-functions":
-                return f"{what} ({where})"
-        return f"{what} {self.ctx} ({where})"
+                return what
+        return f"{what} {self.ctx}"
 
     @property
     def sub(self) -> str:
@@ -376,9 +380,12 @@ class Counted:
         return f"{self.kind}:{self.ctx}[{self.affix}]@{self.path}"
 
     def describe(self) -> str:
+        return f"{self.what()} ({self.path})"
+
+    def what(self) -> str:
         if self.kind == "py-calls":
-            return f"calls of .{self.ctx}() per function {self.affix} ({self.path})"
-        return f"{self.ctx} per function {self.affix} ({self.path})"
+            return f"calls of .{self.ctx}() per function {self.affix}"
+        return f"{self.ctx} per function {self.affix}"
 
 
 def counted_families(files: list[FileMembers], min_size: int) -> list[Counted]:

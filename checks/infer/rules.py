@@ -88,8 +88,12 @@ def evidence(inv: Invariant, examples: int = 3) -> list[str]:
                 oraw, opath, oline = other.names[name]
                 pairs.append(f"{oraw} ({opath}:{oline})")
         lines.append("e.g. " + " = ".join(pairs))
+    by_id = {f.id: f for f in inv.families}
     for fid, names in inv.exceptions.items():
-        lines.append(f"recorded exception: {fid} lacks {', '.join(names)}")
+        fam = by_id.get(fid)
+        raws = [next((g.names[n][0] for g in inv.families if n in g.names), n) for n in names]
+        what = fam.what() if fam is not None else fid
+        lines.append(f"allowed to differ: {what} lacks {', '.join(raws)} (a bound marker, not a name)")
     return lines
 
 
@@ -99,10 +103,14 @@ def summary(inv: Invariant) -> str:
     if inv.kind == "table-equal":
         return f"{inv.core[0].describe()} equals {inv.core[1].describe()}"
     if inv.supersets and len(inv.core) == 1:
-        return f"every name in {inv.core[0].describe()} is also in " + ", ".join(f.describe() for f in inv.supersets)
-    return " = ".join(f.describe() for f in inv.core) + (
-        f" (and within {', '.join(f.describe() for f in inv.supersets)})" if inv.supersets else ""
+        return f"every name in {inv.core[0].describe()} is also in " + _and([f.describe() for f in inv.supersets])
+    return _and([f.describe() for f in inv.core]) + " hold the same names" + (
+        f" (each also in {_and([f.describe() for f in inv.supersets])})" if inv.supersets else ""
     )
+
+
+def _and(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
 def to_config(inv: Invariant, pillars: list[Pillar], severity: str = "warning") -> tuple[list[Fact], Rule]:

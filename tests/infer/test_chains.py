@@ -49,7 +49,7 @@ def test_a_type_missing_from_a_comparison_chain_is_caught(tmp_path):
     head = r.commit_files(files(TYPES + ["Q5_1"], TYPES + ["Q5_1"], TYPES), "Add Q5_1")
     new = audit(r.path, base, head).with_status("new")
     assert len(new) == 1, [f.message for f in new]
-    assert new[0].source == "inferred" and "'q51'" in new[0].message and "src/copy.c" in new[0].message
+    assert new[0].source == "inferred" and "`TYPE_Q5_1` is in enum dtype (src/types.h:9)" in new[0].message and "src/copy.c" in new[0].message
 
 
 def test_the_type_added_to_the_chain_too_is_quiet(tmp_path):

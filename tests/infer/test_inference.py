@@ -35,13 +35,18 @@ def test_registry_drift_across_files_is_caught_with_zero_config(repo):
     assert len(new) == 1, [f.message for f in found.findings]
     f = new[0]
     assert f.source == "inferred" and f.rule.startswith("inferred-")
-    assert "'rope'" in f.message and "missing from dict:KERNELS@engine/registry.py" in f.message
+    # The names as the source writes them, each side by what it is and where, and the fix.
+    assert f.message.startswith("`OP_ROPE` is in enum OpKind (csrc/ops.h:8) and array OP_NAMES (csrc/ops.cpp:8, "
+                                'as "rope") but missing from dict keys of KERNELS (engine/registry.py:4-8).')
+    assert "same 6 names" in f.message and 'its entries are written like "add"' in f.message
+    assert f'add "{f.rule}" to [settings] disable' in f.message and "@" not in f.message
+    assert [loc.note for loc in f.locations] == ["enum OpKind lists `OP_ROPE` here", 'array OP_NAMES lists "rope" here']
     assert f.evidence[0].startswith("support 6:") and any("engine/registry.py:" in e for e in f.evidence)
     assert {loc.path for loc in f.locations} == {"csrc/ops.h", "csrc/ops.cpp"}
     assert f.fingerprint and f.state
     assert f.rule in found.rules_run
     assert found.inferred and found.inferred[0].startswith(f.rule)
-    assert "support 6" in found.inferred[0]
+    assert "hold the same names (6 names, 3 files)" in found.inferred[0]
 
 
 def test_a_clean_change_gives_zero_findings(repo):
@@ -128,7 +133,7 @@ def test_inferred_and_declared_combine_on_other_facts(repo):
     found = audit(r.path, base, head, parse_config(text))
     new = found.with_status("new")
     assert new and {f.source for f in new} == {"inferred"}, [f.message for f in found.findings]
-    assert any("'rope'" in f.message and "missing from array:OP_NAMES@csrc/ops.cpp" in f.message for f in new)
+    assert any("`OP_ROPE`" in f.message and "missing from array OP_NAMES (csrc/ops.cpp:3-7)" in f.message for f in new)
     assert "ops-registered" in found.rules_run and all(f.rule in found.rules_run for f in new)
 
 
@@ -152,7 +157,8 @@ def test_python_registrations_spread_over_files_are_one_family(tmp_path):
     head = r.commit_files({"models/phi.py": files["models/llama.py"].replace("llama", "phi")}, "phi")
     found = audit(r.path, base, head)
     assert [f.source for f in found.findings] == ["inferred"]
-    assert "'phi'" in found.findings[0].message and "list:SUPPORTED@config.py" in found.findings[0].message
+    assert found.findings[0].message.startswith(
+        '"phi" is in registrations via register_model (models/phi.py:4) but missing from list SUPPORTED (config.py:1)')
 
 
 def _switch(fn: str, labels: list[str]) -> str:
@@ -172,7 +178,8 @@ def test_a_switch_over_two_enums_is_checked_per_enum(tmp_path):
     found = audit(r.path, base, head)
     assert len(found.findings) == 1, [f.message for f in found.findings]
     msg = found.findings[0].message
-    assert "'topk' is in enum:op_kind@include/ops.h but missing from case:supports[OP_*]@src/supports.cpp" in msg
+    assert msg.startswith("`OP_TOPK` is in enum op_kind (include/ops.h:7) but missing from case labels OP_* in supports "
+                          "(src/supports.cpp:3-7)"), msg
 
 
 def test_definitions_and_the_table_listing_them_agree_in_one_file(tmp_path):
@@ -184,7 +191,9 @@ def test_definitions_and_the_table_listing_them_agree_in_one_file(tmp_path):
     head = r.commit_files({"pkg/patch.py": defs + "def apply_patch_to_phi3():\n    pass\n\n\n" + table}, "phi3, unlisted")
     found = audit(r.path, base, head)
     assert len(found.findings) == 1, [f.message for f in found.findings]
-    assert "'phi3'" in found.findings[0].message and "MODEL_TO_PATCH" in found.findings[0].message
+    assert found.findings[0].message.startswith(
+        "`apply_patch_to_phi3` is in functions apply_patch_to_* (pkg/patch.py:17) but missing from dict values of "
+        "MODEL_TO_PATCH (pkg/patch.py:")
 
 
 def test_an_enum_and_the_table_it_indexes_keep_one_order(tmp_path):
@@ -202,8 +211,10 @@ def test_an_enum_and_the_table_it_indexes_keep_one_order(tmp_path):
     swapped = ops[:5] + ["RELU", "ELU"]
     head = r.commit_files(tree(swapped + ["GELU"], ops + ["GELU"]), "enum reordered, table not")
     found = audit(r.path, grown, head)
-    assert len(found.findings) == 2 and all("differs" in f.message for f in found.findings), [
+    assert len(found.findings) == 2 and all("in the same order" in f.message for f in found.findings), [
         f.message for f in found.findings]
+    assert any("entry 5 is `UNARY_OP_RELU` at include/ops.h:7 and \"ELU\" at src/names.c:7" in f.message
+               for f in found.findings), [f.message for f in found.findings]
     assert {f.rule for f in found.findings} == {found.findings[0].rule}  # one order rule, one finding per position
 
 
@@ -231,8 +242,9 @@ def test_call_counts_agree_with_the_numbers_declared_elsewhere(tmp_path):
     found = audit(r.path, clean, head)
     assert len(found.findings) == 1, [f.message for f in found.findings]
     f = found.findings[0]
-    assert f.source == "inferred" and "key 'rmsnorm' disagrees" in f.message
-    assert "calls of .new_input() per function *_layer" in f.message and f.evidence[0].startswith("support 5")
+    assert f.source == "inferred" and f.evidence[0].startswith("support 5")
+    assert f.message.startswith("`rmsnorm_layer` calls .new_input() 3 time(s) (py/kernel.py:"), f.message
+    assert "but `register_rmsnorm_task` declares num_inputs = 2 (src/register.cc:" in f.message
 
 
 def test_an_inferred_rule_is_silenced_by_the_id_its_finding_shows(repo):

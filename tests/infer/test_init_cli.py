@@ -22,7 +22,8 @@ def make(tmp_path):
 def test_init_writes_a_config_that_loads_and_holds_at_head(tmp_path, capsys):
     r, base = make(tmp_path)
     assert main(["init", str(r.path)]) == 0
-    assert "2 rule(s)" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert "2 rule(s)" in said and "Next: read it" in said
     text = (r.path / CONFIG_PATH).read_text()
     config = parse_config(text)
     # The three registries hold one set of names; the enum and the name table also keep one order.
@@ -56,6 +57,9 @@ def test_the_proposed_config_unedited_catches_the_drift(tmp_path):
     new = found.with_status("new")
     assert new and {(f.source, f.severity) for f in new} == {("declared", "error")}, [f.message for f in new]
     assert any("'rope'" in f.message for f in new) and found.failing == new
+    # Facts are named after what they read, and the rule says what it keeps in step.
+    assert any("hold the same names: 'rope' is in enum_OpKind" in f.message and "array_OP_NAMES" in f.message
+               for f in new), [f.message for f in new]
     assert found.inferred == []  # declared rules exist, so inference stays off by default
 
 
@@ -72,8 +76,10 @@ def test_infer_prints_invariants_with_support(tmp_path, capsys):
     r, _ = make(tmp_path)
     assert main(["infer", str(r.path)]) == 0
     out = capsys.readouterr().out
-    assert "2 invariant(s)" in out and "support 6" in out and "e.g. OP_ADD (csrc/ops.h:3)" in out
-    assert "in the same order" in out
+    assert out.startswith("2 invariants inferred from the code at") and "e.g. OP_ADD (csrc/ops.h:3)" in out
+    assert "hold the same names (6 names, 3 files)\n   id: inferred-enum-OpKind-" in out and "in the same order" in out
+    assert "allowed to differ: array OP_NAMES lacks OP_COUNT" in out  # names as written, no internal fact ids
+    assert "@" not in out and "drift-audit init" in out
 
 
 def test_infer_on_a_non_repo_is_a_clear_error(tmp_path, capsys):

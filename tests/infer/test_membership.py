@@ -37,7 +37,8 @@ def test_a_name_accepted_by_a_membership_test_but_missing_from_the_table_is_caug
     head = r.commit_files(files(LOSSES, LOSSES + ["vespo"]), "Accept vespo")
     new = audit(r.path, base, head).with_status("new")
     assert len(new) == 1, [f.message for f in new]
-    assert new[0].source == "inferred" and "'vespo'" in new[0].message and "pkg/ops.py" in new[0].message
+    assert new[0].source == "inferred" and new[0].message.startswith('"vespo" is in names compared with loss_type (pkg/loss.py:2)')
+    assert "but missing from dict keys of LOSS_TYPES (pkg/ops.py:2-6)" in new[0].message
 
 
 def test_the_name_added_to_both_is_quiet(tmp_path):
