@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from checks.infer.families import KIND_BY_NAME, FileMembers
@@ -230,41 +231,30 @@ def build_families(files: list[FileMembers], min_size: int) -> list[Family]:
     return out
 
 
-def mine(families: list[Family], min_support: int, min_ratio: float = 0.5, max_rules: int = 200) -> list[Invariant]:
+def mine(families: list[Family], min_support: int, min_ratio: float = 0.5, max_rules: int = 200,
+         relation: Relation | None = None) -> list[Invariant]:
     """Containment and equal tables between families in different files, strongest first.
 
     Families that contain each other (up to sentinels such as ``COUNT``) form one class, checked
     as one same-set rule; a class inside bigger families is checked against the smallest of them
     only (the bigger ones have their own rule), so one missed name gives one finding.
+    ``relation``: who contains whom (default: ``Containment``, near-linear in the families).
     """
-    contained = _containment(families, min_support, min_ratio)
-    parent = list(range(len(families)))
-
-    def root(i: int) -> int:
-        while parent[i] != i:
-            parent[i] = parent[parent[i]]
-            i = parent[i]
-        return i
-
-    for a, found in contained.items():
-        for b in found:
-            if a in contained.get(b, {}):
-                parent[root(a)] = root(b)
+    rel = relation if relation is not None else Containment(families, min_support, min_ratio)
+    class_of = rel.classes()
     classes: dict[int, list[int]] = defaultdict(list)
     for i in range(len(families)):
-        classes[root(i)].append(i)
-    class_of = {i: root(i) for i in range(len(families))}
+        classes[class_of[i]].append(i)
     out: list[Invariant] = []
     for cid, idx in classes.items():
         core = [families[i] for i in sorted(idx, key=lambda i: (-len(families[i].names), families[i].id))]
         rep = next(i for i in idx if families[i] is core[0])
         declares = [f for f in core if f.kind not in _USES]
         # Supersets, as classes: keep the smallest ones (transitive reduction).
-        sup = {class_of[b] for b in contained.get(rep, {}) if class_of[b] != cid}
+        sup = {class_of[b] for b in rel.above(rep, class_of) if class_of[b] != cid}
         if all(f.kind in ("case", "array") for f in core):  # the compiler already keeps labels inside their enum
             sup = {c for c in sup if not any(families[i].kind == "enum" for i in classes[c])}
-        minimal = {c for c in sup if not any(o != c and class_of[o] != c and o in sup and _inside(o, c, contained, classes)
-                                               for o in sup)}
+        minimal = {c for c in sup if not any(o != c and rel.inside(classes[o], classes[c]) for o in sup)}
         supersets = [max((families[i] for i in classes[c]), key=lambda f: (len(f.names), f.id)) for c in sorted(minimal)]
         switches_only = not declares and not any(f.kind not in _USES for f in supersets)
         if switches_only and any(f.kind != "case" for f in core + supersets):
@@ -312,46 +302,147 @@ def _sentinel(family: Family, name: str) -> bool:
     return bool(SENTINEL.search(re.sub(CUT, "", raw)))
 
 
-def _inside(small: int, big: int, contained: dict[int, dict[int, list[str]]], classes: dict[int, list[int]]) -> bool:
-    """Whether class ``small`` is inside class ``big`` (so ``big`` is not a minimal superset)."""
-    return any(b in contained.get(a, {}) for a in classes[small] for b in classes[big])
+class Relation:
+    """Who contains whom: family A → B when every name of A that is no sentinel is in B (see ``Containment``)."""
+
+    def classes(self) -> list[int]:
+        """Per family, its class: families that contain each other, joined; a class is named by its lowest index."""
+        raise NotImplementedError
+
+    def above(self, a: int, class_of: list[int]) -> Iterable[int]:
+        """Families B with A → B (enough to know their classes)."""
+        raise NotImplementedError
+
+    def inside(self, small: list[int], big: list[int]) -> bool:
+        """Whether some family of ``small`` is inside some family of ``big``."""
+        raise NotImplementedError
 
 
-def _containment(families: list[Family], min_support: int, min_ratio: float) -> dict[int, dict[int, list[str]]]:
-    """A → B → names of A that B lacks (sentinels only), for every A inside a B of another file."""
-    index: dict[str, list[int]] = defaultdict(list)
-    for i, f in enumerate(families):
-        for name in f.names:
-            index[name].append(i)
-    out: dict[int, dict[int, list[str]]] = {}
-    path_sets = [set(f.paths) for f in families]
-    for a, fa in enumerate(families):
-        real = [n for n in fa.names if not _sentinel(fa, n)]
-        if len(real) < min_support:
-            continue
-        rarest = min(real, key=lambda n: len(index[n]))
-        real_set, paths_a, uses_a = set(real), path_sets[a], fa.kind in _USES
-        found: dict[int, list[str]] = {}
-        # The cheap tests first, in C where they can be: many families share every name (methods every
-        # class has), so this loop meets most pairs of families.
-        for b in index[rarest]:
-            fb = families[b]
-            if b == a or len(fa.names) < min_ratio * len(fb.names):
+def _canonical(n: int, edges: Iterable[tuple[int, int]]) -> list[int]:
+    parent = list(range(n))
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for a, b in edges:
+        ra, rb = root(a), root(b)
+        if ra != rb:
+            parent[max(ra, rb)] = min(ra, rb)  # the lowest index is the root: class ids do not depend on order
+    return [root(i) for i in range(n)]
+
+
+class Containment(Relation):
+    """Containment between families, computed once per distinct name set.
+
+    Many families share one name set (methods every class of a layer has, one switch per backend), and
+    every pair of them contains each other: pairs are quadratic, name sets are few. A → B holds when
+    A's name set is inside B's (a test per pair of name sets, through an index by name) and A and B are
+    not two views of one place (``_apart``); classes are joined by a search over the name-set graph
+    that visits each family once, so the cost is near-linear in the families plus the pairs kept apart.
+    """
+
+    def __init__(self, families: list[Family], min_support: int, min_ratio: float):
+        self.families = families
+        groups: dict[tuple[frozenset, frozenset], int] = {}
+        self.group_of: list[int] = []
+        self.members: list[list[int]] = []
+        reals: list[frozenset] = []
+        for i, f in enumerate(families):
+            real = frozenset(n for n in f.names if not _sentinel(f, n))
+            g = groups.setdefault((frozenset(f.names), real), len(groups))
+            if g == len(self.members):
+                self.members.append([])
+                reals.append(real)
+            self.members[g].append(i)
+            self.group_of.append(g)
+        names = [frozenset(families[m[0]].names) for m in self.members]
+        index: dict[str, list[int]] = defaultdict(list)
+        for g, ns in enumerate(names):
+            for n in ns:
+                index[n].append(g)
+        # up[g]: name sets that hold every real name of g, not much bigger, lacking at most 4 of its names.
+        self.up: list[list[int]] = []
+        for g, real in enumerate(reals):
+            found: list[int] = []
+            if len(real) >= min_support:
+                rarest = min(real, key=lambda n: len(index[n]))
+                size = len(names[g])
+                for h in index[rarest]:
+                    if size < min_ratio * len(names[h]) or not real <= names[h] or len(names[g] - names[h]) > 4:
+                        continue
+                    found.append(h)
+            self.up.append(found)
+        self.paths = [frozenset(f.paths) for f in families]
+        self.group_paths = [frozenset().union(*(self.paths[i] for i in m)) for m in self.members]
+
+    def _apart(self, a: int, b: int) -> bool:
+        """In one file: switches against switches, or definitions against the table that lists them; never two
+        views of one literal (a dict's keys and values)."""
+        if a == b:
+            return False
+        fa, fb = self.families[a], self.families[b]
+        if not self.paths[a].isdisjoint(self.paths[b]) and (fa.ctx == fb.ctx or not (fa.kind in _USES or fb.kind in _USES)):
+            return False
+        return True
+
+    def pairs(self) -> dict[int, set[int]]:
+        """Every A → B (quadratic: for tests on small inputs)."""
+        out: dict[int, set[int]] = {}
+        for a in range(len(self.families)):
+            found = {b for h in self.up[self.group_of[a]] for b in self.members[h] if self._apart(a, b)}
+            if found:
+                out[a] = found
+        return out
+
+    def classes(self) -> list[int]:
+        ups = [set(u) for u in self.up]
+        mutual = [[h for h in self.up[g] if g in ups[h]] for g in range(len(self.up))]
+        unvisited = [set(m) for m in self.members]
+        edges: list[tuple[int, int]] = []
+        for start in range(len(self.families)):
+            g0 = self.group_of[start]
+            if start not in unvisited[g0]:
                 continue
-            names_b = fb.names.keys()
-            if not real_set <= names_b:
-                continue  # B lacks a name of A that is no sentinel
-            # In one file: switches against switches, or definitions against the table that lists them;
-            # never two views of one literal (a dict's keys and values).
-            if not paths_a.isdisjoint(path_sets[b]) and (fa.ctx == fb.ctx or not (uses_a or fb.kind in _USES)):
+            unvisited[g0].discard(start)
+            queue = [start]
+            while queue:
+                a = queue.pop()
+                for h in mutual[self.group_of[a]]:
+                    left = unvisited[h]
+                    if not left:
+                        continue
+                    joined = [b for b in left if self._apart(a, b)]
+                    for b in joined:
+                        left.discard(b)
+                        edges.append((a, b))
+                        queue.append(b)
+        return _canonical(len(self.families), edges)
+
+    def above(self, a: int, class_of: list[int]) -> Iterable[int]:
+        for h in self.up[self.group_of[a]]:
+            members = self.members[h]
+            if self.paths[a].isdisjoint(self.group_paths[h]):
+                # No member shares a file with A: every one is above it; one per class is enough.
+                seen: set[int] = set()
+                for b in members:
+                    if class_of[b] not in seen:
+                        seen.add(class_of[b])
+                        yield b
                 continue
-            missing = [n for n in fa.names if n not in names_b]
-            if len(missing) > 4:
-                continue
-            found[b] = missing
-        if found:
-            out[a] = found
-    return out
+            yield from (b for b in members if self._apart(a, b))
+
+    def inside(self, small: list[int], big: list[int]) -> bool:
+        by_group: dict[int, list[int]] = defaultdict(list)
+        for b in big:
+            by_group[self.group_of[b]].append(b)
+        for a in small:
+            for h in self.up[self.group_of[a]]:
+                if any(self._apart(a, b) for b in by_group.get(h, ())):
+                    return True
+        return False
 
 
 def _same_values(a: Family, b: Family) -> bool:
