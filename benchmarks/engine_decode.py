@@ -319,7 +319,7 @@ def roofline(args, device: torch.device, dtype: torch.dtype) -> list[str]:
     ceiling = copy_ceiling(device)
     max_len = args.prompt_len + args.steps + 8
     forms: dict[str, object] = {}
-    for backend in ("triton", "torch"):
+    for backend in ("triton",) if args.no_torch else ("triton", "torch"):
         try:
             forms[backend] = load_tensors(cfg, tensors, dtype=dtype, device=device, backend=backend,
                                           max_positions=max_len)
@@ -332,7 +332,7 @@ def roofline(args, device: torch.device, dtype: torch.dtype) -> list[str]:
         except Exception as exc:
             hf = exc
     del tensors
-    ref = forms["torch"] if not isinstance(forms["torch"], Exception) else forms["triton"]
+    ref = forms["torch"] if not isinstance(forms.get("torch", RuntimeError()), Exception) else forms["triton"]
     per_expert = expert_bytes(ref)
     kv_row = (cfg.kv_lora_rank + cfg.qk_rope_head_dim) * torch.tensor([], dtype=dtype).element_size()
     lines = [f"roofline {name} ({args.dtype}, {device.type}): copy ceiling {ceiling / 1e12:.2f} TB/s; "
@@ -372,9 +372,10 @@ def roofline(args, device: torch.device, dtype: torch.dtype) -> list[str]:
                 cells["bound"] = f"{bound:,.0f}"
                 rate = _graph_rate(lambda i, d=dec, n=nxt, ln=lens: d.step(n, ln + i), batch, args.steps, device)
                 cells["ours"] = f"{rate:,.0f} ({100 * rate / bound:.0f}%)" + ("" if dec.graphed else " eager")
-                if args.profile and device.type == "cuda":
+                if args.profile and device.type == "cuda" and (not args.profile_batches or batch in args.profile_batches):
                     try:
-                        lines += profile_step(dec, nxt, lens, batch, 1e6 * batch / rate, nbytes, ceiling)
+                        lines += profile_step(dec, nxt, lens, batch, 1e6 * batch / rate, nbytes, ceiling,
+                                              args.profile_top)
                     except Exception as exc:  # the profile is a diagnosis, never the result
                         lines.append(f"profile b{batch}: {type(exc).__name__}: {exc}".splitlines()[0])
                 dec = None
@@ -384,7 +385,7 @@ def roofline(args, device: torch.device, dtype: torch.dtype) -> list[str]:
         def pct(r: float, bound=bound) -> str:
             return f"{r:,.0f}" + (f" ({100 * r / bound:.0f}%)" if bound else "")
 
-        model = forms["torch"]
+        model = forms.get("torch", RuntimeError("torch backend not built (--no-torch)"))
         for label, mode in (("eager", None), ("reduce-overhead", "reduce-overhead"), ("max-autotune", "max-autotune")):
             if isinstance(model, Exception) or over_budget(args) or (mode and args.no_compile) or (
                     mode and (mode not in args.compile_modes or batch not in args.compile_batches)):
@@ -429,7 +430,7 @@ def roofline(args, device: torch.device, dtype: torch.dtype) -> list[str]:
     return lines
 
 
-def profile_step(dec, nxt, lens, batch: int, step_us: float, nbytes: float, ceiling: float) -> list[str]:
+def profile_step(dec, nxt, lens, batch: int, step_us: float, nbytes: float, ceiling: float, top: int = 10) -> list[str]:
     """Where one decode step's time goes: torch.profiler over eager steps (the graph replays the same kernels
     without the launch gaps), kernels grouped by name, the top ones with their share of the GPU-busy time."""
     from torch.profiler import ProfilerActivity, profile
@@ -444,10 +445,92 @@ def profile_step(dec, nxt, lens, batch: int, step_us: float, nbytes: float, ceil
     events.sort(key=lambda e: -e.self_device_time_total)
     out = [f"profile b{batch}: graph step {step_us:.1f} us; GPU busy {busy:.1f} us in "
            f"{sum(e.count for e in events) // reps} kernels per step; bound {1e6 * nbytes / ceiling:.1f} us"]
-    for e in events[:10]:
+    for e in events[:top]:
         per = e.self_device_time_total / reps
         out.append(f"  {per:8.1f} us {100 * per / busy:5.1f}%  x{e.count // reps:<3d} {e.key[:90]}")
     return out
+
+
+# (name, N, K, weight dtype): the small config's decode projections (q|kv_a, o, shared gate|up and down, the
+# dense layer's gate|up and down, the fp32 router)
+LINEAR_SHAPES = [("q|kv_a", 3648, 2048, torch.bfloat16), ("o_proj", 2048, 2048, torch.bfloat16),
+                 ("shared gate|up", 5632, 2048, torch.bfloat16), ("shared down", 2048, 2816, torch.bfloat16),
+                 ("dense gate|up", 21888, 2048, torch.bfloat16), ("dense down", 2048, 10944, torch.bfloat16),
+                 ("router fp32", 64, 2048, torch.float32)]
+LINEAR_CONFIGS = [(16, 256, 4, 4), (32, 256, 4, 4), (16, 512, 4, 3), (64, 128, 4, 4), (32, 512, 8, 3)]
+
+
+def _graph_us(calls, device: torch.device, reps: int = 5) -> float:
+    """µs per call of ``calls`` (a list of thunks over rotated weight copies), replayed as one CUDA graph."""
+    if device.type != "cuda":
+        t0 = time.perf_counter()
+        for c in calls:
+            c()
+        return 1e6 * (time.perf_counter() - t0) / len(calls)
+    for c in calls:
+        c()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for c in calls:
+            c()
+    g.replay()
+    sync(device)
+    best = float("inf")
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        sync(device)
+        best = min(best, 1000 * a.elapsed_time(b) / len(calls))
+    return best
+
+
+def _time_linear(label: str, fn, ws: list, ref: torch.Tensor, nbytes: int, device: torch.device) -> str:
+    from kernels.metrics import gemm_diff
+
+    try:
+        err = gemm_diff(fn(ws[0]).float(), ref).value
+        us = _graph_us([lambda w=w: fn(w) for w in ws], device)
+        return f"{label} {us:.1f} ({nbytes / us / 1e6:.2f})" + ("" if err < 1e-4 else f" ERR {err:.1e}")
+    except Exception as exc:
+        return f"{label} error {type(exc).__name__}: {str(exc)[:60]}"
+
+
+@torch.inference_mode()
+def linear_section(args, device: torch.device) -> list[str]:
+    """The decode projections: kernels.gemv.linear (each tile config) against F.linear (cuBLAS), at M rows,
+    each call on another copy of the weight (≥ 256 MB in rotation, so L2 holds none of them)."""
+    import torch.nn.functional as F
+
+    from kernels.gemv import gemv_config, linear
+
+    ceiling = copy_ceiling(device)
+    scale = 1 if device.type == "cuda" else 16
+    lines = [f"linear (decode projections): copy ceiling {ceiling / 1e12:.2f} TB/s; µs per call (TB/s of weight)"]
+    ms = [1, 8, 16] if not args.quick else [1]
+    configs = LINEAR_CONFIGS if device.type == "cuda" and not args.quick else []
+    for name, n, k, wdt in LINEAR_SHAPES:
+        n, k = max(16, n // scale), max(16, k // scale)
+        nbytes = n * k * torch.tensor([], dtype=wdt).element_size()
+        copies = max(2, min(64, (256 << 20) // nbytes)) if device.type == "cuda" else 2
+        ws = [torch.randn(n, k, device=device).div_(k ** 0.5).to(wdt) for _ in range(copies)]
+        out_dt = torch.float32 if wdt == torch.float32 else None
+        for m in ms:
+            if over_budget(args):
+                lines.append(f"  {name} M={m}: skipped (time budget)")
+                continue
+            x = torch.randn(m, k, device=device).to(torch.bfloat16)
+            ref = F.linear(x.float(), ws[0].float())
+            cells = [_time_linear("cuBLAS", lambda w, x=x: F.linear(x.to(w.dtype), w), ws, ref, nbytes, device),
+                     _time_linear(f"default{gemv_config(n, k, ws[0].element_size(), (9, 0))}",
+                                  lambda w, x=x, o=out_dt: linear(x, w, o), ws, ref, nbytes, device)]
+            cells += [_time_linear(str(cfg), lambda w, x=x, o=out_dt, cfg=cfg: linear(x, w, o, config=cfg), ws, ref,
+                                   nbytes, device) for cfg in configs]
+            lines.append(f"  {name} {n}x{k} M={m}: " + "; ".join(cells))
+            print(lines[-1], flush=True)
+        del ws
+    return lines
 
 
 def compile_step(model, mode: str):
@@ -484,11 +567,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--set", default="{}", help='config overrides for every preset, as JSON, e.g. \'{"num_hidden_layers": 2}\'')
     p.add_argument("--quick", action="store_true", help="tiny config, small batches, few steps (CPU smoke run)")
     p.add_argument("--smoke", action="store_true", help="--quick on CPU, float32, every section once (CI)")
-    p.add_argument("--sections", default="table,roofline", help="comma list: table (vs HF), roofline")
+    p.add_argument("--sections", default="table,roofline",
+                   help="comma list: table (vs HF), roofline, linear (decode projections: Triton vs cuBLAS)")
     p.add_argument("--roofline-config", default=None, help="preset (default small; --quick: tiny)")
     p.add_argument("--roofline-batches", default=None, help="comma list (default 1,8,32,128; --quick: 2)")
     p.add_argument("--no-compile", action="store_true", help="roofline: skip the torch.compile anchors")
     p.add_argument("--profile", action="store_true", help="roofline: torch.profiler breakdown of our decode step")
+    p.add_argument("--profile-top", type=int, default=10, help="roofline: kernels listed per profile")
+    p.add_argument("--profile-batches", default=None, help="roofline: batches to profile (default all)")
+    p.add_argument("--no-torch", action="store_true", help="roofline: skip the torch-backend anchors (eager, compile)")
     p.add_argument("--compile-modes", default="reduce-overhead,max-autotune", help="roofline: torch.compile modes")
     p.add_argument("--compile-batches", default=None, help="roofline: batches with compile anchors (default all)")
     args = p.parse_args(argv)
@@ -500,9 +587,12 @@ def main(argv: list[str] | None = None) -> int:
             args.backends = "torch"
         args.no_compile = True  # inductor's CPU build takes minutes; the GPU run has the compile anchors
     args.sections = args.sections.split(",")
+    if args.smoke and "linear" not in args.sections:
+        args.sections.append("linear")
     args.roofline_config = args.roofline_config or ("tiny" if args.quick else "small")
     args.roofline_batches = [int(b) for b in (args.roofline_batches or ("2" if args.quick else "1,8,32,128")).split(",")]
     args.compile_modes = args.compile_modes.split(",")
+    args.profile_batches = [int(b) for b in args.profile_batches.split(",")] if args.profile_batches else []
     args.compile_batches = ([int(b) for b in args.compile_batches.split(",")] if args.compile_batches
                             else args.roofline_batches)
     args.configs = (args.configs or ("tiny" if args.quick else "tiny,small")).split(",")
@@ -557,6 +647,14 @@ def main(argv: list[str] | None = None) -> int:
     print()
     if "table" in args.sections:
         print(table(rows, header) if rows else "no results")
+    if "linear" in args.sections:
+        try:
+            for line in linear_section(args, device):
+                print(line)
+        except Exception as exc:
+            traceback.print_exc()
+            print(f"section error: linear: {type(exc).__name__}: {exc}", flush=True)
+            failed.append("linear")
     if "roofline" in args.sections:
         try:
             for line in roofline(args, device, dtype):

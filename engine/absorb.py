@@ -26,11 +26,23 @@ def split_kv_b(kv_b_weight: torch.Tensor, n_heads: int, qk_nope_head_dim: int, v
     return w[:, :qk_nope_head_dim], w[:, qk_nope_head_dim:]
 
 
-def absorb_q(q_nope: torch.Tensor, w_uk: torch.Tensor) -> torch.Tensor:
-    """``q_nope[..., H, nope]`` → latent query ``[..., H, C]`` (``W_UK^T q`` per head)."""
-    return torch.einsum("...hd,hdc->...hc", q_nope, w_uk)
+def absorb_q(q_nope: torch.Tensor, w_uk: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``q_nope[..., H, nope]`` → latent query ``[..., H, C]`` (``W_UK^T q`` per head): one batched GEMM over
+    heads, written into ``out`` when given (it may be a strided slice, e.g. the latent part of the query
+    the decode kernel reads)."""
+    h, d = q_nope.shape[-2:]
+    c = w_uk.shape[-1]
+    if out is None:
+        out = torch.empty(*q_nope.shape[:-1], c, dtype=q_nope.dtype, device=q_nope.device)
+    torch.bmm(q_nope.reshape(-1, h, d).transpose(0, 1), w_uk, out=out.view(-1, h, c).transpose(0, 1))
+    return out
 
 
 def absorb_o(o_latent: torch.Tensor, w_uv: torch.Tensor) -> torch.Tensor:
-    """Attention output in latent space ``[..., H, C]`` → per-head values ``[..., H, v]``."""
-    return torch.einsum("...hc,hdc->...hd", o_latent, w_uv)
+    """Attention output in latent space ``[..., H, C]`` → per-head values ``[..., H, v]`` (contiguous, so the
+    heads flatten into o_proj's input without a copy)."""
+    h, c = o_latent.shape[-2:]
+    v = w_uv.shape[1]
+    out = torch.empty(*o_latent.shape[:-1], v, dtype=o_latent.dtype, device=o_latent.device)
+    torch.bmm(o_latent.reshape(-1, h, c).transpose(0, 1), w_uv.transpose(1, 2), out=out.view(-1, h, v).transpose(0, 1))
+    return out

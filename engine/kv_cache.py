@@ -56,6 +56,16 @@ def _rows(pos: torch.Tensor) -> torch.Tensor:
     return torch.arange(b, device=pos.device).unsqueeze(1).expand(b, s)
 
 
+def joined(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``cat([a, b], -1)`` in ``a.dtype``; a view, not a copy, when ``b`` follows ``a`` in the rows of one buffer
+    (the model writes the latent query and its rope part side by side)."""
+    if (a.dtype == b.dtype and a.shape[:-1] == b.shape[:-1] and a.stride() == b.stride() and a.stride(-1) == 1
+            and b.data_ptr() == a.data_ptr() + a.shape[-1] * a.element_size()
+            and a.stride(-2) >= a.shape[-1] + b.shape[-1]):
+        return a.as_strided((*a.shape[:-1], a.shape[-1] + b.shape[-1]), a.stride())
+    return torch.cat([a, b.to(a.dtype)], dim=-1)
+
+
 def latent_attention(q_lat: torch.Tensor, q_pe: torch.Tensor, kv: torch.Tensor, pe: torch.Tensor,
                      pos: torch.Tensor, scale: float) -> torch.Tensor:
     """Absorbed attention of many queries over ``kv[B, T, C]``/``pe[B, T, R]`` (prefill, torch): scores in
@@ -128,14 +138,15 @@ class PagedLayerCache:
         self.pool, self.index, self.ops = pool, layer, ops
 
     def write(self, pos: torch.Tensor, latent: torch.Tensor, k_pe: torch.Tensor) -> None:
-        self.pool.write(self.index, pos, latent, k_pe)
+        pool = self.pool
+        self.ops.paged_kv_write(pool.layer(self.index), pool.block_table, pos, latent, k_pe)
 
     def attend(self, q_lat: torch.Tensor, q_pe: torch.Tensor, pos: torch.Tensor, end: int | None,
                scale: float) -> torch.Tensor:
         pool, b = self.pool, pos.shape[0]
         c = pool.kv_lora_rank
         if pos.shape[1] == 1:
-            q = torch.cat([q_lat[:, 0], q_pe[:, 0].to(q_lat.dtype)], dim=-1)
+            q = joined(q_lat[:, 0], q_pe[:, 0])
             o, _ = self.ops.paged_mla_decode(q, pool.layer(self.index), pool.block_table[:b], pool.seq_lens[:b],
                                              scale, c)
             return o.unsqueeze(1)

@@ -242,6 +242,7 @@ def _build(cfg: ModelConfig, r: _Reader, source: str, *, dtype: torch.dtype = to
             more = f" (and {len(extra) - 5} more)" if len(extra) > 5 else ""
             raise CheckpointError(f"unexpected tensor(s) in {source} that config.json does not account for: "
                                   f"{', '.join(repr(n) for n in extra[:5])}{more}")
+    model.fuse_projections()  # projections of one input share a weight (one GEMM each pair)
     model.eval()
     return model
 

@@ -64,7 +64,7 @@ class Linear(nn.Module):
             xq, xs = self.ops.act_quant(x.reshape(-1, x.shape[-1]))
             y = self.ops.fp8_gemm(xq, xs, self.weight, self.weight_scale_inv)
             return y.to(x.dtype).view(*lead, self.out_features)
-        return F.linear(x, self.weight)
+        return self.ops.linear(x, self.weight)
 
     def dense_weight(self, dtype: torch.dtype) -> torch.Tensor:
         """The weight as a plain tensor (dequantised if fp8), for absorption."""
@@ -75,6 +75,25 @@ class Linear(nn.Module):
         return self.weight.to(dtype)
 
 
+def fuse_rows(first: Linear, second: Linear) -> torch.Tensor | None:
+    """Put two projections of the same input into one ``[n1 + n2, K]`` weight (done once at load): their
+    ``weight`` parameters become views of it, so one GEMM serves both and the state dict is unchanged.
+    Returns the fused weight, or None where the weights cannot share one (fp8 blocks, different dtypes)."""
+    a, b = first.weight, second.weight
+    if (a.dtype == torch.float8_e4m3fn or b.dtype == torch.float8_e4m3fn or a.dtype != b.dtype
+            or a.device != b.device or a.device.type == "meta" or a.shape[1] != b.shape[1]):
+        return None
+    w = torch.cat([a.detach(), b.detach()])
+    first.weight = nn.Parameter(w[: a.shape[0]], requires_grad=False)
+    second.weight = nn.Parameter(w[a.shape[0]:], requires_grad=False)
+    return w
+
+
+def fused_live(w: torch.Tensor | None, first: Linear) -> bool:
+    """Whether ``w`` (from :func:`fuse_rows`) still holds ``first``'s weight (not replaced or moved since)."""
+    return w is not None and first.weight.data_ptr() == w.data_ptr() and first.weight.device == w.device
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float, ops: OpSet):
         super().__init__()
@@ -82,8 +101,11 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.ops = ops
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.ops.rmsnorm(x, self.weight, self.eps)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        """``norm(x)``; with ``residual``, ``(norm(h), h)`` for ``h = x + residual`` (one fused op)."""
+        if residual is None:
+            return self.ops.rmsnorm(x, self.weight, self.eps)
+        return self.ops.rmsnorm(x, self.weight, self.eps, residual)
 
 
 def softmax_scale(cfg: ModelConfig) -> float:
@@ -139,7 +161,26 @@ class MLA(nn.Module):
         self.o_proj = Linear(nh * cfg.v_head_dim, h, ops, dtype)
         self.softmax_scale = softmax_scale(cfg)
         self._absorbed: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.qkv_a: torch.Tensor | None = None  # [q rows | kv_a rows] weight, set by fuse_projections
         self.cache: LayerCache | None = None  # installed by DeepseekV3.use_cache
+
+    def fuse_projections(self) -> None:
+        """One GEMM for the two projections of ``x`` (q or q_a, and kv_a) where their weights allow."""
+        first = self.q_proj if self.cfg.q_lora_rank is None else self.q_a_proj
+        self.qkv_a = fuse_rows(first, self.kv_a_proj_with_mqa)
+
+    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(q, kv_a)``: the query (through q_a, its norm and q_b with a q LoRA) and the kv_a projection."""
+        c = self.cfg
+        first = self.q_proj if c.q_lora_rank is None else self.q_a_proj
+        if fused_live(self.qkv_a, first):
+            q, kv = self.ops.linear(x, self.qkv_a).split([first.out_features, self.kv_a_proj_with_mqa.out_features],
+                                                         dim=-1)
+        else:
+            q, kv = first(x), self.kv_a_proj_with_mqa(x)
+        if c.q_lora_rank is not None:
+            q = self.q_b_proj(self.q_a_layernorm(q))
+        return q, kv
 
     def absorbed_weights(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         if self._absorbed is None or self._absorbed[0].dtype != dtype:
@@ -157,18 +198,18 @@ class MLA(nn.Module):
         if cache is None:
             raise RuntimeError("attention has no KV cache: call setup_cache() (or use_cache()) first")
         b, s, _ = x.shape
-        q = self.q_proj(x) if c.q_lora_rank is None else self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
+        q, kv_a = self._project(x)
         q = q.view(b, s, nh, c.qk_head_dim)
         q_nope, q_pe = q.split([c.qk_nope_head_dim, c.qk_rope_head_dim], dim=-1)
         # rope sees B*S rows of heads, each with its own cos/sin row: positions may differ per sequence
         r = c.qk_rope_head_dim
         cs, sn = cos.reshape(b * s, r // 2), sin.reshape(b * s, r // 2)
-        q_pe = self.ops.rope(q_pe.reshape(b * s, nh, r), cs, sn).view(b, s, nh, r)
-        kv, k_pe = self.kv_a_proj_with_mqa(x).split([c.kv_lora_rank, r], dim=-1)
+        kv, k_pe = kv_a.split([c.kv_lora_rank, r], dim=-1)
         kv = self.kv_a_layernorm(kv)
         k_pe = self.ops.rope(k_pe.reshape(b * s, 1, r), cs, sn).view(b, s, r)
 
         if not cache.latent:
+            q_pe = self.ops.rope(q_pe.reshape(b * s, nh, r), cs, sn).view(b, s, nh, r)
             kv_full = self.kv_b_proj(kv).view(b, s, nh, c.qk_nope_head_dim + c.v_head_dim)
             k_nope, v = kv_full.split([c.qk_nope_head_dim, c.v_head_dim], dim=-1)
             cache.write(pos, torch.cat([k_nope, k_pe.unsqueeze(2).expand(b, s, nh, r)], dim=-1), v)
@@ -176,7 +217,13 @@ class MLA(nn.Module):
         else:
             cache.write(pos, kv, k_pe)
             w_uk, w_uv = self.absorbed_weights(x.dtype)
-            o_lat = cache.attend(absorb_q(q_nope, w_uk), q_pe, pos, end, self.softmax_scale)  # [B, S, heads, C]
+            # the latent query and its rotated rope part are written side by side into one buffer: the
+            # decode kernel reads [q_lat | q_pe] rows, and no concatenation is needed
+            lat = c.kv_lora_rank
+            q_abs = torch.empty(b, s, nh, lat + r, dtype=x.dtype, device=x.device)
+            absorb_q(q_nope, w_uk, out=q_abs[..., :lat])
+            self.ops.rope(q_pe.reshape(b * s, nh, r), cs, sn, out=q_abs[..., lat:].view(b * s, nh, r))
+            o_lat = cache.attend(q_abs[..., :lat], q_abs[..., lat:], pos, end, self.softmax_scale)  # [B, S, heads, C]
             o = absorb_o(o_lat, w_uv)
         return self.tp.all_reduce(self.o_proj(o.reshape(b, s, nh * c.v_head_dim)))
 
@@ -191,9 +238,17 @@ class MLP(nn.Module):
         self.up_proj = Linear(hidden, inter, ops, dtype)
         self.down_proj = Linear(inter, hidden, ops, dtype)
         self.ops, self.tp, self.reduce = ops, tp, reduce
+        self.gate_up: torch.Tensor | None = None  # [gate rows | up rows] weight, set by fuse_projections
+
+    def fuse_projections(self) -> None:
+        self.gate_up = fuse_rows(self.gate_proj, self.up_proj)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.down_proj(self.ops.silu_mul(torch.cat([self.gate_proj(x), self.up_proj(x)], dim=-1)))
+        if fused_live(self.gate_up, self.gate_proj):
+            gu = self.ops.linear(x, self.gate_up)
+        else:
+            gu = torch.cat([self.gate_proj(x), self.up_proj(x)], dim=-1)
+        y = self.down_proj(self.ops.silu_mul(gu))
         return self.tp.all_reduce(y) if self.reduce else y
 
 
@@ -209,7 +264,7 @@ class Gate(nn.Module):
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         c = self.cfg
-        logits = F.linear(x.float(), self.weight.float())
+        logits = self.ops.linear(x, self.weight.float(), torch.float32)
         return self.ops.moe_route(logits, self.e_score_correction_bias, c.num_experts_per_tok, c.n_group,
                                   c.topk_group, c.norm_topk_prob, c.routed_scaling_factor)
 
@@ -250,10 +305,10 @@ class MoE(nn.Module):
         a8 = (ex.gate_proj.dtype == torch.float8_e4m3fn
               and ids.numel() >= W8A8_PAIRS_PER_EXPERT * ex.gate_proj.shape[0]
               and x.shape[-1] % 128 == 0 and ex.gate_proj.shape[1] % 128 == 0)
+        shared = self.shared_experts(x) if self.shared_experts is not None else None
         y = self.ops.moe_experts(x, weights, ids, ex.gate_proj, ex.up_proj, ex.down_proj,
-                                 ex.gate_proj_scale_inv, ex.up_proj_scale_inv, ex.down_proj_scale_inv, act_fp8=a8)
-        if self.shared_experts is not None:
-            y = y + self.shared_experts(x)
+                                 ex.gate_proj_scale_inv, ex.up_proj_scale_inv, ex.down_proj_scale_inv, act_fp8=a8,
+                                 add=shared)
         return self.tp.all_reduce(y).view(shape)
 
 
@@ -267,8 +322,19 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops)
 
     def forward(self, x, pos, cos, sin, end: int | None = None):
-        x = x + self.self_attn(self.input_layernorm(x), pos, cos, sin, end)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        y, h = self.step(x, None, pos, cos, sin, end)
+        return h + y
+
+    def step(self, x, residual, pos, cos, sin, end: int | None = None):
+        """The block over the residual stream ``x + residual`` (``residual`` None: ``x`` alone), returned as
+        ``(y, h)`` whose sum is the block's output. Each residual add is fused into the norm that follows it
+        (the previous block's MLP add into this block's input norm), so the stream is never added alone."""
+        if residual is None:
+            h, n = x, self.input_layernorm(x)
+        else:
+            n, h = self.input_layernorm(x, residual)
+        n, h = self.post_attention_layernorm(self.self_attn(n, pos, cos, sin, end), h)
+        return self.mlp(n), h
 
 
 class SharedHead(nn.Module):
@@ -385,14 +451,29 @@ class DeepseekV3(nn.Module):
         """Pre-final-norm hidden states ``[B, S, H]`` of ``tokens[B, S]`` at positions ``pos[B, S]``,
         reading and extending the KV cache. With the paged cache a one-token step syncs nothing with the
         host, so it can be captured as a CUDA graph."""
+        x, h = self._stream(tokens, pos)
+        return x if h is None else h + x
+
+    def _stream(self, tokens: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The last block's ``(y, h)`` (hidden states ``y + h``; ``h`` None without blocks)."""
         if self.kv_cache is None:
             raise RuntimeError("no KV cache: call setup_cache() (or use_cache()) first")
         cos, sin = self.rope_cos[pos], self.rope_sin[pos]
         end = self.kv_cache.begin(pos)
         x = self.model.embed_tokens(tokens)
+        h = None
         for layer in self.decoder_layers:
-            x = layer(x, pos, cos, sin, end)
-        return x
+            x, h = layer.step(x, h, pos, cos, sin, end)
+        return x, h
+
+    def fuse_projections(self) -> None:
+        """Concatenate the weights of projections that read the same input (q/q_a with kv_a; gate with up),
+        so each pair is one GEMM. Called once the weights are loaded; the parameters become views."""
+        for layer in self.model.layers:
+            layer.self_attn.fuse_projections()
+            for mlp in (layer.mlp, getattr(layer.mlp, "shared_experts", None)):
+                if isinstance(mlp, MLP):
+                    mlp.fuse_projections()
 
     def head(self, h: torch.Tensor) -> torch.Tensor:
         """fp32 logits of pre-norm hidden states."""
@@ -418,10 +499,14 @@ class DeepseekV3(nn.Module):
 
     def forward(self, tokens: torch.Tensor, pos: torch.Tensor, last: torch.Tensor | None = None) -> torch.Tensor:
         """Logits ``[B, V]`` at index ``last[b]`` of each row (default: the last column)."""
-        h = self.hidden(tokens, pos)
+        y, h = self._stream(tokens, pos)
         if last is None:
-            return self.head(h[:, -1])
-        return self.head(h[torch.arange(h.shape[0], device=h.device), last])
+            y, h = y[:, -1], (h[:, -1] if h is not None else None)
+        else:
+            rows = torch.arange(y.shape[0], device=y.device)
+            y, h = y[rows, last], (h[rows, last] if h is not None else None)
+        # the final norm takes the last residual add with it
+        return self._logits(self.model.norm(y) if h is None else self.model.norm(y, h)[0])
 
     def mtp_logits(self, h: torch.Tensor, next_tokens: torch.Tensor, pos: torch.Tensor, depth: int = 0) -> torch.Tensor:
         """Logits ``[B, S, V]`` for the token after ``next_tokens``, from the main model's pre-norm ``h`` at

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 # op -> (kernels module, reference name). The Triton entry point is the reference name without "_ref".
 OPS: dict[str, tuple[str, str]] = {
     "rmsnorm": ("kernels.rmsnorm", "rmsnorm_ref"),
+    "linear": ("kernels.gemv", "linear_ref"),
     "rope": ("kernels.rope", "rope_ref"),
     "act_quant": ("kernels.fp8_quant", "act_quant_ref"),
     "silu_mul": ("kernels.silu_mul", "silu_mul_ref"),
@@ -23,6 +24,7 @@ OPS: dict[str, tuple[str, str]] = {
     "moe_experts": ("kernels.moe", "moe_experts_ref"),
     "mla_decode": ("kernels.mla_decode", "mla_decode_ref"),
     "paged_mla_decode": ("kernels.mla_decode", "paged_mla_decode_ref"),
+    "paged_kv_write": ("kernels.paged_kv", "paged_kv_write_ref"),
 }
 
 BACKENDS = ("torch", "triton")

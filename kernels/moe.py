@@ -83,12 +83,15 @@ def moe_experts_ref(
     w3_scale: torch.Tensor | None = None,
     w2_scale: torch.Tensor | None = None,
     act_fp8: bool = False,
+    add: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """fp32 oracle: ``x[T, D]``, ``topk_*[T, k]``, gate ``w1[E, I, D]``, up ``w3[E, I, D]``, down
     ``w2[E, D, I]`` (fp8 weights come with ``*_scale[E, ceil(rows/128), ceil(cols/128)]``). Returns
-    ``[T, D]`` in ``x.dtype``. ``act_fp8``: w8a8 (see :func:`expert_loop`)."""
+    ``[T, D]`` in ``x.dtype``. ``act_fp8``: w8a8 (see :func:`expert_loop`). ``add[T, D]`` (the shared
+    experts' output) is added to the result rounded to ``x.dtype``, as a separate add would."""
     _check(x, topk_weights, topk_ids, w1, w3, w2, w1_scale, w3_scale, w2_scale)
-    return expert_loop(x, topk_weights, topk_ids, w1, w3, w2, w1_scale, w3_scale, w2_scale, act_fp8=act_fp8)
+    y = expert_loop(x, topk_weights, topk_ids, w1, w3, w2, w1_scale, w3_scale, w2_scale, act_fp8=act_fp8)
+    return y if add is None else y + add.to(y.dtype)
 
 
 def _check(x, topk_weights, topk_ids, w1, w3, w2, w1_scale, w3_scale, w2_scale) -> None:
@@ -150,41 +153,49 @@ def align_by_expert(topk_ids: torch.Tensor, num_experts: int, block_m: int, meth
     return sorted_ids, block_expert
 
 
-_ALIGN_MAX_CELLS = 16384  # pairs × experts (and tiles × experts) one program holds in registers
+_ALIGN_MAX_CELLS = 16384  # pairs × experts one step of the aligner holds in registers
+_ALIGN_MAX_PAIRS = 8192  # routing pairs up to which the one-program aligner beats torch's sort (decode)
 
 
 def _align_fits(n_pairs: int, num_experts: int, n_tiles: int) -> bool:
-    e = triton.next_power_of_2(num_experts)
-    return triton.next_power_of_2(max(n_pairs, 1)) * e <= _ALIGN_MAX_CELLS and \
-        triton.next_power_of_2(n_tiles) * e <= 4 * _ALIGN_MAX_CELLS
+    return n_pairs <= _ALIGN_MAX_PAIRS and triton.next_power_of_2(num_experts) <= _ALIGN_MAX_CELLS // 16
 
 
 @triton.jit
 def _align_kernel(
     ids_ptr, sorted_ptr, bexp_ptr, N, E, CAP, N_TILES,
-    BLOCK_M: tl.constexpr, N_P2: tl.constexpr, E_P2: tl.constexpr, TILES_P2: tl.constexpr, FILL: tl.constexpr,
+    BLOCK_M: tl.constexpr, CHUNK: tl.constexpr, E_P2: tl.constexpr, TCHUNK: tl.constexpr, FILL: tl.constexpr,
 ):
-    i = tl.arange(0, N_P2)
-    ok = i < N
-    e = tl.load(ids_ptr + i, mask=ok, other=-1).to(tl.int32)
+    # one program, the pairs in chunks of CHUNK: a histogram pass, the padded prefix, then a placing pass
+    # that keeps a running write position per expert (routing order within each expert is kept)
     ev = tl.arange(0, E_P2)
-    hit = e[:, None] == ev[None, :]
-    onehot = hit.to(tl.int32)
-    counts = tl.sum(onehot, 0)
+    counts = tl.zeros((E_P2,), dtype=tl.int32)
+    for c0 in range(0, N, CHUNK):
+        i = c0 + tl.arange(0, CHUNK)
+        e = tl.load(ids_ptr + i, mask=i < N, other=-1).to(tl.int32)
+        counts += tl.sum((e[:, None] == ev[None, :]).to(tl.int32), 0)
     padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
     pad_end = tl.cumsum(padded, 0)
-    pad_start = pad_end - padded
-    before = tl.cumsum(onehot, 0) - onehot  # pairs of the same expert earlier in routing order
-    dest = tl.sum(tl.where(hit, before + pad_start[None, :], 0), 1)
+    run = pad_end - padded  # where each expert's next pair goes
     for c0 in range(0, CAP, FILL):
         offs = c0 + tl.arange(0, FILL)
         tl.store(sorted_ptr + offs, tl.zeros((FILL,), dtype=tl.int32) + N, mask=offs < CAP)
     tl.debug_barrier()  # padding first, then the pairs over it
-    tl.store(sorted_ptr + dest, i, mask=ok)
-    b = tl.arange(0, TILES_P2)
-    done = (pad_end[None, :] <= (b * BLOCK_M)[:, None]) & (ev[None, :] < E)
-    be = tl.sum(done.to(tl.int32), 1)
-    tl.store(bexp_ptr + b, tl.where(be < E, be, -1), mask=b < N_TILES)
+    for c0 in range(0, N, CHUNK):
+        i = c0 + tl.arange(0, CHUNK)
+        ok = i < N
+        e = tl.load(ids_ptr + i, mask=ok, other=-1).to(tl.int32)
+        hit = e[:, None] == ev[None, :]
+        onehot = hit.to(tl.int32)
+        before = tl.cumsum(onehot, 0) - onehot  # pairs of the same expert earlier in this chunk
+        dest = tl.sum(tl.where(hit, before + run[None, :], 0), 1)
+        tl.store(sorted_ptr + dest, i, mask=ok)
+        run += tl.sum(onehot, 0)
+    for b0 in range(0, N_TILES, TCHUNK):
+        b = b0 + tl.arange(0, TCHUNK)
+        done = (pad_end[None, :] <= (b * BLOCK_M)[:, None]) & (ev[None, :] < E)
+        be = tl.sum(done.to(tl.int32), 1)
+        tl.store(bexp_ptr + b, tl.where(be < E, be, -1), mask=b < N_TILES)
 
 
 def _align_triton(topk_ids: torch.Tensor, num_experts: int, block_m: int, cap: int):
@@ -195,10 +206,12 @@ def _align_triton(topk_ids: torch.Tensor, num_experts: int, block_m: int, cap: i
     n_tiles = cap // block_m
     sorted_ids = torch.empty(cap, dtype=torch.int32, device=ids.device)
     block_expert = torch.empty(n_tiles, dtype=torch.int32, device=ids.device)
+    e_p2 = triton.next_power_of_2(num_experts)
+    chunk = max(1, min(triton.next_power_of_2(max(n, 1)), _ALIGN_MAX_CELLS // e_p2))
+    tchunk = max(1, min(triton.next_power_of_2(n_tiles), _ALIGN_MAX_CELLS // e_p2))
     _align_kernel[(1,)](
         ids, sorted_ids, block_expert, n, num_experts, cap, n_tiles,
-        BLOCK_M=block_m, N_P2=triton.next_power_of_2(max(n, 1)), E_P2=triton.next_power_of_2(num_experts),
-        TILES_P2=triton.next_power_of_2(n_tiles), FILL=1024, num_warps=8,
+        BLOCK_M=block_m, CHUNK=chunk, E_P2=e_p2, TCHUNK=tchunk, FILL=1024, num_warps=8,
     )
     return sorted_ids, block_expert
 
@@ -362,9 +375,11 @@ def moe_experts(
     config: MoeConfig | None = None,
     align: str = "auto",
     act_fp8: bool = False,
+    add: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Triton twin of :func:`moe_experts_ref` (into ``out`` when given); ``align`` as in
-    :func:`align_by_expert`; ``act_fp8``: w8a8 (fp8 weights only)."""
+    :func:`align_by_expert`; ``act_fp8``: w8a8 (fp8 weights only); ``add`` as in the reference, fused
+    into the kernel that sums each token's ``k`` expert rows."""
     _check(x, topk_weights, topk_ids, w1, w3, w2, w1_scale, w3_scale, w2_scale)
     t, d = x.shape
     e, i, _ = w1.shape
@@ -419,12 +434,36 @@ def moe_experts(
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, FP8=fp8, A8=act_fp8, F32_DOT=f32,
         PREC=dot_precision(x.dtype), num_warps=config.num_warps, num_stages=config.num_stages,
     )
-    total = y.view(t, k, d).sum(1)
     if out is None:
-        return total.to(x.dtype)
-    if tuple(out.shape) != (t, d) or out.dtype != x.dtype:
+        out = torch.empty(t, d, dtype=x.dtype, device=x.device)
+    elif tuple(out.shape) != (t, d) or out.dtype != x.dtype or out.stride(1) != 1:
         raise ValueError(f"moe: out must be [{t}, {d}] {x.dtype}, got {tuple(out.shape)} {out.dtype}")
-    return out.copy_(total)
+    if add is not None and (tuple(add.shape) != (t, d) or add.stride(-1) != 1):
+        raise ValueError(f"moe: add must be [{t}, {d}] with unit last-dim stride, got {tuple(add.shape)}")
+    block_d = min(triton.next_power_of_2(d), 1024 if cap is not None else 4096)
+    _sum_kernel[(t, triton.cdiv(d, block_d))](
+        y, add if add is not None else y, out, k, d, y.stride(0), add.stride(0) if add is not None else 0,
+        out.stride(0), HAS_ADD=add is not None, K_P2=triton.next_power_of_2(k), BLOCK_D=block_d,
+        EXACT=interpreting(), num_warps=4 if cap is not None else 1,
+    )
+    return out
+
+
+@triton.jit
+def _sum_kernel(y_ptr, add_ptr, out_ptr, K, D, stride_y, stride_a, stride_o,
+                HAS_ADD: tl.constexpr, K_P2: tl.constexpr, BLOCK_D: tl.constexpr, EXACT: tl.constexpr):
+    """``out[t] = Σ_j y[t·K + j]`` rounded to the output dtype, then ``+ add[t]`` rounded again (what
+    ``sum``, ``.to`` and a separate add give)."""
+    t = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    j = tl.arange(0, K_P2)
+    ok = (j[:, None] < K) & (cols[None, :] < D)
+    rows = tl.load(y_ptr + (t * K + j[:, None]) * stride_y + cols[None, :], mask=ok, other=0.0)
+    s = cast_rne(tl.sum(rows, 0), out_ptr.dtype.element_ty, EXACT)
+    if HAS_ADD:
+        a = tl.load(add_ptr + t * stride_a + cols, mask=cols < D, other=0.0)
+        s = cast_rne(s.to(tl.float32) + a.to(tl.float32), out_ptr.dtype.element_ty, EXACT)
+    tl.store(out_ptr + t * stride_o + cols, s, mask=cols < D)
 
 
 def bytes_moved(topk_ids: torch.Tensor, d: int, i: int, weight_elem: int, act_elem: int = 2) -> int:

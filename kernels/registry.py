@@ -19,6 +19,8 @@ OPS: dict[str, str] = {
     "noaux_tc": "kernels.routing:SPEC_TRITON",
     "mla_decode": "kernels.mla_decode:SPEC_DENSE",
     "paged_mla_decode": "kernels.mla_decode",
+    "linear": "kernels.gemv",
+    "paged_kv_write": "kernels.paged_kv",
     "kv584_store": "kernels.kv584:SPEC_STORE",
     "kv584_load": "kernels.kv584:SPEC_LOAD",
     "sparse_mla_decode": "kernels.sparse_mla",
@@ -28,6 +30,7 @@ OPS: dict[str, str] = {
     "indexer_topk": "kernels.indexer",
     "mxfp4_dequant": "kernels.mxfp4:SPEC_DEQUANT",
     "mxfp4_moe": "kernels.mxfp4:SPEC_MOE",
+    "mxfp4_moe_w4a8": "kernels.mxfp4:SPEC_W4A8",
     "sqrtsoftplus_topk": "kernels.hash_routing:SPEC_TOPK",
     "hash_routing": "kernels.hash_routing:SPEC_HASH",
 }

@@ -72,8 +72,10 @@ def _broadcast_table(t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def rope_ref(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate interleaved pairs of ``x``'s last dim; fp32 math, output in ``x.dtype``.
+def rope_ref(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, out: torch.Tensor | None = None
+             ) -> torch.Tensor:
+    """Rotate interleaved pairs of ``x``'s last dim; fp32 math, output in ``x.dtype`` (copied into ``out``,
+    which may be a strided slice, when given: the Triton op writes it directly).
 
     ``x`` is ``[..., seq, heads, dim]`` (DeepSeek's q_pe ``[b, s, h, 64]``; k_pe with ``heads=1``) or
     ``[seq, dim]``; ``cos``/``sin`` are ``[seq, dim/2]`` rows for those positions (slice the table by
@@ -83,8 +85,8 @@ def rope_ref(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Ten
     s = _broadcast_table(sin.float(), x)
     xf = x.float()
     x0, x1 = xf[..., 0::2], xf[..., 1::2]
-    out = torch.stack((x0 * c - x1 * s, x0 * s + x1 * c), dim=-1).flatten(-2)
-    return out.to(x.dtype)
+    y = torch.stack((x0 * c - x1 * s, x0 * s + x1 * c), dim=-1).flatten(-2).to(x.dtype)
+    return y if out is None else out.copy_(y)
 
 
 # --- Triton ------------------------------------------------------------------------------------------

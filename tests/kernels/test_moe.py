@@ -33,7 +33,9 @@ def test_align_groups_pairs_by_expert_in_padded_tiles(method, device):
     assert block_expert.tolist()[:4] == [0, 1, 2, 3] and 4 not in block_expert.tolist()  # expert 4 is empty
 
 
-@pytest.mark.parametrize("t, e, k, bm", [(1, 64, 6, 16), (16, 64, 6, 16), (5, 256, 8, 16), (40, 8, 2, 4)])
+# past one chunk of pairs (b=128 of the small config: 768 pairs × 64 experts; V3's 256 experts at b=300)
+@pytest.mark.parametrize("t, e, k, bm", [(1, 64, 6, 16), (16, 64, 6, 16), (5, 256, 8, 16), (40, 8, 2, 4),
+                                         (128, 64, 6, 16), (300, 256, 8, 16)])
 def test_single_program_alignment_equals_the_torch_one(t, e, k, bm, device):
     g = torch.Generator().manual_seed(t)
     ids = torch.rand(t, e, generator=g).argsort(dim=1)[:, :k]
@@ -42,6 +44,14 @@ def test_single_program_alignment_equals_the_torch_one(t, e, k, bm, device):
     ids = ids.to(device)
     a, b = align_by_expert(ids, e, bm, "torch"), align_by_expert(ids, e, bm, "triton")
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
+def test_shared_output_is_added_after_rounding_the_routed_sum(device):
+    inp = moe_inputs(5, 64, 32, 4, 2, device, torch.Generator(device).manual_seed(2))
+    shared = torch.randn(5, 64, generator=torch.Generator(device).manual_seed(3), device=device).bfloat16()
+    got = moe_experts(**inp, add=shared)
+    assert torch.equal(got, moe_experts(**inp) + shared)  # the fused add rounds as a separate one would
+    assert torch.equal(moe_experts_ref(**inp, add=shared), moe_experts_ref(**inp) + shared)
 
 
 def test_routing_weights_scale_each_expert_output(device):

@@ -1,0 +1,155 @@
+"""Dense (16/32-bit) projection ``y = x Wᵀ`` for decode-sized batches: one weight stream, no library GEMM.
+
+At a few rows of ``x`` a projection is a read of its weight; cuBLAS picks small-M kernels that carry a fixed
+cost of a few µs each, which for the 2–12 MB projections of a decode step is as long as the read itself.
+:func:`linear` streams the weight through a 16-row ``tl.dot`` tile (rows past ``M`` are masked: the dot is
+free, the pipeline keeps many weight tiles in flight), one program per ``BLOCK_N`` output columns and all of
+``K``, fp32 accumulation, output in ``out_dtype`` (default ``x.dtype``). Above :data:`GEMV_MAX_M` rows the
+call goes to ``F.linear`` (cuBLAS), whose tensor-core tiles win there.
+
+An fp32 weight (the router's) multiplies in full fp32 (``input_precision="ieee"``); a bf16 ``x`` against it is
+widened in registers, so ``linear(x, w_fp32)`` equals ``F.linear(x.float(), w)`` up to summation order
+without the widened copy of ``x``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from kernels._tl import cast_rne
+from kernels.arch import capability, interpreting
+from kernels.harness import Case, Check, ParitySpec
+from kernels.tiles import dot_precision
+
+GEMV_MAX_M = 16  # rows of x up to which the weight-streaming kernel serves the call (one 16-row tile)
+
+
+def linear_ref(x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``x[..., K] @ weight[N, K]ᵀ`` in the weight's dtype (``x`` cast to it), returned in ``out_dtype``
+    (default ``x.dtype``)."""
+    y = F.linear(x.to(weight.dtype), weight)
+    return y if out_dtype is None or y.dtype == out_dtype else y.to(out_dtype)
+
+
+@triton.jit
+def _gemv_kernel(
+    x_ptr, w_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+    F32_DOT: tl.constexpr, PREC: tl.constexpr, EXACT: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    rm = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    m_ok = rm < M
+    n_ok = rn < N
+    rn_c = tl.where(n_ok, rn, 0).to(tl.int64)  # edge columns re-read row 0: no mask on the weight stream
+    x_ptrs = x_ptr + tl.where(m_ok, rm, 0).to(tl.int64)[:, None] * stride_xm + rk[None, :]
+    w_ptrs = w_ptr + rn_c[None, :] * stride_wn + rk[:, None]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        if EVEN_K:
+            xa = tl.load(x_ptrs, mask=m_ok[:, None], other=0.0)
+            wb = tl.load(w_ptrs, eviction_policy="evict_first")
+        else:
+            k_ok = k0 + rk < K
+            xa = tl.load(x_ptrs, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+            wb = tl.load(w_ptrs, mask=k_ok[:, None], other=0.0, eviction_policy="evict_first")
+        if F32_DOT:  # the interpreter: dots in fp32 (products of 16-bit values are exact there)
+            acc = tl.dot(xa.to(tl.float32), wb.to(tl.float32), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(xa.to(wb.dtype), wb, acc, input_precision=PREC)
+        x_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+    y_ptrs = y_ptr + tl.where(m_ok, rm, 0).to(tl.int64)[:, None] * stride_ym + rn[None, :]
+    tl.store(y_ptrs, cast_rne(acc, y_ptr.dtype.element_ty, EXACT), mask=m_ok[:, None] & n_ok[None, :])
+
+
+def gemv_config(n: int, k: int, elem: int, cap: tuple[int, int] | None) -> tuple[int, int, int, int]:
+    """``(BLOCK_N, BLOCK_K, warps, stages)``: 16 output columns per program when that gives a full wave of
+    programs (each then streams ``16·K`` weights), 32 or 64 for wide projections; K steps of 8–16 KB of
+    weight so a few stages keep ≥ 32 KB in flight per program."""
+    if cap is None:
+        return 16, 32, 1, 1
+    block_n = 16 if n <= 8192 else 32 if n <= 16384 else 64
+    block_k = max(64, min(512, (16384 // (block_n * elem)) // 64 * 64))
+    block_k = min(block_k, max(64, triton.next_power_of_2(k)))
+    return block_n, block_k, 4, 4 if elem <= 2 else 3
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype | None = None, *,
+           out: torch.Tensor | None = None, config: tuple[int, int, int, int] | None = None) -> torch.Tensor:
+    """Triton twin of :func:`linear_ref`: the weight-streaming kernel for at most :data:`GEMV_MAX_M` rows
+    (``config`` = ``(BLOCK_N, BLOCK_K, warps, stages)`` overrides :func:`gemv_config`), ``F.linear`` above."""
+    if weight.dim() != 2 or x.shape[-1] != weight.shape[1]:
+        raise ValueError(f"linear: x [..., {weight.shape[-1] if weight.dim() == 2 else '?'}] against weight "
+                         f"[N, K] expected, got {tuple(x.shape)} and {tuple(weight.shape)}")
+    out_dtype = out_dtype or x.dtype
+    lead, (n, k) = x.shape[:-1], weight.shape
+    x2 = x.reshape(-1, k)
+    m = x2.shape[0]
+    if m > GEMV_MAX_M or m == 0 or weight.stride(1) != 1:
+        y = linear_ref(x2, weight, out_dtype)
+        return y.view(*lead, n) if out is None else out.copy_(y.view(*lead, n))
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    if out is None:
+        y = torch.empty(m, n, dtype=out_dtype, device=x.device)
+    else:
+        if tuple(out.shape) != (*lead, n) or out.dtype != out_dtype or not out.is_contiguous():
+            raise ValueError(f"linear: out must be contiguous {(*lead, n)} {out_dtype}, got {tuple(out.shape)}")
+        y = out.view(m, n)
+    cap = capability(x.device)
+    block_n, block_k, warps, stages = config or gemv_config(n, k, weight.element_size(), cap)
+    _gemv_kernel[(triton.cdiv(n, block_n), triton.cdiv(m, 16))](
+        x2, weight, y, m, n, k, x2.stride(0), weight.stride(0), y.stride(0),
+        BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=k % block_k == 0,
+        F32_DOT=cap is None, PREC=dot_precision(weight.dtype), EXACT=interpreting(), num_warps=warps, num_stages=stages,
+    )
+    return y.view(*lead, n) if out is None else out
+
+
+# --- parity ------------------------------------------------------------------------------------------
+
+def _inputs(case: Case, device: torch.device, gen: torch.Generator) -> dict:
+    p = case.params
+    m, n, k = p["mnk"]
+    wdtype = p.get("wdtype", case.dtype)
+    x = torch.randn(m, k, generator=gen, device=device).to(case.dtype)
+    w = (torch.randn(n, k, generator=gen, device=device) / k ** 0.5).to(wdtype)
+    return {"x": x, "weight": w, "out_dtype": p.get("out_dtype")}
+
+
+def _oracle(x, weight, out_dtype=None):
+    """The product in fp32, rounded once to the output dtype (a CPU bf16 matmul rounds along the way)."""
+    return F.linear(x.float(), weight.float()).to(out_dtype or x.dtype)
+
+
+_GPU = ("cuda",)
+SPEC = ParitySpec(
+    op="linear",
+    make_inputs=_inputs,
+    reference=_oracle,
+    kernel=lambda out, **inp: linear(**inp, out=out[0]),
+    cases=[
+        Case("m1 n96 k160", {"mnk": (1, 96, 160)}),
+        Case("m3 n40 k64 fp32", {"mnk": (3, 40, 64)}, dtype=torch.float32),
+        Case("m2 n8 k64 router", {"mnk": (2, 8, 64), "wdtype": torch.float32, "out_dtype": torch.float32}),
+        Case("m20 n32 k32 cuBLAS", {"mnk": (20, 32, 32)}),
+        Case("m1 q+kv 3648x2048", {"mnk": (1, 3648, 2048)}, devices=_GPU),
+        Case("m8 gate/up 5632x2048", {"mnk": (8, 5632, 2048)}, devices=_GPU),
+        Case("m16 down 2048x2816", {"mnk": (16, 2048, 2816)}, devices=_GPU),
+        Case("m1 dense down 2048x10944", {"mnk": (1, 2048, 10944)}, devices=_GPU),
+        Case("m4 router 64x2048", {"mnk": (4, 64, 2048), "wdtype": torch.float32, "out_dtype": torch.float32},
+             devices=_GPU),
+    ],
+    checks=[Check("gemm_diff", 1e-5, "fp32 accumulation, one rounding to the output dtype; bf16 GEMM bound",
+                  dtypes=(torch.bfloat16,)),
+            Check("gemm_diff", 1e-10, "fp32 operands multiply in full fp32 (not tf32): only summation order",
+                  dtypes=(torch.float32,))],
+    description="decode-sized dense projection y = x Wᵀ (weight streamed through 16-row dots)",
+)
+
