@@ -83,12 +83,16 @@ def _row(name: str, shape: str, nbytes: float, ms: float, key: str) -> None:
 
 def sec_membound() -> None:
     say("\nmemory-bound V4 kernels (bytes: each input read once, each output written once)")
-    tok = 16 if ARGS.smoke else 65536
-    kv = torch.randn(tok, kv584.HEAD_DIM, device=DEV).bfloat16()
-    pool = kv584.new_pool(-(-tok // 64), 64, DEV)
-    slots = torch.arange(tok, device=DEV)
-    _row("kv584_store", f"{tok} tok", tok * (kv584.HEAD_DIM * 2 + kv584.TOKEN_BYTES),
-         bench_ms(lambda: kv584.kv584_store(kv, pool, slots)), "membound")
+    for tok in ((16,) if ARGS.smoke else (65536, 262144)):  # 105 MB and 420 MB moved: the second fills the GPU
+        kv = torch.randn(tok, kv584.HEAD_DIM, device=DEV).bfloat16()
+        pool = kv584.new_pool(-(-tok // 64), 64, DEV)
+        slots = torch.arange(tok, device=DEV)
+        _row("kv584_store", f"{tok} tok", tok * (kv584.HEAD_DIM * 2 + kv584.TOKEN_BYTES),
+             bench_ms(lambda kv=kv, pool=pool, slots=slots: kv584.kv584_store(kv, pool, slots)), "membound")
+        if tok == 65536 or ARGS.smoke:
+            pool_65k, slots_65k = pool, slots  # the load below reads these rows back
+    pool, slots = pool_65k, slots_65k
+    tok = slots.shape[0]
     out = torch.empty(tok, kv584.HEAD_DIM, device=DEV)
     _row("kv584_load", f"{tok} tok -> fp32", tok * (kv584.TOKEN_BYTES + kv584.HEAD_DIM * 4),
          bench_ms(lambda: kv584.kv584_load(pool, slots, out=out)), "membound")
@@ -111,15 +115,19 @@ def sec_membound() -> None:
     dq = torch.empty(e, rows, k, dtype=torch.bfloat16, device=DEV)
     _row("mxfp4_dequant", f"{e}x{rows}x{k} -> bf16", w.numel() + s.numel() + dq.numel() * 2,
          bench_ms(lambda: mxfp4.mxfp4_dequant(w, s, torch.bfloat16, out=dq)), "membound")
-    n_ent, length = (2, 8) if ARGS.smoke else (4096, 8)
-    ckv = torch.randn(n_ent, length, 512, device=DEV).bfloat16()
-    cg = torch.randn(n_ent, length, 512, device=DEV)
-    cw = torch.ones(512, device=DEV)
-    cos, sin = torch.ones(n_ent, 32, device=DEV), torch.zeros(n_ent, 32, device=DEV)
-    cpool = kv584.new_pool(max(1, n_ent // 64), 64, DEV)
-    cslots = torch.arange(n_ent, device=DEV)
-    _row("compress_store", f"{n_ent} entries x {length}", n_ent * (length * 512 * 6 + kv584.TOKEN_BYTES),
-         bench_ms(lambda: compressor.compress_store(ckv, cg, cw, 1e-6, cos, sin, cpool, cslots)), "membound")
+    # CSA (window 8) at 4096 entries (100 MB: two waves of programs) and 16384 (400 MB), HCA (window 128)
+    sizes = ((2, 8), (2, 16)) if ARGS.smoke else ((4096, 8), (16384, 8), (1024, 128))
+    for n_ent, length in sizes:
+        ckv = torch.randn(n_ent, length, 512, device=DEV).bfloat16()
+        cg = torch.randn(n_ent, length, 512, device=DEV)
+        cw = torch.ones(512, device=DEV)
+        cos, sin = torch.ones(n_ent, 32, device=DEV), torch.zeros(n_ent, 32, device=DEV)
+        cpool = kv584.new_pool(-(-n_ent // 64), 64, DEV)
+        cslots = torch.arange(n_ent, device=DEV)
+        _row("compress_store", f"{n_ent} entries x {length}", n_ent * (length * 512 * 6 + kv584.TOKEN_BYTES),
+             bench_ms(lambda a=(ckv, cg, cw, 1e-6, cos, sin, cpool, cslots): compressor.compress_store(*a)),
+             "membound")
+        del ckv, cg
 
 
 def sec_sparse() -> None:

@@ -16,14 +16,19 @@ from kernels.arch import capability, fp8_hw_cast, interpreting
 from kernels.harness import Case, Check, ParitySpec
 from kernels.kv584 import (
     HEAD_DIM,
+    N_TILES,
+    NOPE_DIM,
     ROPE_DIM,
     SCALE_OFFSET,
     TOKEN_BYTES,
     _flat,
+    _words,
     kv584_load_ref,
     kv584_store_ref,
     new_pool,
     pack_row,
+    pack_words,
+    store_words,
 )
 
 
@@ -78,18 +83,168 @@ def _compress_kernel(kv_ptr, gate_ptr, w_ptr, cos_ptr, sin_ptr, slot_ptr, pool_p
         pack_row(y, pool_ptr + slot * ROW, pool16_ptr + slot * (ROW // 2), HW_CAST, EXACT)
 
 
-def compress_store(kv, gate, norm_weight, eps, cos, sin, pool, slots) -> torch.Tensor:
-    """Triton :func:`compress_store_ref` (one program per entry)."""
+@triton.jit
+def _pool_step(g, x, m, lsum, acc):
+    """One online-softmax step over axis 0 of ``g``/``x`` (``-inf`` gates weigh nothing)."""
+    m_new = tl.maximum(m, tl.max(g, axis=0))
+    safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp(m - safe)
+    p = tl.exp(g - safe[None])
+    return m_new, lsum * alpha + tl.sum(p, axis=0), acc * alpha + tl.sum(p * x, axis=0)
+
+
+@triton.jit
+def _compress_words_kernel(kv_ptr, gate_ptr, w_ptr, cos_ptr, sin_ptr, slot_ptr, pool64_ptr, L, eps,
+                           BLOCK_L: tl.constexpr, HW_CAST: tl.constexpr, EXACT: tl.constexpr,
+                           NT: tl.constexpr = N_TILES, NOPE: tl.constexpr = NOPE_DIM):
+    """One entry per program: the nope channels as ``[tile 8, word 8, byte 8]`` (tile 7 masked off), the rope
+    channels as ``[word 16, pair 2, even/odd 2]``, so the packed row leaves as int64 words."""
+    i = tl.program_id(0).to(tl.int64)
+    slot = tl.load(slot_ptr + i + tl.arange(0, 1)).to(tl.int64)  # [1]
+    tile = tl.arange(0, 8)
+    wi = tl.arange(0, 8)
+    col = tile[:, None, None] * 64 + wi[None, :, None] * 8 + wi[None, None, :]  # [8, 8, 8]
+    tm = (tile < NT)[:, None, None]
+    j = tl.arange(0, 16)
+    two = tl.arange(0, 2)
+    rcol = NOPE + j[:, None, None] * 4 + two[None, :, None] * 2 + two[None, None, :]  # [16, 2, 2]
+    m = tl.full([8, 8, 8], float("-inf"), tl.float32)
+    lsum = tl.zeros([8, 8, 8], dtype=tl.float32)
+    acc = tl.zeros([8, 8, 8], dtype=tl.float32)
+    mr = tl.full([16, 2, 2], float("-inf"), tl.float32)
+    lr = tl.zeros([16, 2, 2], dtype=tl.float32)
+    ar = tl.zeros([16, 2, 2], dtype=tl.float32)
+    for l0 in range(0, L, BLOCK_L):
+        rl = l0 + tl.arange(0, BLOCK_L)
+        lm = rl < L
+        base = (i * L + rl) * 512
+        b4 = base[:, None, None, None] + col[None]
+        m4 = lm[:, None, None, None] & tm[None]
+        g = tl.load(gate_ptr + b4, mask=m4, other=float("-inf")).to(tl.float32)
+        x = tl.load(kv_ptr + b4, mask=m4, other=0.0).to(tl.float32)
+        br = base[:, None, None, None] + rcol[None]
+        gr = tl.load(gate_ptr + br, mask=lm[:, None, None, None], other=float("-inf")).to(tl.float32)
+        xr = tl.load(kv_ptr + br, mask=lm[:, None, None, None], other=0.0).to(tl.float32)
+        m, lsum, acc = _pool_step(g, x, m, lsum, acc)
+        mr, lr, ar = _pool_step(gr, xr, mr, lr, ar)
+    pooled = tl.where(tm, acc / lsum, 0.0)
+    pr = ar / lr
+    ss = tl.sum(tl.sum(tl.sum(pooled * pooled, axis=2), axis=1), axis=0)
+    ss += tl.sum(tl.sum(tl.sum(pr * pr, axis=2), axis=1), axis=0)
+    rstd = 1.0 / tl.sqrt_rn(ss / 512 + eps)
+    yn = pooled * rstd * tl.load(w_ptr + col, mask=tm, other=0.0).to(tl.float32)
+    yr = pr * rstd * tl.load(w_ptr + rcol).to(tl.float32)
+    ye, yo = tl.split(yr)  # [16, 2]: pair 2j + p
+    pidx = i * 32 + j[:, None] * 2 + two[None, :]
+    cs = tl.load(cos_ptr + pidx)
+    sn = tl.load(sin_ptr + pidx)
+    rope = tl.reshape(tl.join(ye * cs - yo * sn, ye * sn + yo * cs), [16, 4])
+    q, r, sw = pack_words(yn[None], rope[None], HW_CAST, EXACT)
+    store_words(pool64_ptr, slot, slot >= 0, q, r, sw)
+
+
+@triton.jit
+def _pool_elem(g, x, m, lsum, acc):
+    """One window row into the per-channel online softmax: elementwise, nothing crosses threads, and one
+    exp per element (the larger of ``m`` and ``g`` gets weight 1, the other ``exp(-|g - m|)``)."""
+    up = g > m
+    d = tl.where(up, m - g, g - m)
+    e = tl.exp(tl.where(tl.maximum(m, g) == float("-inf"), float("-inf"), d))  # both -inf: weight 0, no NaN
+    alpha = tl.where(up, e, 1.0)
+    p = tl.where(up, 1.0, e)
+    return tl.maximum(m, g), lsum * alpha + p, acc * alpha + p * x
+
+
+@triton.jit
+def _compress_unrolled_kernel(kv_ptr, gate_ptr, w_ptr, cos_ptr, sin_ptr, slot_ptr, pool64_ptr, n, L, eps,
+                              ENTRIES: tl.constexpr, UNROLL: tl.constexpr, HW_CAST: tl.constexpr,
+                              EXACT: tl.constexpr, NT: tl.constexpr = N_TILES, NOPE: tl.constexpr = NOPE_DIM):
+    """``ENTRIES`` entries per program; the window streams row by row (``UNROLL`` rows per loop trip, so their
+    loads are in flight together) through a per-channel online softmax, with no reduction over the window."""
+    eid = tl.program_id(0).to(tl.int64) * ENTRIES + tl.arange(0, ENTRIES)
+    live = eid < n
+    slot = tl.load(slot_ptr + eid, mask=live, other=-1).to(tl.int64)
+    tile = tl.arange(0, 8)
+    wi = tl.arange(0, 8)
+    col = tile[:, None, None] * 64 + wi[None, :, None] * 8 + wi[None, None, :]  # [8, 8, 8]
+    tm = (tile < NT)[:, None, None]
+    j = tl.arange(0, 16)
+    two = tl.arange(0, 2)
+    rcol = NOPE + j[:, None, None] * 4 + two[None, :, None] * 2 + two[None, None, :]  # [16, 2, 2]
+    m = tl.full([ENTRIES, 8, 8, 8], float("-inf"), tl.float32)
+    lsum = tl.zeros([ENTRIES, 8, 8, 8], dtype=tl.float32)
+    acc = tl.zeros([ENTRIES, 8, 8, 8], dtype=tl.float32)
+    mr = tl.full([ENTRIES, 16, 2, 2], float("-inf"), tl.float32)
+    lr = tl.zeros([ENTRIES, 16, 2, 2], dtype=tl.float32)
+    ar = tl.zeros([ENTRIES, 16, 2, 2], dtype=tl.float32)
+    e4 = eid[:, None, None, None]
+    for l0 in range(0, L, UNROLL):
+        for u in tl.static_range(UNROLL):
+            lm = live & (eid * 0 + (l0 + u) < L)
+            base = (e4 * L + l0 + u) * 512
+            m4 = lm[:, None, None, None] & tm[None]
+            g = tl.load(gate_ptr + base + col[None], mask=m4, other=float("-inf")).to(tl.float32)
+            x = tl.load(kv_ptr + base + col[None], mask=m4, other=0.0).to(tl.float32)
+            mr4 = lm[:, None, None, None]
+            gr = tl.load(gate_ptr + base + rcol[None], mask=mr4, other=float("-inf")).to(tl.float32)
+            xr = tl.load(kv_ptr + base + rcol[None], mask=mr4, other=0.0).to(tl.float32)
+            m, lsum, acc = _pool_elem(g, x, m, lsum, acc)
+            mr, lr, ar = _pool_elem(gr, xr, mr, lr, ar)
+    pooled = tl.where(tm[None], acc / lsum, 0.0)
+    pr = ar / lr
+    ss = tl.sum(tl.sum(tl.sum(pooled * pooled, axis=3), axis=2), axis=1)
+    ss += tl.sum(tl.sum(tl.sum(pr * pr, axis=3), axis=2), axis=1)  # [E]
+    rstd = 1.0 / tl.sqrt_rn(ss / 512 + eps)
+    yn = pooled * rstd[:, None, None, None] * tl.load(w_ptr + col, mask=tm, other=0.0).to(tl.float32)[None]
+    yr = pr * rstd[:, None, None, None] * tl.load(w_ptr + rcol).to(tl.float32)[None]
+    ye, yo = tl.split(yr)  # [E, 16, 2]: pair 2j + p
+    pidx = eid[:, None, None] * 32 + j[None, :, None] * 2 + two[None, None, :]
+    cs = tl.load(cos_ptr + pidx, mask=live[:, None, None], other=1.0)
+    sn = tl.load(sin_ptr + pidx, mask=live[:, None, None], other=0.0)
+    rope = tl.reshape(tl.join(ye * cs - yo * sn, ye * sn + yo * cs), [ENTRIES, 16, 4])
+    q, r, sw = pack_words(yn, rope, HW_CAST, EXACT)
+    store_words(pool64_ptr, slot, slot >= 0, q, r, sw)
+
+
+COMPRESS_IMPL = "row"  # the default kernel of compress_store
+COMPRESS_WARPS = 4
+COMPRESS_BLOCK_L = 8
+COMPRESS_ENTRIES = 2
+
+
+def compress_store(kv, gate, norm_weight, eps, cos, sin, pool, slots, *, impl: str | None = None,
+                   block_l: int | None = None, num_warps: int | None = None,
+                   entries: int | None = None) -> torch.Tensor:
+    """Triton :func:`compress_store_ref`. ``impl``: ``"unrolled"``, ``entries`` per program streaming the
+    window row by row through an elementwise online softmax; ``"words"``, one entry per program pooling
+    ``block_l`` window rows at a time; both write rows as int64 words. ``"row"``: the byte-store kernel, one
+    entry per program (also the path for a pool that is not 8-byte aligned). ``None``: :data:`COMPRESS_IMPL`."""
     n, length, d = kv.shape
     if d != HEAD_DIM or gate.shape != kv.shape or cos.shape != (n, ROPE_DIM // 2):
         raise ValueError(f"compress_store: kv/gate must be [n, L, {HEAD_DIM}] and cos/sin [n, {ROPE_DIM // 2}], got "
                          f"{tuple(kv.shape)}, {tuple(gate.shape)}, {tuple(cos.shape)}")
+    impl = impl or COMPRESS_IMPL
+    if impl not in ("words", "row", "unrolled"):
+        raise ValueError(f"compress_store: impl must be 'words', 'unrolled' or 'row', got {impl!r}")
     flat = _flat(pool)
-    if n:
-        _compress_kernel[(n,)](kv.contiguous(), gate.float().contiguous(), norm_weight.float().contiguous(),
-                               cos.float().contiguous(), sin.float().contiguous(), slots.to(torch.int64).contiguous(),
-                               flat, flat.view(torch.int16), length, float(eps), BLOCK_L=8 if interpreting() else 4,
-                               HW_CAST=fp8_hw_cast(capability(kv.device)), EXACT=interpreting(), num_warps=4)
+    if not n:
+        return pool
+    args = (kv.contiguous(), gate.float().contiguous(), norm_weight.float().contiguous(), cos.float().contiguous(),
+            sin.float().contiguous(), slots.to(torch.int64).contiguous())
+    hw, exact = fp8_hw_cast(capability(kv.device)), interpreting()
+    words = _words(flat) if impl != "row" else None
+    if words is not None and impl == "unrolled":
+        ent = entries or COMPRESS_ENTRIES
+        _compress_unrolled_kernel[(triton.cdiv(n, ent),)](*args, words, n, length, float(eps), ENTRIES=ent,
+                                                          UNROLL=block_l or COMPRESS_BLOCK_L, HW_CAST=hw, EXACT=exact,
+                                                          num_warps=num_warps or COMPRESS_WARPS)
+    elif words is None:
+        _compress_kernel[(n,)](*args, flat, flat.view(torch.int16), length, float(eps),
+                               BLOCK_L=block_l or (8 if exact else 4), HW_CAST=hw, EXACT=exact,
+                               num_warps=num_warps or 4)
+    else:
+        _compress_words_kernel[(n,)](*args, words, length, float(eps), BLOCK_L=block_l or COMPRESS_BLOCK_L,
+                                     HW_CAST=hw, EXACT=exact, num_warps=num_warps or COMPRESS_WARPS)
     return pool
 
 

@@ -116,7 +116,9 @@ def pack_row(x, row_ptr, row16_ptr, HW_CAST: tl.constexpr, EXACT: tl.constexpr, 
     c = tl.arange(0, 64)
     nt = NOPE // 64
     tl.store(row_ptr + tile[:, None] * 64 + c[None, :], code, mask=(tile < nt)[:, None])
-    rope = tl.sum(tl.where((tile == nt)[:, None], t2, 0.0), axis=0)  # [64]
+    # tile 7's bits picked out by an integer sum (a float sum would turn -0.0 into +0.0)
+    rope = tl.sum(tl.where((tile == nt)[:, None], t2.to(tl.int32, bitcast=True), 0), axis=0).to(tl.float32,
+                                                                                               bitcast=True)
     r16 = cast_rne(rope, tl.bfloat16, EXACT).to(tl.int16, bitcast=True)
     tl.store(row16_ptr + NOPE // 2 + c, r16)
     tl.store(row_ptr + SOFF + tile, tl.where(tile < nt, ebyte, 0).to(tl.uint8))
@@ -151,6 +153,69 @@ def _store_kernel(kv_ptr, slot_ptr, pool_ptr, pool16_ptr, stride_kv, HW_CAST: tl
 
 
 @triton.jit
+def pack_words(nope, rope, HW_CAST: tl.constexpr, EXACT: tl.constexpr, NT: tl.constexpr = N_TILES):
+    """Rows as little-endian int64 words: ``nope[R, 8, 8, 8]`` fp32 (tile, word, byte; tile 7 is ignored)
+    and ``rope[R, 16, 4]`` fp32 → ``(q[R, 8, 8], r[R, 16], s[R])``: the e4m3 words of tiles 0..6 (tile 7's
+    are garbage, don't store them), the bf16 rope words, and the word of the 7 scale bytes plus the pad."""
+    tile = tl.arange(0, 8)
+    amax = tl.maximum(tl.max(tl.max(tl.abs(nope), axis=3), axis=2), 1e-4)  # [R, 8]
+    s = tl.math.div_rn(amax, tl.full(amax.shape, 448.0, tl.float32))
+    b = s.to(tl.int32, bitcast=True)
+    ebyte = ((b >> 23) & 0xFF) + tl.where((b & 0x7FFFFF) != 0, 1, 0)  # biased exponent of the scale
+    inv = ((254 - ebyte) << 23).to(tl.float32, bitcast=True)  # 2^-(e) exactly
+    y = nope * inv[:, :, None, None]
+    y = tl.minimum(tl.maximum(y, -448.0), 448.0)
+    if HW_CAST:
+        code = y.to(tl.float8e4nv).to(tl.uint8, bitcast=True).to(tl.int64)
+    else:
+        code = e4m3_bits(y).to(tl.int64)
+    sh8 = (tl.arange(0, 8) * 8).to(tl.int64)
+    q = tl.sum(code << sh8[None, None, None, :], axis=3)  # [R, 8, 8]
+    r16 = cast_rne(rope, tl.bfloat16, EXACT).to(tl.int16, bitcast=True).to(tl.int64) & 0xFFFF
+    sh16 = (tl.arange(0, 4) * 16).to(tl.int64)
+    r = tl.sum(r16 << sh16[None, None, :], axis=2)  # [R, 16]
+    e64 = tl.where(tile[None, :] < NT, ebyte, 0).to(tl.int64)
+    sw = tl.sum(e64 << sh8[None, :], axis=1)  # [R]
+    return q, r, sw
+
+
+@triton.jit
+def store_words(pool64_ptr, slot, ok, q, r, sw, WORDS: tl.constexpr = TOKEN_BYTES // 8,
+                NT: tl.constexpr = N_TILES):
+    """Write :func:`pack_words`' output for rows whose ``ok[R]`` holds, at int64 ``slot[R]`` of the pool."""
+    tile = tl.arange(0, 8)
+    w8 = tl.arange(0, 8)
+    w16 = tl.arange(0, 16)
+    base = slot * WORDS  # [R] int64
+    qoff = base[:, None, None] + tile[None, :, None] * 8 + w8[None, None, :]
+    tl.store(pool64_ptr + qoff, q, mask=ok[:, None, None] & (tile < NT)[None, :, None])
+    tl.store(pool64_ptr + base[:, None] + NT * 8 + w16[None, :], r, mask=ok[:, None])
+    tl.store(pool64_ptr + base + NT * 8 + 16, sw, mask=ok)
+
+
+@triton.jit
+def _store_rows_kernel(kv_ptr, slot_ptr, pool64_ptr, n, stride_kv, ROWS: tl.constexpr, HW_CAST: tl.constexpr,
+                       EXACT: tl.constexpr, NT: tl.constexpr = N_TILES, NOPE: tl.constexpr = NOPE_DIM):
+    """``ROWS`` tokens per program, each row written as 73 int64 words (584 = 8 · 73)."""
+    rid = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    live = rid < n
+    slot = tl.load(slot_ptr + rid, mask=live, other=-1).to(tl.int64)
+    tile = tl.arange(0, 8)
+    w = tl.arange(0, 8)
+    k = tl.arange(0, 8)
+    col = tile[:, None, None] * 64 + w[None, :, None] * 8 + k[None, None, :]  # [8, 8, 8]
+    row = kv_ptr + rid * stride_kv  # the loads do not wait on the slots
+    m4 = live[:, None, None, None] & (tile < NT)[None, :, None, None]
+    nope = tl.load(row[:, None, None, None] + col[None], mask=m4, other=0.0).to(tl.float32)
+    j = tl.arange(0, 16)
+    e = tl.arange(0, 4)
+    rcol = NOPE + j[:, None] * 4 + e[None, :]
+    rope = tl.load(row[:, None, None] + rcol[None], mask=live[:, None, None], other=0.0).to(tl.float32)
+    q, r, sw = pack_words(nope, rope, HW_CAST, EXACT)
+    store_words(pool64_ptr, slot, slot >= 0, q, r, sw)
+
+
+@triton.jit
 def _load_kernel(pool_ptr, pool16_ptr, slot_ptr, o_ptr, HW_CAST: tl.constexpr, ROW: tl.constexpr = TOKEN_BYTES):
     i = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_ptr + i).to(tl.int64)
@@ -160,16 +225,43 @@ def _load_kernel(pool_ptr, pool16_ptr, slot_ptr, o_ptr, HW_CAST: tl.constexpr, R
     tl.store(o_ptr + i * 512 + c, tl.where(slot >= 0, x, 0.0))
 
 
-def kv584_store(kv: torch.Tensor, pool: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-    """Triton :func:`kv584_store_ref` (one program per token)."""
+STORE_IMPL = "row"  # the default kernel of kv584_store
+STORE_ROWS = 8  # tokens per program of the word-store kernel
+STORE_WARPS = 4
+
+
+def _words(flat: torch.Tensor) -> torch.Tensor | None:
+    """``flat`` as int64 words ``[N, 73]``, or None where its storage is not 8-byte aligned."""
+    if flat.storage_offset() % 8 or flat.data_ptr() % 8 or flat.stride(0) != TOKEN_BYTES:
+        return None
+    return flat.view(torch.int64)
+
+
+def kv584_store(kv: torch.Tensor, pool: torch.Tensor, slots: torch.Tensor, *, impl: str | None = None,
+                rows: int | None = None, num_warps: int | None = None) -> torch.Tensor:
+    """Triton :func:`kv584_store_ref`. ``impl="words"``: ``rows`` tokens per program written as int64 words;
+    ``"row"``: one program per token with byte stores (also the path for a pool whose storage is not 8-byte
+    aligned). ``None``: :data:`STORE_IMPL`."""
     flat = _flat(pool)
     if kv.dim() != 2 or kv.shape[1] != HEAD_DIM or kv.stride(1) != 1 or slots.shape != (kv.shape[0],):
         raise ValueError(f"kv584: kv must be [N, {HEAD_DIM}] (unit stride) with slots [N], got "
                          f"{tuple(kv.shape)} and {tuple(slots.shape)}")
+    impl = impl or STORE_IMPL
+    if impl not in ("words", "row"):
+        raise ValueError(f"kv584_store: impl must be 'words' or 'row', got {impl!r}")
     hw = fp8_hw_cast(capability(kv.device))
-    if kv.shape[0]:
-        _store_kernel[(kv.shape[0],)](kv, slots.to(torch.int64).contiguous(), flat, flat.view(torch.int16),
-                                      kv.stride(0), HW_CAST=hw, EXACT=interpreting(), num_warps=2)
+    n = kv.shape[0]
+    if not n:
+        return pool
+    sl = slots.to(torch.int64).contiguous()
+    words = _words(flat) if impl == "words" else None
+    if words is None:
+        _store_kernel[(n,)](kv, sl, flat, flat.view(torch.int16), kv.stride(0), HW_CAST=hw, EXACT=interpreting(),
+                            num_warps=num_warps or 2)
+    else:
+        r = rows or STORE_ROWS
+        _store_rows_kernel[(triton.cdiv(n, r),)](kv, sl, words, n, kv.stride(0), ROWS=r, HW_CAST=hw,
+                                                 EXACT=interpreting(), num_warps=num_warps or STORE_WARPS)
     return pool
 
 

@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
-from kernels import kv584
+from kernels import compressor, kv584
 from kernels.harness import format_table, run_spec
 from kernels.registry import load_spec
 from tests.kernels.interpreter import DEVICES
@@ -41,16 +43,110 @@ def test_584_byte_layout_byte_by_byte():
     torch.testing.assert_close(kv584.unpack_ref(row[None]), x, rtol=0, atol=0)
 
 
-def test_store_skips_negative_slots_and_load_zeroes_them(device):
+STORE_VARIANTS = [{"impl": "row"}, {"impl": "words", "rows": 4, "num_warps": 2},
+                  {"impl": "words", "rows": 16, "num_warps": 8}]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("variant", STORE_VARIANTS, ids=lambda v: "-".join(map(str, v.values())))
+def test_kv584_store_variants_pass_the_spec(variant, device):
+    def kernel(out, kv, pool, slots):
+        out[0].copy_(pool)
+        kv584.kv584_store(kv, out[0], slots, **variant)
+
+    rows = run_spec(dataclasses.replace(kv584.SPEC_STORE, kernel=kernel), device)
+    assert rows and all(r.passed for r in rows), format_table(rows)
+
+
+def _e4m3_ties(n: int, gen: torch.Generator) -> torch.Tensor:
+    """Rows whose tiles each hold amax 448·2^k (so the scale is 2^k exactly) and otherwise only e4m3 values and
+    exact midpoints between neighbours (normal, subnormal, and across binade edges such as 240|256)."""
+    e4 = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn).float()
+    pos = torch.unique(e4[torch.isfinite(e4) & (e4 >= 0)])
+    pick = torch.cat([(pos[1:] + pos[:-1]) / 2, pos])
+    pick = torch.cat([pick, -pick])
+    x = pick[torch.randint(0, pick.numel(), (n, kv584.HEAD_DIM), generator=gen)]
+    x[:, 0:kv584.NOPE_DIM:kv584.TILE] = 448.0
+    k = torch.randint(-12, 6, (n, kv584.N_TILES + 1), generator=gen).float()
+    return x * torch.exp2(k).repeat_interleave(kv584.TILE, 1)
+
+
+@pytest.mark.parametrize("impl", ["row", "words"])
+def test_kv584_store_rounds_ties_to_even_at_every_e4m3_step(impl, device):
+    x = _e4m3_ties(24, torch.Generator().manual_seed(0))
+    x[1, 64:128] = 0.0
+    want = kv584.pack_ref(x)
+    assert (want[:, 1:448].view(torch.float8_e4m3fn).float() != x[:, 1:448] * 0).any()  # ties were planted
+    pool = kv584.new_pool(1, 32, device)
+    kv584.kv584_store(x.to(device), pool, torch.arange(24, device=device), impl=impl)
+    got = pool.view(-1, kv584.TOKEN_BYTES)[:24].cpu()
+    assert torch.equal(got, want), (got != want).nonzero()[:8].tolist()
+
+
+@pytest.mark.parametrize("impl", ["row", "words"])
+def test_store_skips_negative_slots_and_load_zeroes_them(impl, device):
     pool = kv584.new_pool(2, 4, device)
     kv = torch.randn(3, 512, device=device)
-    kv584.kv584_store(kv, pool, torch.tensor([5, -1, 0], device=device))
+    kv584.kv584_store(kv, pool, torch.tensor([5, -1, 0], device=device), impl=impl)
     assert pool.view(-1, 584)[[1, 2, 3, 4, 6, 7]].eq(0).all()
     out = kv584.kv584_load(pool, torch.tensor([0, -1, 5], device=device))
     assert out[1].eq(0).all()
     torch.testing.assert_close(out[[0, 2]], kv584.unpack_ref(kv584.pack_ref(kv[[2, 0]])), rtol=0, atol=0)
     with pytest.raises(ValueError, match="584"):
         kv584.kv584_load(torch.zeros(2, 583, dtype=torch.uint8, device=device), torch.tensor([0], device=device))
+    with pytest.raises(ValueError, match="impl"):
+        kv584.kv584_store(kv, pool, torch.tensor([5, -1, 0], device=device), impl="bytes")
+
+
+def test_word_store_on_a_pool_not_8_byte_aligned_falls_back(device):
+    """A pool viewed at a 2-byte offset cannot take int64 words: the byte-store kernel writes it instead."""
+    buf = torch.zeros(2 + 6 * kv584.TOKEN_BYTES, dtype=torch.uint8, device=device)
+    pool = buf[2:].view(2, 3, kv584.TOKEN_BYTES)
+    assert kv584._words(pool.view(-1, kv584.TOKEN_BYTES)) is None
+    assert kv584._words(kv584.new_pool(2, 3, device).view(-1, kv584.TOKEN_BYTES)) is not None
+    kv = torch.randn(4, 512, device=device)
+    kv584.kv584_store(kv, pool, torch.tensor([4, 0, 2, 5], device=device), impl="words")
+    rows = pool.view(-1, kv584.TOKEN_BYTES)[[4, 0, 2, 5]].cpu()
+    assert torch.equal(rows, kv584.pack_ref(kv.cpu())) and buf[:2].eq(0).all()
+
+
+COMPRESS_VARIANTS = [{"impl": "row"}, {"impl": "words", "block_l": 4},
+                     {"impl": "unrolled", "entries": 2, "block_l": 4, "num_warps": 4},
+                     {"impl": "unrolled", "entries": 1, "block_l": 8, "num_warps": 2}]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("variant", COMPRESS_VARIANTS, ids=lambda v: "-".join(map(str, v.values())))
+def test_compress_store_variants_pass_the_spec(variant, device):
+    def kernel(out, **inp):
+        pool = inp["pool"].clone()
+        compressor.compress_store(**dict(inp, pool=pool), **variant)
+        out[0].copy_(kv584.kv584_load_ref(pool, inp["slots"]))
+        out[1].copy_(kv584._flat(pool)[inp["slots"]][:, kv584.SCALE_OFFSET:])
+
+    rows = run_spec(dataclasses.replace(compressor.SPEC, kernel=kernel), device)
+    assert rows and all(r.passed for r in rows), format_table(rows)
+
+
+@pytest.mark.parametrize("impl", ["row", "words", "unrolled"])
+def test_compress_store_skips_negative_slots_and_ragged_entry_blocks(impl, device):
+    """5 entries (not a multiple of the entries per program), a window of 5 (not a multiple of the rows
+    pooled per step), and slot -1: the other slots hold exactly what the reference writes, the rest is
+    untouched."""
+    case = compressor.Case("ragged", {"shape": (5, 5, 2)}, dtype=torch.float32)
+    inp = compressor._inputs(case, torch.device(device), torch.Generator(device=device).manual_seed(2))
+    inp["slots"][1] = -1
+    inp["pool"].fill_(0xA5)
+    want = compressor.compress_store_ref(**dict(inp, pool=inp["pool"].clone()))
+    got = compressor.compress_store(**dict(inp, pool=inp["pool"].clone()), impl=impl, entries=4, block_l=2)
+    keep = inp["slots"] >= 0
+    flat_w, flat_g = kv584._flat(want), kv584._flat(got)
+    others = torch.ones(flat_w.shape[0], dtype=torch.bool, device=device)
+    others[inp["slots"][keep]] = False
+    assert flat_g[others].eq(0xA5).all()
+    torch.testing.assert_close(kv584.unpack_ref(flat_g[inp["slots"][keep]]), kv584.unpack_ref(flat_w[inp["slots"][keep]]),
+                               atol=2.0**-15, rtol=0.13)
+    assert torch.equal(flat_g[inp["slots"][keep]][:, kv584.SCALE_OFFSET:], flat_w[inp["slots"][keep]][:, kv584.SCALE_OFFSET:])
 
 
 def test_hc_reference_matches_hf_hyper_connection():
