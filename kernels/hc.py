@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from kernels._launch import next_pow2
-from kernels.arch import interpreting
+from kernels.arch import capability, interpreting
 from kernels.harness import Case, Check, ParitySpec
 
 
@@ -124,6 +124,183 @@ def _hc_pre_kernel(x_ptr, fn_ptr, base_ptr, scale_ptr, col_ptr, post_ptr, comb_p
 
 
 @triton.jit
+def _hc_weights(acc, ss, base_ptr, scale_ptr, K, iters, eps, norm_eps, N: tl.constexpr, NMIX: tl.constexpr):
+    """Per-token mixing weights from the raw logits ``acc[BT, NMIX]`` (``x·fnᵀ``, not yet normalised) and the
+    sums of squares ``ss[BT]`` over the ``K = N·D`` flattened row: ``(pre[BT, N], post[BT, N], comb[BT, N, N])``
+    with ``comb`` projected by Sinkhorn-Knopp exactly as :func:`hc_pre_ref` does (columns first)."""
+    mix_i = tl.arange(0, NMIX)
+    n_mix = (2 + N) * N
+    rstd = 1.0 / tl.sqrt_rn(ss / K + norm_eps)
+    acc = acc * rstd[:, None]
+    s0 = tl.load(scale_ptr)
+    s1 = tl.load(scale_ptr + 1)
+    s2 = tl.load(scale_ptr + 2)
+    b = tl.load(base_ptr + mix_i, mask=mix_i < n_mix, other=0.0)
+    jn = tl.arange(0, N)
+    pre_l = tl.sum(tl.where(mix_i[None, None, :] == jn[None, :, None], (acc * s0 + b[None, :])[:, None, :], 0.0), axis=2)
+    post_l = tl.sum(tl.where(mix_i[None, None, :] == jn[None, :, None] + N, (acc * s1 + b[None, :])[:, None, :], 0.0),
+                    axis=2)
+    pre = tl.sigmoid(pre_l) + eps
+    post = 2.0 * tl.sigmoid(post_l)
+    nn = tl.arange(0, N * N)
+    cl = tl.sum(tl.where(mix_i[None, None, :] == (2 * N + nn)[None, :, None], (acc * s2 + b[None, :])[:, None, :], 0.0),
+                axis=2)
+    cl = tl.reshape(cl, [acc.shape[0], N, N])
+    cl = cl - tl.max(cl, axis=2)[:, :, None]
+    ce = tl.exp(cl)
+    comb = ce / tl.sum(ce, axis=2)[:, :, None] + eps
+    comb = comb / (tl.sum(comb, axis=1)[:, None, :] + eps)
+    for _ in range(iters - 1):
+        comb = comb / (tl.sum(comb, axis=2)[:, :, None] + eps)
+        comb = comb / (tl.sum(comb, axis=1)[:, None, :] + eps)
+    return pre, post, comb
+
+
+@triton.jit
+def _fn_dot(xv, fn_ptr, kk, km, K, acc, N: tl.constexpr, NMIX: tl.constexpr, SPLIT3: tl.constexpr,
+            PREC: tl.constexpr):
+    """``acc += xv[BT, BK] · fn[:, kk]ᵀ``. With ``SPLIT3`` (bf16 ``xv``, exact in bf16) fn is split in registers
+    into three bf16 parts (hi + mid + lo carry fp32's 24 bits), so three bf16 MMAs give the fp32 product;
+    else one dot at ``PREC`` (fp32 ``xv``)."""
+    mix_i = tl.arange(0, NMIX)
+    w = tl.load(fn_ptr + mix_i[None, :] * K + kk[:, None], mask=(mix_i[None, :] < (2 + N) * N) & km[:, None],
+                other=0.0)
+    if SPLIT3:
+        hi = w.to(tl.bfloat16)
+        r = w - hi.to(tl.float32)
+        mid = r.to(tl.bfloat16)
+        lo = (r - mid.to(tl.float32)).to(tl.bfloat16)
+        acc = tl.dot(xv, hi, acc)
+        acc = tl.dot(xv, mid, acc)
+        acc = tl.dot(xv, lo, acc)
+    else:
+        acc = tl.dot(xv, w, acc, input_precision=PREC)
+    return acc
+
+
+@triton.jit
+def _hc_logits_kernel(x_ptr, fn_ptr, part_ptr, T, K, K_SPLIT, N: tl.constexpr, NMIX: tl.constexpr,
+                      BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT3: tl.constexpr, PREC: tl.constexpr):
+    """Split design, pass 1: raw logits and sums of squares of BLOCK_T tokens over one K slice (x read once,
+    fully parallel); ``part[s, t, :NMIX]`` logits, ``part[s, t, NMIX]`` the sum of squares."""
+    t = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+    tm = t < T
+    ks = tl.program_id(1)
+    acc = tl.zeros([BLOCK_T, NMIX], dtype=tl.float32)
+    ss = tl.zeros([BLOCK_T], dtype=tl.float32)
+    for k0 in range(ks * K_SPLIT, ks * K_SPLIT + K_SPLIT, BLOCK_K):
+        kk = k0 + tl.arange(0, BLOCK_K)
+        km = kk < K
+        xv = tl.load(x_ptr + t[:, None] * K + kk[None, :], mask=tm[:, None] & km[None, :], other=0.0)
+        xf = xv.to(tl.float32)
+        ss += tl.sum(xf * xf, axis=1)
+        if SPLIT3:
+            acc = _fn_dot(xv, fn_ptr, kk, km, K, acc, N, NMIX, SPLIT3, PREC)
+        else:
+            acc = _fn_dot(xf, fn_ptr, kk, km, K, acc, N, NMIX, SPLIT3, PREC)
+    mix_i = tl.arange(0, NMIX)
+    row = part_ptr + (ks * T + t[:, None]) * (NMIX + 1)
+    tl.store(row + mix_i[None, :], acc, mask=tm[:, None])
+    tl.store(part_ptr + (ks * T + t) * (NMIX + 1) + NMIX, ss, mask=tm)
+
+
+@triton.jit
+def _hc_collapse_kernel(x_ptr, part_ptr, base_ptr, scale_ptr, col_ptr, post_ptr, comb_ptr, T, D, S, D_SPLIT, iters,
+                        eps, norm_eps, N: tl.constexpr, NMIX: tl.constexpr, BLOCK_T: tl.constexpr,
+                        BLOCK_D: tl.constexpr):
+    """Split design, pass 2: sum the K-slice partials, the weights and Sinkhorn (every D slice recomputes
+    them: a few hundred flops per token), then the collapse of this D slice; slice 0 writes post and comb."""
+    t = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+    tm = t < T
+    ds = tl.program_id(1)
+    mix_i = tl.arange(0, NMIX)
+    acc = tl.zeros([BLOCK_T, NMIX], dtype=tl.float32)
+    ss = tl.zeros([BLOCK_T], dtype=tl.float32)
+    for s in range(0, S):
+        acc += tl.load(part_ptr + (s * T + t[:, None]) * (NMIX + 1) + mix_i[None, :], mask=tm[:, None], other=0.0)
+        ss += tl.load(part_ptr + (s * T + t) * (NMIX + 1) + NMIX, mask=tm, other=0.0)
+    pre, post, comb = _hc_weights(acc, ss, base_ptr, scale_ptr, N * D, iters, eps, norm_eps, N, NMIX)
+    jn = tl.arange(0, N)
+    nn = tl.arange(0, N * N)
+    if ds == 0:
+        tl.store(post_ptr + t[:, None] * N + jn[None, :], post, mask=tm[:, None])
+        tl.store(comb_ptr + t[:, None] * (N * N) + nn[None, :], tl.reshape(comb, [BLOCK_T, N * N]), mask=tm[:, None])
+    for d0 in range(ds * D_SPLIT, ds * D_SPLIT + D_SPLIT, BLOCK_D):
+        d = d0 + tl.arange(0, BLOCK_D)
+        dm = d < D
+        xv = tl.load(x_ptr + (t[:, None, None] * N + jn[None, :, None]) * D + d[None, None, :],
+                     mask=tm[:, None, None] & dm[None, None, :], other=0.0).to(tl.float32)
+        c = tl.sum(pre[:, :, None] * xv, axis=1)
+        tl.store(col_ptr + t[:, None] * D + d[None, :], c.to(col_ptr.dtype.element_ty), mask=tm[:, None] & dm[None, :])
+
+
+@triton.jit
+def _fence_gpu(v):
+    """``fence.acq_rel.gpu`` in every thread (returns ``v``): a thread's atomics and stores are performed
+    before the CTA barrier that follows, so the one thread that then signals other programs publishes them
+    all (a barrier alone does not wait for another thread's outstanding writes)."""
+    return tl.inline_asm_elementwise("fence.acq_rel.gpu;\n\tmov.b32 $0, $1;", "=r,r", [v], dtype=tl.int32,
+                                     is_pure=False, pack=1)
+
+
+@triton.jit
+def _hc_fused_kernel(x_ptr, fn_ptr, base_ptr, scale_ptr, col_ptr, post_ptr, comb_ptr, acc_ptr, sync_ptr, pre_ptr,
+                     T, D, S, iters, eps, norm_eps, N: tl.constexpr, NMIX: tl.constexpr, BLOCK_T: tl.constexpr,
+                     BLOCK_D: tl.constexpr, SPLIT3: tl.constexpr, PREC: tl.constexpr):
+    """One pass over x (GPU only: programs wait on each other). Program (slice, token block) holds its
+    ``x[BT, N, BLOCK_D]`` slab in registers, adds its partial logits and sums of squares into ``acc`` with
+    atomics, and counts itself in; the block's last arrival computes the weights and Sinkhorn, publishes
+    ``pre`` and raises the block's flag; every program then collapses the slab it holds. The slices of a
+    block are consecutive program ids (slice is axis 0), so a waiting program only waits on programs that
+    were dispatched before any later block's."""
+    ks = tl.program_id(0)
+    tb = tl.program_id(1)
+    t = tb.to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+    tm = t < T
+    K = N * D
+    r = tl.arange(0, N * BLOCK_D)
+    kk = (r // BLOCK_D) * D + ks * BLOCK_D + r % BLOCK_D
+    km = (ks * BLOCK_D + r % BLOCK_D) < D
+    xv = tl.load(x_ptr + t[:, None] * K + kk[None, :], mask=tm[:, None] & km[None, :], other=0.0)
+    xf = xv.to(tl.float32)
+    ss = tl.sum(xf * xf, axis=1)
+    acc = tl.zeros([BLOCK_T, NMIX], dtype=tl.float32)
+    if SPLIT3:
+        acc = _fn_dot(xv, fn_ptr, kk, km, K, acc, N, NMIX, SPLIT3, PREC)
+    else:
+        acc = _fn_dot(xf, fn_ptr, kk, km, K, acc, N, NMIX, SPLIT3, PREC)
+    mix_i = tl.arange(0, NMIX)
+    n_mix = (2 + N) * N
+    jn = tl.arange(0, N)
+    nn = tl.arange(0, N * N)
+    tl.atomic_add(acc_ptr + t[:, None] * (NMIX + 1) + mix_i[None, :], acc, mask=tm[:, None] & (mix_i[None, :] < n_mix),
+                  sem="relaxed")
+    tl.atomic_add(acc_ptr + t * (NMIX + 1) + NMIX, ss, mask=tm, sem="relaxed")
+    _fence_gpu(tm.to(tl.int32))
+    tl.debug_barrier()
+    n_in = tl.atomic_add(sync_ptr + 2 * tb, 1, sem="acq_rel")
+    if n_in == S - 1:
+        tot = tl.load(acc_ptr + t[:, None] * (NMIX + 1) + mix_i[None, :], mask=tm[:, None], other=0.0,
+                      cache_modifier=".cg")
+        tss = tl.load(acc_ptr + t * (NMIX + 1) + NMIX, mask=tm, other=0.0, cache_modifier=".cg")
+        pre, post, comb = _hc_weights(tot, tss, base_ptr, scale_ptr, K, iters, eps, norm_eps, N, NMIX)
+        tl.store(post_ptr + t[:, None] * N + jn[None, :], post, mask=tm[:, None])
+        tl.store(comb_ptr + t[:, None] * (N * N) + nn[None, :], tl.reshape(comb, [BLOCK_T, N * N]), mask=tm[:, None])
+        tl.store(pre_ptr + t[:, None] * N + jn[None, :], pre, mask=tm[:, None])
+        _fence_gpu(tm.to(tl.int32))
+        tl.debug_barrier()
+        tl.atomic_xchg(sync_ptr + 2 * tb + 1, 1, sem="release")
+    flag = tl.atomic_add(sync_ptr + 2 * tb + 1, 0, sem="acquire")
+    while flag == 0:
+        flag = tl.atomic_add(sync_ptr + 2 * tb + 1, 0, sem="acquire")
+    tl.debug_barrier()
+    pre = tl.load(pre_ptr + t[:, None] * N + jn[None, :], mask=tm[:, None], other=0.0, cache_modifier=".cg")
+    c = tl.sum(tl.reshape(xf, [BLOCK_T, N, BLOCK_D]) * pre[:, :, None], axis=1)
+    d = ks * BLOCK_D + tl.arange(0, BLOCK_D)
+    tl.store(col_ptr + t[:, None] * D + d[None, :], c.to(col_ptr.dtype.element_ty), mask=tm[:, None] & (d < D)[None, :])
+
+
+@triton.jit
 def _hc_post_kernel(o_ptr, x_ptr, post_ptr, comb_ptr, y_ptr, D, N: tl.constexpr, BLOCK_D: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
@@ -142,9 +319,25 @@ def _hc_post_kernel(o_ptr, x_ptr, post_ptr, comb_ptr, y_ptr, D, N: tl.constexpr,
         tl.store(y_ptr + t * N * D + i * D + d, y.to(y_ptr.dtype.element_ty), mask=dm)
 
 
+#: hc_pre launch choices; the benchmark round picks them (``variant``: fused | split | v1)
+HC_PRE = {"variant": "split", "split": {"bt": 64, "bk": 64, "s": 4, "bt2": 16, "ds": 4, "bd": 128, "warps": 4,
+                                        "warps2": 4},
+          "fused": {"bt": 64, "bd": 64, "warps": 8}}
+
+
+def hc_pre_variant(cap: tuple[int, int] | None) -> str:
+    """Which hc_pre design runs: the one-pass ``fused`` kernel needs its programs to run concurrently (a
+    GPU; the interpreter runs programs one after another, so a waiting program would wait forever), the
+    two-pass ``split`` design runs everywhere."""
+    v = HC_PRE["variant"]
+    return "split" if cap is None and v == "fused" else v
+
+
 def hc_pre(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, iters: int, eps: float,
-           norm_eps: float, *, out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None):
-    """Triton ``hc_pre`` with :func:`hc_pre_ref`'s signature and outputs."""
+           norm_eps: float, *, out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+           variant: str | None = None, **tune):
+    """Triton ``hc_pre`` with :func:`hc_pre_ref`'s signature and outputs (``variant``/``tune``: see
+    :data:`HC_PRE`)."""
     n, d = x.shape[-2], x.shape[-1]
     if n & (n - 1):
         raise ValueError(f"hc_pre: hc_mult must be a power of two, got {n}")
@@ -157,13 +350,54 @@ def hc_pre(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.T
         torch.empty(*lead, d, dtype=x.dtype, device=x.device),
         torch.empty(*lead, n, dtype=torch.float32, device=x.device),
         torch.empty(*lead, n, n, dtype=torch.float32, device=x.device))
-    bt = 16 if interpreting() else 32
-    if t:
-        _hc_pre_kernel[(triton.cdiv(t, bt),)](xc, fn.float().contiguous(), base.float().contiguous(),
-                                              scale.float().contiguous(), col, post, comb, t, d, iters, eps, norm_eps,
-                                              N=n, NMIX=max(16, next_pow2((2 + n) * n)), BLOCK_T=bt,
-                                              BLOCK_D=max(16, min(next_pow2(d), 64)),
-                                              PREC="ieee" if interpreting() else "tf32x3", num_warps=4)
+    if not t:
+        return col, post, comb
+    v = variant or hc_pre_variant(capability(x.device))
+    fnc, bc, sc = fn.float().contiguous(), base.float().contiguous(), scale.float().contiguous()
+    nmix = max(16, next_pow2((2 + n) * n))
+    interp = interpreting()
+    prec = "ieee" if interp else "tf32x3"
+    split3 = x.dtype == torch.bfloat16 and not interp  # the interpreter's bf16 dot is wrong (Triton 3.9)
+    k = n * d
+    if v == "v1":
+        bt = 16 if interp else 32
+        _hc_pre_kernel[(triton.cdiv(t, bt),)](xc, fnc, bc, sc, col, post, comb, t, d, iters, eps, norm_eps,
+                                              N=n, NMIX=nmix, BLOCK_T=bt, BLOCK_D=max(16, min(next_pow2(d), 64)),
+                                              PREC=prec, num_warps=4)
+    elif v == "split":
+        p = {**HC_PRE["split"], **tune}
+        bt, bk, bt2, bd = p["bt"], p["bk"], p["bt2"], p["bd"]
+        if interp:
+            bt, bk, bt2, bd = 16, 32, 16, 32
+        bk = min(bk, max(16, next_pow2(k)))
+        n_s = max(1, min(p["s"], triton.cdiv(k, bk)))
+        k_split = triton.cdiv(triton.cdiv(k, n_s), bk) * bk
+        n_s = triton.cdiv(k, k_split)
+        part = torch.empty(n_s, t, nmix + 1, dtype=torch.float32, device=x.device)
+        _hc_logits_kernel[(triton.cdiv(t, bt), n_s)](xc, fnc, part, t, k, k_split, N=n, NMIX=nmix, BLOCK_T=bt,
+                                                     BLOCK_K=bk, SPLIT3=split3, PREC=prec, num_warps=p["warps"])
+        bd = min(bd, max(16, next_pow2(d)))
+        n_d = max(1, min(p["ds"], triton.cdiv(d, bd)))
+        d_split = triton.cdiv(triton.cdiv(d, n_d), bd) * bd
+        n_d = triton.cdiv(d, d_split)
+        _hc_collapse_kernel[(triton.cdiv(t, bt2), n_d)](xc, part, bc, sc, col, post, comb, t, d, n_s, d_split, iters,
+                                                        eps, norm_eps, N=n, NMIX=nmix, BLOCK_T=bt2, BLOCK_D=bd,
+                                                        num_warps=p["warps2"])
+    elif v == "fused":
+        if interp:
+            raise ValueError("hc_pre: the fused variant needs a GPU (its programs wait on each other)")
+        p = {**HC_PRE["fused"], **tune}
+        bt, bd = p["bt"], min(p["bd"], max(16, next_pow2(d)))
+        n_tb, n_s = triton.cdiv(t, bt), triton.cdiv(d, bd)
+        scratch = torch.zeros(t * (nmix + 1) + 2 * n_tb, dtype=torch.float32, device=x.device)
+        acc = scratch[:t * (nmix + 1)]
+        sync = scratch[t * (nmix + 1):].view(torch.int32)
+        pre = torch.empty(t, n, dtype=torch.float32, device=x.device)
+        _hc_fused_kernel[(n_s, n_tb)](xc, fnc, bc, sc, col, post, comb, acc, sync, pre, t, d, n_s, iters, eps,
+                                      norm_eps, N=n, NMIX=nmix, BLOCK_T=bt, BLOCK_D=bd, SPLIT3=split3, PREC=prec,
+                                      num_warps=p["warps"])
+    else:
+        raise ValueError(f"hc_pre: unknown variant {v!r}")
     return col, post, comb
 
 
