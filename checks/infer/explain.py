@@ -141,6 +141,21 @@ class Explainer:
         paths = sorted({r.path for r in rows})
         return _span(rows, paths[0]) if len(paths) == 1 else f"{len(paths)} files, e.g. {_span(rows, paths[0])}"
 
+    def written_like(self, have: str, lack: str, side: str) -> str:
+        """How the other list writes a name both hold: ``(there "kernel_mul_mm_q4_0_f32" is written
+        "kernel_mul_mm_id_q4_0_f32")``, so the reviewer sees the spelling the missing entry needs."""
+        theirs = {r.key: r for r in self.fact_rows(lack, side)}
+        reader = self.readers[side]
+        for r in self.fact_rows(have, side):
+            o = theirs.get(r.key)
+            if o is None:
+                continue
+            a = raw_name(reader, self.facts.get(have), "key", r.key, r.path, r.line)
+            b = raw_name(reader, self.facts.get(lack), "key", o.key, o.path, o.line)
+            if a and b:
+                return f" (there {_quote(a)} is written {_quote(b)})" if a != b else f" (written as here, e.g. {_quote(b)})"
+        return ""
+
     def __call__(self, f: Finding) -> Finding:
         rule = self.rules.get(f.rule)
         if rule is None or f.source != "inferred":
@@ -193,21 +208,24 @@ class Explainer:
                 raw = raw or mine
                 sides.append(f"{self.label(fid)}" + (f" ({at})" if at else ""))
             name = _quote(raw or key)
-            missing, like = [], ""
+            missing = []
             for fid in lack:
                 w = self.where(fid, side)
                 missing.append(self.label(fid) + (f" ({w})" if w else ""))
-                rows = self.fact_rows(fid, side)
-                if rows and not like:
-                    like = raw_name(reader, self.facts.get(fid), "key", rows[0].key, rows[0].path, rows[0].line)
+            like = self.written_like(have[0], lack[0], side) if len(lack) == 1 else ""
             n = len(rule.facts)
             support = _support(rule)
-            held = (f"At the base {'these ' + str(n) + ' lists' if n > 2 else 'the two'} held the same "
-                    f"{support + ' ' if support else ''}names, so the code keeps them in step.")
+            count = f"{support} " if support else ""
+            extra = set(rule.options.get("extra_ok", []))
+            if extra and all(x in extra for x in lack):
+                held = (f"At the base every one of the {count}names in {_join([self.label(x) for x in have])} "
+                        f"was also in {_join([self.label(x) for x in lack])}, so the code keeps them in step.")
+            else:
+                held = (f"At the base {'these ' + str(n) + ' lists' if n > 2 else 'the two'} held the same "
+                        f"{count}names, so the code keeps them in step.")
             target = _join([self.label(x) for x in lack])
-            written = f" (its entries are written like {_quote(like)})" if like and len(lack) == 1 else ""
             return (f"{name} is in {_join(sides)} but missing from {_join(missing)}. {held} "
-                    f"Fix: add it to {target}{written}, or remove it from the others. {_fix(rule)}")
+                    f"Fix: add it to {target}{like}, or remove it from the others. {_fix(rule)}")
         if rule.kind == "table-equal":
             a_id, b_id = rule.facts
             ordered = a_id.endswith("#order")

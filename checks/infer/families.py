@@ -26,7 +26,7 @@ import tree_sitter as ts
 from checks import syntax
 from checks.facts import read_blobs
 
-VERSION = 11  # bump when a pattern changes: cached rows of an older pattern set are not reused
+VERSION = 12  # bump when a pattern changes: cached rows of an older pattern set are not reused
 MAX_BYTES = 400_000  # generated tables and vendored amalgamations say nothing about the code's intent
 MAX_CACHED = 60_000  # blobs kept in a repo's on-disk member cache before it is pruned to one tree
 
@@ -47,6 +47,9 @@ class Kind:
     # Counted, not a name family: the member is the enclosing function, the value what @key holds
     # (``int num_inputs = 2`` → register_x_task: 2; one member per ``g.new_input(...)`` call).
     fn_key: bool = False
+    # Prefix groups of one file are parallel tables (``kernel_mul_mm_*`` and ``kernel_mul_mm_id_*``): a group
+    # leaves out a longer sibling group, and groups of one file may relate to each other.
+    siblings: bool = False
 
 
 _REGISTER = r"(^|\.)(register\w*|\w+_register|def|impl|define|custom_op|register_fake|add_\w*op\w*)$"
@@ -90,6 +93,15 @@ KINDS: tuple[Kind, ...] = (
         "(declaration declarator: (init_declarator declarator: (identifier) @_ctx value: (number_literal) @key){pred})",
         ctx_filter=r"^num_\w+$",
         fn_key=True,
+    ),
+    # Metal kernels by the name the host looks them up with: ``[[host_name("kernel_mul_mm_q4_0_f32")]]``.
+    Kind(
+        "host-name",
+        ("cpp",),
+        '(attribute name: (identifier) @_n (argument_list . (string_literal) @key) (#eq? @_n "host_name"){pred})',
+        affixed=True,
+        whole_file=True,
+        siblings=True,
     ),
     Kind(
         "py-enum",
@@ -152,7 +164,11 @@ KINDS: tuple[Kind, ...] = (
 KIND_BY_NAME = {k.name: k for k in KINDS}
 
 
-def query_text(kind: Kind, ctx: str | None, lang: str, label: str = "", extra: str = "") -> str:
+_QUOTE = '[\\"\']?'  # a string member's text starts with its quote (escaped for the query's string)
+
+
+def query_text(kind: Kind, ctx: str | None, lang: str, label: str = "", extra: str = "",
+               not_labels: tuple[str, ...] = ()) -> str:
     """The kind's pattern for ``lang``, restricted to one context when ``ctx`` is given (the fact's query).
 
     ``label``: for case labels, the enum prefix (``GGML_UNARY_OP_``) the labels must start with, so one
@@ -162,7 +178,9 @@ def query_text(kind: Kind, ctx: str | None, lang: str, label: str = "", extra: s
     if ctx is None and kind.ctx_filter:  # mining: let the query drop calls no registry makes, before Python sees them
         pred += f' (#match? @_ctx "{_escape(kind.ctx_filter)}")'
     if label:
-        pred += f' (#match? @key "^{re.escape(label)}")'
+        pred += f' (#match? @key "^{_QUOTE}{_escape(re.escape(label))}")'
+    for other in not_labels:  # a longer sibling group is a family of its own
+        pred += f' (#not-match? @key "^{_QUOTE}{_escape(re.escape(other))}")'
     if extra:
         pred += " " + extra
     text = kind.pattern.replace("{pred}", pred) if "{pred}" in kind.pattern else kind.pattern[:-1] + pred + ")"
@@ -246,7 +264,7 @@ _C_WORDS = (b"enum", b"case")
 _C_FAST = tuple(re.compile(p) for p in (
     rb"\]\s*=\s*\{\s*[A-Za-z_\"{]", rb"\]\s*=\s*\"", rb"num_\w+\s*=\s*\d", rb"register\w*\s*\(\s*\"",
     rb"def\w*\s*\(\s*\"", rb"impl\w*\s*\(\s*\"", rb"define\w*\s*\(\s*\"", rb"custom_op\w*\s*\(\s*\"",
-    rb"_op\w*\s*\(\s*\"",
+    rb"_op\w*\s*\(\s*\"", rb"host_name\s*\(\s*\"",
 ))
 
 
@@ -314,9 +332,9 @@ def chunks(lang: str, data: bytes) -> list[tuple[int, bytes]]:
     return out
 
 
-def members(lang: str, data: bytes) -> list[Member]:
+def members(lang: str, data: bytes, limit: int = MAX_BYTES) -> list[Member]:
     """Every family member one file holds, as plain tuples (picklable, cacheable)."""
-    if len(data) > MAX_BYTES or not may_hold(lang, data):
+    if len(data) > limit or not may_hold(lang, data):
         return []
     out: list[Member] = []
     for offset, piece in chunks(lang, data):
@@ -417,12 +435,24 @@ class BlobCache:
 
 _memory: dict[str, list[Member]] = {}
 
+# Files inference reads with a grammar of a language they extend: Metal is C++14 with attributes and address
+# spaces, which tree-sitter-cpp parses well enough for tables, enums, switches and [[host_name(...)]].
+INFER_EXT = {".metal": "cpp"}
+METAL_MAX_BYTES = 2_000_000  # one shader library per backend, written by hand
+
+
+def lang_for(path: str) -> str | None:
+    lang = syntax.lang_for_path(path)
+    if lang is None and "." in path:
+        lang = INFER_EXT.get(path[path.rfind("."):].lower())
+    return lang
+
 
 def source_files(tree) -> list[tuple[str, str, str]]:
     """(path, lang, blob) of every file a grammar reads, vendored and generated trees left out."""
     out = []
     for path in tree.paths():
-        lang = syntax.lang_for_path(path)
+        lang = lang_for(path)
         if lang is None or _vendored(path):
             continue
         blob = tree.blob_sha(path)
@@ -448,7 +478,8 @@ def tree_members(tree, cache: BlobCache, workers: int | None = None) -> list[Fil
     todo = [(p, lang, b) for p, lang, b in files if b not in _memory and b not in cache.data]
     if todo:
         data = read_blobs(str(tree.repo_path), [b for _, _, b in todo])
-        jobs = [(lang, b, data.get(b, b"")) for _, lang, b in todo]
+        jobs = [(lang, b, data.get(b, b""), METAL_MAX_BYTES if p.endswith(".metal") else MAX_BYTES)
+                for p, lang, b in todo]
         for blob, got in _run(jobs, workers):
             cache.data[blob] = got
             cache.dirty = True
@@ -463,18 +494,18 @@ def tree_members(tree, cache: BlobCache, workers: int | None = None) -> list[Fil
     return out
 
 
-def _one(job: tuple[str, str, bytes]) -> tuple[str, list[Member]]:
-    lang, blob, data = job
+def _one(job: tuple[str, str, bytes, int]) -> tuple[str, list[Member]]:
+    lang, blob, data, limit = job
     try:
-        return blob, members(lang, data)
+        return blob, members(lang, data, limit)
     except Exception:  # one unreadable file must not stop inference over the rest
         return blob, []
 
 
-def _run(jobs: list[tuple[str, str, bytes]], workers: int | None) -> Iterable[tuple[str, list[Member]]]:
+def _run(jobs: list[tuple[str, str, bytes, int]], workers: int | None) -> Iterable[tuple[str, list[Member]]]:
     """Parse in worker processes when there is enough to parse; forked workers share the grammars."""
     n = workers if workers is not None else min(os.cpu_count() or 1, 4)
-    size = sum(len(d) for _, _, d in jobs)
+    size = sum(len(d) for _, _, d, _ in jobs)
     if n <= 1 or size < 2_000_000 or not hasattr(os, "fork"):
         return map(_one, jobs)
     import multiprocessing

@@ -20,13 +20,14 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from checks.infer.families import KIND_BY_NAME, FileMembers
+from checks.infer.families import KIND_BY_NAME, KINDS, FileMembers
 
 NAME = re.compile(r"^[A-Za-z_][\w.:]*$")
 AFFIXES = r"(?i:^(?:register_|task_|op_))|(?i:(?:_task|_op|_kernel|_impl|_fn)$)"
 CUT = r"[\s(<].*$"
 # Families that use names rather than declare them: a relation needs a declaring side (enum, table, registry).
 _USES = {"case", "py-functions", "py-methods"}
+_SIBLINGS = {k.name for k in KINDS if k.siblings}  # prefix groups of one file that may relate to each other
 _ORDERED = {"enum", "array", "list", "py-enum"}  # declarations whose order can carry meaning (indexed tables)
 CASE_CLASS_MIN = 8  # switches that agree with no declared list must share at least this many labels
 # Members a family may hold and its partner lack: sentinels, not names.
@@ -46,6 +47,7 @@ class Family:
     prefix: str
     suffix: str = ""
     label: str = ""  # case labels: the enum prefix they were split by ("" = every label of the function)
+    not_labels: tuple[str, ...] = ()  # longer sibling prefixes left out (``kernel_mul_mm_id_`` of ``kernel_mul_mm_``)
     names: dict[str, tuple[str, str, int]] = field(default_factory=dict)  # norm → (raw, path, line)
     values: dict[str, str] = field(default_factory=dict)  # norm → value text (tables)
     order: list[str] = field(default_factory=list)  # declarations (enum, array, list): names in line order
@@ -70,13 +72,15 @@ class Family:
             "enum": "enum", "case": "case labels in", "array": "array", "c-register": "registrations via",
             "py-enum": "enum class", "dict": "dict keys of", "list": "list", "compare": "names compared with",
             "py-register": "registrations via", "c-map": "map entries of", "py-methods": "methods of class",
-            "py-functions": "functions", "dict-values": "dict values of",
+            "py-functions": "functions", "dict-values": "dict values of", "host-name": "kernels named",
         }.get(self.kind, self.kind)  # a kind added in families.py alone still reads
         if self.label and self.kind == "case":
             what = f"case labels {self.label}* in"
         elif self.label:
             what = f"{what} {self.label}*"
-            if self.kind == "py-functions":
+            if self.not_labels:
+                what += " (other than " + ", ".join(f"{q}*" for q in self.not_labels) + ")"
+            if KIND_BY_NAME[self.kind].whole_file:
                 return what
         return f"{what} {self.ctx}"
 
@@ -191,11 +195,19 @@ def build_families(files: list[FileMembers], min_size: int) -> list[Family]:
                 groups[(f"case[{label}]", key[1], key[2])] = part
                 langs[(f"case[{label}]", key[1], key[2])] = langs[key]
     # Definitions are a family only by a shared prefix (``apply_liger_kernel_to_*``): one per such prefix.
+    carved: dict[tuple, tuple[str, ...]] = {}
     for key, rows in list(groups.items()):
         if key[0].endswith("]") or not KIND_BY_NAME[key[0]].affixed:
             continue
-        for label in _prefix_groups([r[0] for r in rows], min_size):
-            groups[(f"{key[0]}[{label}]", key[1], key[2])] = [r for r in rows if r[0].startswith(label)]
+        labels = _prefix_groups([r[0] for r in rows], min_size)
+        for label in labels:
+            part = [r for r in rows if r[0].startswith(label)]
+            if KIND_BY_NAME[key[0]].siblings:
+                inner = _siblings(label, [q for q in labels if q != label and q.startswith(label)], part)
+                if inner:
+                    part = [r for r in part if not r[0].startswith(inner)]
+                    carved[(f"{key[0]}[{label}]", key[1], key[2])] = inner
+            groups[(f"{key[0]}[{label}]", key[1], key[2])] = part
             langs[(f"{key[0]}[{label}]", key[1], key[2])] = langs[key]
     out: list[Family] = []
     for key, rows in groups.items():
@@ -214,7 +226,7 @@ def build_families(files: list[FileMembers], min_size: int) -> list[Family]:
         if KIND_BY_NAME[kind].affixed and not label:
             continue
         paths = sorted({p for _, p, _, _ in rows})
-        fam = Family(kind, ctx, langs[key], paths, prefix, suffix, label=label)
+        fam = Family(kind, ctx, langs[key], paths, prefix, suffix, label=label, not_labels=carved.get(key, ()))
         sub = re.compile(fam.sub)
         for raw, path, line, value in rows:
             name = normalise(raw, sub)
@@ -229,6 +241,20 @@ def build_families(files: list[FileMembers], min_size: int) -> list[Family]:
         if len(fam.names) >= min_size:
             out.append(fam)
     return out
+
+
+def _siblings(label: str, longer: list[str], rows: list) -> tuple[str, ...]:
+    """The longer prefix groups under ``label`` that mirror the rest of it: ``kernel_mul_mm_id_q4_0_f32`` beside
+    ``kernel_mul_mm_q4_0_f32``, where at least half the names after the longer prefix are names of the rest."""
+    out: list[str] = []
+    for q in sorted(longer, key=len):
+        if any(q.startswith(o) for o in out):
+            continue
+        inner = {r[0][len(q):] for r in rows if r[0].startswith(q)}
+        rest = {r[0][len(label):] for r in rows if not r[0].startswith(q)}
+        if inner and len(inner & rest) * 2 >= len(inner):
+            out.append(q)
+    return tuple(out)
 
 
 def mine(families: list[Family], min_support: int, min_ratio: float = 0.5, max_rules: int = 200,
@@ -266,7 +292,7 @@ def mine(families: list[Family], min_support: int, min_ratio: float = 0.5, max_r
         if len(core) < 2 and not supersets:
             continue
         if not switches_only and len({p for f in core + supersets for p in f.paths}) < 2 and not (
-            {f.kind for f in core + supersets} & _USES
+            {f.kind for f in core + supersets} & (_USES | _SIBLINGS)
         ):
             continue
         inv = Invariant("same-set", core, supersets)
@@ -300,6 +326,15 @@ def _sentinel(family: Family, name: str) -> bool:
     """A ``COUNT``/``*_BEGIN``-style member: bounds and markers, which the family's partners may lack."""
     raw = family.names[name][0] if name in family.names else name
     return bool(SENTINEL.search(re.sub(CUT, "", raw)))
+
+
+def related_in_one_file(fa: Family, fb: Family) -> bool:
+    """Families of one file relate only as switches against switches, definitions against the table that
+    lists them, or sibling prefix groups (``kernel_mul_mm_*``, ``kernel_mul_mm_id_*``); never two views of one
+    literal (a dict's keys and values)."""
+    if fa.kind == fb.kind and fa.kind in _SIBLINGS:
+        return fa.label != fb.label
+    return fa.ctx != fb.ctx and (fa.kind in _USES or fb.kind in _USES)
 
 
 class Relation:
@@ -379,14 +414,8 @@ class Containment(Relation):
         self.group_paths = [frozenset().union(*(self.paths[i] for i in m)) for m in self.members]
 
     def _apart(self, a: int, b: int) -> bool:
-        """In one file: switches against switches, or definitions against the table that lists them; never two
-        views of one literal (a dict's keys and values)."""
-        if a == b:
-            return False
-        fa, fb = self.families[a], self.families[b]
-        if not self.paths[a].isdisjoint(self.paths[b]) and (fa.ctx == fb.ctx or not (fa.kind in _USES or fb.kind in _USES)):
-            return False
-        return True
+        return a != b and (self.paths[a].isdisjoint(self.paths[b]) or related_in_one_file(self.families[a],
+                                                                                            self.families[b]))
 
     def pairs(self) -> dict[int, set[int]]:
         """Every A → B (quadratic: for tests on small inputs)."""

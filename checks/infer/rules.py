@@ -35,7 +35,8 @@ _NOT_SENTINEL = '(#not-match? @value "(?i)(^|_)(count|begin|end|first|last|max|m
 def positional_fact_for(family: Family) -> Fact:
     """The family's names by position (row key = index), for an order relation."""
     kind = KIND_BY_NAME[family.kind]
-    query = query_text(kind, family.ctx, family.lang, family.label, extra=_NOT_SENTINEL).replace("@key", "@value")
+    query = query_text(kind, family.ctx, family.lang, family.label, extra=_NOT_SENTINEL,
+                       not_labels=family.not_labels).replace("@key", "@value")
     options: dict = {"key": "@index", "sub": {"value": [family.sub, ""]}, "case": {"value": "lower"}}
     return Fact(id=f"{family.id}#order", lang=family.lang, files=list(family.paths), query=query, options=options)
 
@@ -46,7 +47,7 @@ def fact_for(family: Family) -> Fact:
     if kind.scope:
         options["scope"] = f"function:{family.ctx}"
     files = LANG_GLOBS[family.lang] + _NOT_VENDORED if kind.repo_wide else list(family.paths)
-    query = query_text(kind, family.ctx, family.lang, _label(family))
+    query = query_text(kind, family.ctx, family.lang, _label(family), not_labels=family.not_labels)
     return Fact(id=family.id, lang=family.lang, files=files, query=query, options=options)
 
 
@@ -63,7 +64,8 @@ def _label(family: Family) -> str:
 
 def rule_id(inv: Invariant) -> str:
     head = inv.core[0]
-    slug = re.sub(r"[^\w.-]+", "-", f"{head.kind}-{head.ctx}").strip("-")[:48]
+    where = head.label.rstrip("_") if head.ctx == "<module>" and head.label else head.ctx  # module-level groups
+    slug = re.sub(r"[^\w.-]+", "-", f"{head.kind}-{where}").strip("-")[:48]
     digest = hashlib.sha1("\0".join([inv.kind, *(f.id for f in inv.families)]).encode()).hexdigest()[:6]
     return f"inferred-{slug}-{digest}"
 

@@ -5,7 +5,16 @@ from __future__ import annotations
 from collections import defaultdict
 
 from checks.infer.families import FileMembers
-from checks.infer.mine import _USES, Containment, Family, Relation, _canonical, _sentinel, build_families, mine
+from checks.infer.mine import (
+    Containment,
+    Family,
+    Relation,
+    _canonical,
+    _sentinel,
+    build_families,
+    mine,
+    related_in_one_file,
+)
 
 
 def _pairs(families: list[Family], min_support: int, min_ratio: float) -> dict[int, set[int]]:
@@ -19,7 +28,7 @@ def _pairs(families: list[Family], min_support: int, min_ratio: float) -> dict[i
         for b, fb in enumerate(families):
             if b == a or len(fa.names) < min_ratio * len(fb.names) or not real <= fb.names.keys():
                 continue
-            if not set(fa.paths).isdisjoint(fb.paths) and (fa.ctx == fb.ctx or not (fa.kind in _USES or fb.kind in _USES)):
+            if not set(fa.paths).isdisjoint(fb.paths) and not related_in_one_file(fa, fb):
                 continue
             if len([n for n in fa.names if n not in fb.names]) > 4:
                 continue

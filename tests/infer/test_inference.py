@@ -38,7 +38,7 @@ def test_registry_drift_across_files_is_caught_with_zero_config(repo):
     # The names as the source writes them, each side by what it is and where, and the fix.
     assert f.message.startswith("`OP_ROPE` is in enum OpKind (csrc/ops.h:8) and array OP_NAMES (csrc/ops.cpp:8, "
                                 'as "rope") but missing from dict keys of KERNELS (engine/registry.py:4-8).')
-    assert "same 6 names" in f.message and 'its entries are written like "add"' in f.message
+    assert "same 6 names" in f.message and 'there `OP_ADD` is written "add"' in f.message
     assert f'add "{f.rule}" to [settings] disable' in f.message and "@" not in f.message
     assert [loc.note for loc in f.locations] == ["enum OpKind lists `OP_ROPE` here", 'array OP_NAMES lists "rope" here']
     assert f.evidence[0].startswith("support 6:") and any("engine/registry.py:" in e for e in f.evidence)
