@@ -124,7 +124,8 @@ def _hc_pre_kernel(x_ptr, fn_ptr, base_ptr, scale_ptr, col_ptr, post_ptr, comb_p
 
 
 @triton.jit
-def _hc_weights(acc, ss, base_ptr, scale_ptr, K, iters, eps, norm_eps, N: tl.constexpr, NMIX: tl.constexpr):
+def _hc_weights(acc, ss, base_ptr, scale_ptr, K, iters, eps, norm_eps, N: tl.constexpr, NMIX: tl.constexpr,
+                BLOCK_T: tl.constexpr):
     """Per-token mixing weights from the raw logits ``acc[BT, NMIX]`` (``x·fnᵀ``, not yet normalised) and the
     sums of squares ``ss[BT]`` over the ``K = N·D`` flattened row: ``(pre[BT, N], post[BT, N], comb[BT, N, N])``
     with ``comb`` projected by Sinkhorn-Knopp exactly as :func:`hc_pre_ref` does (columns first)."""
@@ -145,7 +146,7 @@ def _hc_weights(acc, ss, base_ptr, scale_ptr, K, iters, eps, norm_eps, N: tl.con
     nn = tl.arange(0, N * N)
     cl = tl.sum(tl.where(mix_i[None, None, :] == (2 * N + nn)[None, :, None], (acc * s2 + b[None, :])[:, None, :], 0.0),
                 axis=2)
-    cl = tl.reshape(cl, [acc.shape[0], N, N])
+    cl = tl.reshape(cl, [BLOCK_T, N, N])
     cl = cl - tl.max(cl, axis=2)[:, :, None]
     ce = tl.exp(cl)
     comb = ce / tl.sum(ce, axis=2)[:, :, None] + eps
@@ -219,7 +220,7 @@ def _hc_collapse_kernel(x_ptr, part_ptr, base_ptr, scale_ptr, col_ptr, post_ptr,
     for s in range(0, S):
         acc += tl.load(part_ptr + (s * T + t[:, None]) * (NMIX + 1) + mix_i[None, :], mask=tm[:, None], other=0.0)
         ss += tl.load(part_ptr + (s * T + t) * (NMIX + 1) + NMIX, mask=tm, other=0.0)
-    pre, post, comb = _hc_weights(acc, ss, base_ptr, scale_ptr, N * D, iters, eps, norm_eps, N, NMIX)
+    pre, post, comb = _hc_weights(acc, ss, base_ptr, scale_ptr, N * D, iters, eps, norm_eps, N, NMIX, BLOCK_T)
     jn = tl.arange(0, N)
     nn = tl.arange(0, N * N)
     if ds == 0:
@@ -283,7 +284,7 @@ def _hc_fused_kernel(x_ptr, fn_ptr, base_ptr, scale_ptr, col_ptr, post_ptr, comb
         tot = tl.load(acc_ptr + t[:, None] * (NMIX + 1) + mix_i[None, :], mask=tm[:, None], other=0.0,
                       cache_modifier=".cg")
         tss = tl.load(acc_ptr + t * (NMIX + 1) + NMIX, mask=tm, other=0.0, cache_modifier=".cg")
-        pre, post, comb = _hc_weights(tot, tss, base_ptr, scale_ptr, K, iters, eps, norm_eps, N, NMIX)
+        pre, post, comb = _hc_weights(tot, tss, base_ptr, scale_ptr, K, iters, eps, norm_eps, N, NMIX, BLOCK_T)
         tl.store(post_ptr + t[:, None] * N + jn[None, :], post, mask=tm[:, None])
         tl.store(comb_ptr + t[:, None] * (N * N) + nn[None, :], tl.reshape(comb, [BLOCK_T, N * N]), mask=tm[:, None])
         tl.store(pre_ptr + t[:, None] * N + jn[None, :], pre, mask=tm[:, None])
@@ -295,7 +296,8 @@ def _hc_fused_kernel(x_ptr, fn_ptr, base_ptr, scale_ptr, col_ptr, post_ptr, comb
         flag = tl.atomic_add(sync_ptr + 2 * tb + 1, 0, sem="acquire")
     tl.debug_barrier()
     pre = tl.load(pre_ptr + t[:, None] * N + jn[None, :], mask=tm[:, None], other=0.0, cache_modifier=".cg")
-    c = tl.sum(tl.reshape(xf, [BLOCK_T, N, BLOCK_D]) * pre[:, :, None], axis=1)
+    # the slab stays live across the wait in x's own dtype (half the registers of fp32)
+    c = tl.sum(tl.reshape(xv, [BLOCK_T, N, BLOCK_D]).to(tl.float32) * pre[:, :, None], axis=1)
     d = ks * BLOCK_D + tl.arange(0, BLOCK_D)
     tl.store(col_ptr + t[:, None] * D + d[None, :], c.to(col_ptr.dtype.element_ty), mask=tm[:, None] & (d < D)[None, :])
 

@@ -346,13 +346,13 @@ def mxfp4_moe_w4a8_ref(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
 
 
 @triton.jit
-def _e2m1_as_e4m3(b):
+def _e2m1_as_e4m3(b, R: tl.constexpr, C: tl.constexpr):
     """Packed bytes ``b[R, C]`` (int32) → ``[R, 2C]`` float8e4nv, low nibble first: code bits ``s e1 e0 m``
     go to e4m3 bits 7 and 4..2, which read as exactly ``e2m1 · 2^-6`` (code 1 lands on the e4m3 subnormal
     2^-7); the 2^6 goes into the weight scale."""
     lo = ((b & 0x08) << 4) | ((b & 0x07) << 2)
     hi = (b & 0x80) | ((b & 0x70) >> 2)
-    v = tl.reshape(tl.join(lo, hi), [b.shape[0], 2 * b.shape[1]])
+    v = tl.reshape(tl.join(lo, hi), [R, 2 * C])
     return v.to(tl.uint8).to(tl.float8e4nv, bitcast=True)
 
 
@@ -371,7 +371,7 @@ def _w4a8_gemm(a_ptr, as_ptr, a_rows, a_stride, as_stride, rm, w_ptr, ws_ptr, wr
         sa = tl.load(as_ptr + a_rows * as_stride + k0 // ABLOCK, mask=rm, other=0.0)
         b = tl.load(w_ptr + wrow[:, None] * (K // 2) + k0 // 2 + c16[None, :], mask=nm[:, None], other=0)
         sb = tl.load(ws_ptr + wrow * (K // 32) + k0 // 32, mask=nm, other=0).to(tl.int32) & 0xFF
-        w = _e2m1_as_e4m3(b.to(tl.int32) & 0xFF)  # [BN, 32]
+        w = _e2m1_as_e4m3(b.to(tl.int32) & 0xFF, BN, 16)  # [BN, 32]
         d = tl.dot(a, tl.trans(w))
         acc += d * (sa[:, None] * (_ue8m0_f32(sb) * 64.0)[None, :])
     return acc
@@ -380,7 +380,7 @@ def _w4a8_gemm(a_ptr, as_ptr, a_rows, a_stride, as_stride, rm, w_ptr, ws_ptr, wr
 @triton.jit
 def _w4a8_up_kernel(xq_ptr, xs_ptr, order_ptr, meta_ptr, w_ptr, s_ptr, hq_ptr, hs_ptr, H, INTER, limit,
                     K_TOP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, ABLOCK: tl.constexpr,
-                    HAS_LIMIT: tl.constexpr, HW_CAST: tl.constexpr):
+                    QG: tl.constexpr, HAS_LIMIT: tl.constexpr, HW_CAST: tl.constexpr):
     """Tile (BM pairs of one expert, BN intermediate columns): gate and up GEMMs, the clamped SwiGLU, then
     the output quantised per pair per ABLOCK columns (fp8 + fp32 scale) for the down GEMM."""
     tile = tl.program_id(0)
@@ -403,7 +403,6 @@ def _w4a8_up_kernel(xq_ptr, xs_ptr, order_ptr, meta_ptr, w_ptr, s_ptr, hq_ptr, h
             u = tl.minimum(tl.maximum(u, -limit), limit)
         h = g / (1.0 + tl.exp(-g)) * u
         h = tl.where(nm[None, :], h, 0.0)
-        QG: tl.constexpr = BN // ABLOCK
         cols = n[None, :] + 0 * pair[:, None]
         q_ptrs = tl.reshape(hq_ptr + pair[:, None] * INTER + cols, [BM * QG, ABLOCK])
         mask = tl.reshape(rm[:, None] & nm[None, :], [BM * QG, ABLOCK])
@@ -496,7 +495,7 @@ def mxfp4_moe_w4a8(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, ga
         dn, dns = down.contiguous().view(u8), down_scale.contiguous().view(u8)
         _w4a8_up_kernel[(meta.shape[0], triton.cdiv(i, bn))](
             xq, xs, order, meta, gu, gus, hq if hw else hq.view(u8), hs, h, i, float(limit or 0.0), K_TOP=k, BM=bm,
-            BN=bn, ABLOCK=block, HAS_LIMIT=limit is not None, HW_CAST=hw, num_warps=nw)
+            BN=bn, ABLOCK=block, QG=bn // block, HAS_LIMIT=limit is not None, HW_CAST=hw, num_warps=nw)
         _w4a8_down_kernel[(meta.shape[0], triton.cdiv(h, bn))](
             hq, hs, order, meta, weights.float().contiguous().view(-1), dn, dns, y, h, i, BM=bm, BN=bn, ABLOCK=block,
             num_warps=nw)
