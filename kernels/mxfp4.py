@@ -453,8 +453,60 @@ def _expert_tiles(ids: torch.Tensor, n_experts: int, bm: int) -> tuple[torch.Ten
     return order, meta.to(torch.int32).contiguous()
 
 
+@triton.jit
+def _align_kernel(ids_ptr, order_ptr, meta_ptr, cursor_ptr, P, E, n_tiles, BM: tl.constexpr, E_PAD: tl.constexpr,
+                  CH: tl.constexpr, TCH: tl.constexpr):
+    """:func:`_expert_tiles` in one program: a histogram of the experts, their starts and tile counts by
+    prefix sums, the tile table, then each pair's slot in its expert's run by an atomic cursor (the order
+    within an expert is arbitrary, which no result depends on: every row of a tile is computed alone)."""
+    ex = tl.arange(0, E_PAD)
+    counts = tl.zeros([E_PAD], dtype=tl.int32)
+    for c0 in range(0, P, CH):
+        i = c0 + tl.arange(0, CH)
+        e = tl.load(ids_ptr + i, mask=i < P, other=E_PAD - 1).to(tl.int32)  # the tail counts in a spare bin
+        counts += tl.histogram(e, E_PAD)
+    counts = tl.where(ex < E, counts, 0)
+    ends = tl.cumsum(counts, 0)
+    starts = ends - counts
+    tiles = (counts + BM - 1) // BM
+    tend = tl.cumsum(tiles, 0)
+    tfirst = tend - tiles
+    tl.atomic_xchg(cursor_ptr + ex, starts)
+    for t0 in range(0, n_tiles, TCH):
+        ti = t0 + tl.arange(0, TCH)
+        e_of = tl.sum((tend[None, :] <= ti[:, None]).to(tl.int32), axis=1)  # experts whose tiles end by ti
+        sel = ex[None, :] == e_of[:, None]
+        first = tl.sum(tl.where(sel, starts[None, :], 0), axis=1) + (ti - tl.sum(tl.where(sel, tfirst[None, :], 0), axis=1)) * BM
+        stop = tl.sum(tl.where(sel, ends[None, :], 0), axis=1)
+        valid = e_of < E
+        tm = ti < n_tiles
+        tl.store(meta_ptr + 3 * ti, tl.minimum(e_of, E - 1), mask=tm)
+        tl.store(meta_ptr + 3 * ti + 1, tl.where(valid, first, 0), mask=tm)
+        tl.store(meta_ptr + 3 * ti + 2, tl.where(valid, stop, 0), mask=tm)
+    tl.debug_barrier()
+    for c0 in range(0, P, CH):
+        i = c0 + tl.arange(0, CH)
+        m = i < P
+        e = tl.load(ids_ptr + i, mask=m, other=0).to(tl.int32)
+        pos = tl.atomic_add(cursor_ptr + e, 1, mask=m)
+        tl.store(order_ptr + pos, i, mask=m)
+
+
+def _expert_tiles_triton(ids: torch.Tensor, n_experts: int, bm: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`_expert_tiles` as one launch (decode batches otherwise pay a dozen small torch kernels)."""
+    flat = ids.reshape(-1).contiguous()
+    p = flat.numel()
+    n_tiles = triton.cdiv(p, bm) + min(n_experts, p)
+    order = torch.empty(p, dtype=torch.int32, device=ids.device)
+    meta = torch.empty(n_tiles, 3, dtype=torch.int32, device=ids.device)
+    cursor = torch.empty(next_pow2(n_experts + 1), dtype=torch.int32, device=ids.device)
+    _align_kernel[(1,)](flat, order, meta, cursor, p, n_experts, n_tiles, BM=bm, E_PAD=next_pow2(n_experts + 1),
+                        CH=256 if interpreting() else 1024, TCH=16 if interpreting() else 32, num_warps=4)
+    return order, meta
+
+
 #: w4a8 launch choices (pairs per tile, columns per program, warps); block is the activation block
-W4A8_TILE = {"bm": 16, "bn": 128, "warps": 4}
+W4A8_TILE = {"bm": 16, "bn": 128, "warps": 4, "align": "triton"}
 
 
 def mxfp4_moe_w4a8(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor,
@@ -483,10 +535,10 @@ def mxfp4_moe_w4a8(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, ga
     bm = bm or W4A8_TILE["bm"]
     bn = max(bn or W4A8_TILE["bn"], block)
     nw = warps or W4A8_TILE["warps"]
-    y = torch.zeros(t * k, h, dtype=torch.float32, device=x.device)
+    y = torch.empty(t * k, h, dtype=torch.float32, device=x.device)  # every pair's row is written
     if t * k:
         xq, xs = act_quant(x.contiguous(), block)
-        order, meta = _expert_tiles(ids, e, bm)
+        order, meta = (_expert_tiles_triton if W4A8_TILE["align"] == "triton" else _expert_tiles)(ids, e, bm)
         hq = torch.empty(t * k, i, dtype=torch.float8_e4m3fn, device=x.device)
         hs = torch.empty(t * k, triton.cdiv(i, block), dtype=torch.float32, device=x.device)
         hw = fp8_hw_cast(capability(x.device))

@@ -176,3 +176,17 @@ def test_hc_pre_fused_needs_a_gpu(device):
         torch.testing.assert_close(col, ref[0], rtol=2**-7, atol=1 / 64)
         torch.testing.assert_close(post, ref[1], rtol=1e-4, atol=1e-5)
         torch.testing.assert_close(comb, ref[2], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_expert_alignment_kernel_matches_the_torch_tiles(device):
+    gen = torch.Generator(device=device).manual_seed(7)
+    for t, k, e, bm in ((5, 2, 5, 2), (40, 6, 256, 16), (300, 3, 9, 4)):
+        ids = torch.stack([torch.randperm(e, generator=gen, device=device)[:k] for _ in range(t)])
+        o_ref, m_ref = mxfp4._expert_tiles(ids, e, bm)
+        order, meta = mxfp4._expert_tiles_triton(ids, e, bm)
+        assert torch.equal(meta, m_ref)  # the same tile table
+        flat = ids.reshape(-1)
+        # each expert's run holds the same pairs (in any order: rows of a tile are independent)
+        assert torch.equal(flat[order.long()], flat[o_ref.long()])
+        assert torch.equal(order.sort().values, torch.arange(flat.numel(), device=device, dtype=torch.int32))
