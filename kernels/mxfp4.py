@@ -143,7 +143,7 @@ def _e2m1_f32(code):
 
 
 @triton.jit
-def _dequant_tile_kernel(w_ptr, s_ptr, o_ptr, n_groups, BG: tl.constexpr):
+def _dequant_tile_kernel(w_ptr, s_ptr, o_ptr, n_groups, BG: tl.constexpr, STREAM: tl.constexpr):
     """BG scale groups per program as a [BG, 16]-byte tile: one scale load per group, the two nibbles of each
     byte joined in registers, so each thread writes whole 32-value runs with 16-byte stores."""
     g = tl.program_id(0).to(tl.int64) * BG + tl.arange(0, BG)
@@ -153,11 +153,15 @@ def _dequant_tile_kernel(w_ptr, s_ptr, o_ptr, n_groups, BG: tl.constexpr):
     sc = _ue8m0_f32(tl.load(s_ptr + g, mask=gm, other=127).to(tl.int32) & 0xFF)
     v = tl.reshape(tl.join(_e2m1_f32(b & 0xF), _e2m1_f32(b >> 4)), [BG, 32]) * sc[:, None]
     j = tl.arange(0, 32)
-    tl.store(o_ptr + g[:, None] * 32 + j[None, :], v.to(o_ptr.dtype.element_ty), mask=gm[:, None])
+    if STREAM:  # written once, never re-read here: streaming stores
+        tl.store(o_ptr + g[:, None] * 32 + j[None, :], v.to(o_ptr.dtype.element_ty), mask=gm[:, None],
+                 cache_modifier=".cs")
+    else:
+        tl.store(o_ptr + g[:, None] * 32 + j[None, :], v.to(o_ptr.dtype.element_ty), mask=gm[:, None])
 
 
 @triton.jit
-def _dequant_bf16x2_kernel(w_ptr, s_ptr, o_ptr, n_groups, BG: tl.constexpr):
+def _dequant_bf16x2_kernel(w_ptr, s_ptr, o_ptr, n_groups, BG: tl.constexpr, STREAM: tl.constexpr):
     """bf16 out, two values per 32-bit word (sm90: ``mul.rn.bf16x2``): each byte becomes one bf16 pair (low
     nibble in the low half) by bit placement (the magnitude bits at 8..6 read as ``2^(e-127)(1+m/2)`` or the
     subnormal ``m·2^-127``), then two exact packed multiplies: by 2^126 (the e2m1 value) and by the scale."""
@@ -172,16 +176,19 @@ def _dequant_bf16x2_kernel(w_ptr, s_ptr, o_ptr, n_groups, BG: tl.constexpr):
     k126 = tl.full([BG, 16], 0x7E807E80, tl.int32)  # 2^126 twice
     v = tl.inline_asm_elementwise("{ mul.rn.bf16x2 $0, $1, $2; mul.rn.bf16x2 $0, $0, $3; }", "=r,r,r,r",
                                   [word, k126, pair], dtype=tl.int32, is_pure=True, pack=1)
-    tl.store(o_ptr + g[:, None] * 16 + c[None, :], v, mask=gm[:, None])
+    if STREAM:
+        tl.store(o_ptr + g[:, None] * 16 + c[None, :], v, mask=gm[:, None], cache_modifier=".cs")
+    else:
+        tl.store(o_ptr + g[:, None] * 16 + c[None, :], v, mask=gm[:, None])
 
 
 #: dequant launch choices (variant, groups per program, warps); the benchmark round picks them
-DQ_TILE = {"variant": "tile", "bg": 128, "warps": 4}
+DQ_TILE = {"variant": "tile", "bg": 128, "warps": 4, "stream": False}
 
 
 def mxfp4_dequant(w: torch.Tensor, scale: torch.Tensor, out_dtype: torch.dtype = torch.float32, *,
                   out: torch.Tensor | None = None, variant: str | None = None, bg: int | None = None,
-                  warps: int | None = None) -> torch.Tensor:
+                  warps: int | None = None, stream: bool | None = None) -> torch.Tensor:
     """Triton :func:`mxfp4_dequant_ref` (exact: a power-of-two scale times an e2m1 value).
 
     ``variant``: ``tile`` (portable: fp32 decode, one scale per 32-value group), ``bf16x2`` (bf16 out on
@@ -197,6 +204,7 @@ def mxfp4_dequant(w: torch.Tensor, scale: torch.Tensor, out_dtype: torch.dtype =
     v = variant or dequant_variant(capability(w.device), o.dtype)
     bg = bg or DQ_TILE["bg"]
     nw = warps or DQ_TILE["warps"]
+    st = bool(DQ_TILE["stream"] if stream is None else stream)
     if interpreting():
         bg = min(bg, 32)
     groups = n // 16
@@ -206,9 +214,10 @@ def mxfp4_dequant(w: torch.Tensor, scale: torch.Tensor, out_dtype: torch.dtype =
     elif v == "bf16x2":
         if o.dtype != torch.bfloat16 or not o.is_contiguous():
             raise ValueError("mxfp4_dequant: the bf16x2 variant writes a contiguous bf16 output")
-        _dequant_bf16x2_kernel[(triton.cdiv(groups, bg),)](wc, sc, o.view(torch.int32), groups, BG=bg, num_warps=nw)
+        _dequant_bf16x2_kernel[(triton.cdiv(groups, bg),)](wc, sc, o.view(torch.int32), groups, BG=bg, STREAM=st,
+                                                               num_warps=nw)
     elif v == "tile":
-        _dequant_tile_kernel[(triton.cdiv(groups, bg),)](wc, sc, o, groups, BG=bg, num_warps=nw)
+        _dequant_tile_kernel[(triton.cdiv(groups, bg),)](wc, sc, o, groups, BG=bg, STREAM=st, num_warps=nw)
     else:
         raise ValueError(f"mxfp4_dequant: unknown variant {v!r}")
     return o
