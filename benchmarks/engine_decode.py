@@ -457,7 +457,8 @@ LINEAR_SHAPES = [("q|kv_a", 3648, 2048, torch.bfloat16), ("o_proj", 2048, 2048, 
                  ("shared gate|up", 5632, 2048, torch.bfloat16), ("shared down", 2048, 2816, torch.bfloat16),
                  ("dense gate|up", 21888, 2048, torch.bfloat16), ("dense down", 2048, 10944, torch.bfloat16),
                  ("router fp32", 64, 2048, torch.float32)]
-LINEAR_CONFIGS = [(16, 256, 4, 4), (32, 256, 4, 4), (16, 512, 4, 3), (64, 128, 4, 4), (32, 512, 8, 3)]
+LINEAR_CONFIGS = [(16, 256, 4, 4), (32, 256, 4, 4), (16, 512, 4, 3), (64, 128, 4, 4), (32, 512, 8, 3), (4, 512, 4, 1),
+                  (8, 256, 4, 1)]  # BLOCK_N < 16: the kernel without tensor cores
 
 
 def _graph_us(calls, device: torch.device, reps: int = 5) -> float:

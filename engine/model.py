@@ -248,7 +248,10 @@ class MLP(nn.Module):
             gu = self.ops.linear(x, self.gate_up)
         else:
             gu = torch.cat([self.gate_proj(x), self.up_proj(x)], dim=-1)
-        y = self.down_proj(self.ops.silu_mul(gu))
+        if self.down_proj.weight.dtype == torch.float8_e4m3fn:
+            y = self.down_proj(self.ops.silu_mul(gu))
+        else:  # SwiGLU and the down projection: one op (one kernel at decode sizes)
+            y = self.ops.silu_mul_linear(gu, self.down_proj.weight)
         return self.tp.all_reduce(y) if self.reduce else y
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 OPS: dict[str, tuple[str, str]] = {
     "rmsnorm": ("kernels.rmsnorm", "rmsnorm_ref"),
     "linear": ("kernels.gemv", "linear_ref"),
+    "silu_mul_linear": ("kernels.gemv", "silu_mul_linear_ref"),
     "rope": ("kernels.rope", "rope_ref"),
     "act_quant": ("kernels.fp8_quant", "act_quant_ref"),
     "silu_mul": ("kernels.silu_mul", "silu_mul_ref"),

@@ -35,10 +35,22 @@ def linear_ref(x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype | N
 
 
 @triton.jit
+def _load_x(x_ptrs, mask, K, SILU: tl.constexpr, EXACT: tl.constexpr):
+    """A tile of the GEMM's input: ``x`` itself, or with ``SILU`` ``silu(gate)·up`` of ``x = [gate | up]``
+    (``K`` columns each), rounded to ``x``'s dtype as the separate SiLU·mul op stores it."""
+    if SILU:
+        g = tl.load(x_ptrs, mask=mask, other=0.0).to(tl.float32)
+        u = tl.load(x_ptrs + K, mask=mask, other=0.0).to(tl.float32)
+        h = g / (1.0 + tl.exp2(g * -1.4426950408889634)) * u
+        return cast_rne(h, x_ptrs.dtype.element_ty, EXACT)
+    return tl.load(x_ptrs, mask=mask, other=0.0)
+
+
+@triton.jit
 def _gemv_kernel(
     x_ptr, w_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-    F32_DOT: tl.constexpr, PREC: tl.constexpr, EXACT: tl.constexpr,
+    SILU: tl.constexpr, F32_DOT: tl.constexpr, PREC: tl.constexpr, EXACT: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     rm = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -52,11 +64,11 @@ def _gemv_kernel(
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         if EVEN_K:
-            xa = tl.load(x_ptrs, mask=m_ok[:, None], other=0.0)
+            xa = _load_x(x_ptrs, m_ok[:, None], K, SILU, EXACT)
             wb = tl.load(w_ptrs, eviction_policy="evict_first")
         else:
             k_ok = k0 + rk < K
-            xa = tl.load(x_ptrs, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+            xa = _load_x(x_ptrs, m_ok[:, None] & k_ok[None, :], K, SILU, EXACT)
             wb = tl.load(w_ptrs, mask=k_ok[:, None], other=0.0, eviction_policy="evict_first")
         if F32_DOT:  # the interpreter: dots in fp32 (products of 16-bit values are exact there)
             acc = tl.dot(xa.to(tl.float32), wb.to(tl.float32), acc, input_precision="ieee")
@@ -68,16 +80,84 @@ def _gemv_kernel(
     tl.store(y_ptrs, cast_rne(acc, y_ptr.dtype.element_ty, EXACT), mask=m_ok[:, None] & n_ok[None, :])
 
 
+@triton.jit
+def _gemv_vec_kernel(
+    x_ptr, w_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, SILU: tl.constexpr, EXACT: tl.constexpr,
+):
+    # no tensor cores: BLOCK_N weight rows × BLOCK_K, multiplied by one row of x and summed along K at the end
+    # (for narrow outputs, e.g. the router's 64 logits, where 16-column dot tiles leave most SMs idle)
+    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row = tl.program_id(1).to(tl.int64)
+    rk = tl.arange(0, BLOCK_K)
+    n_ok = rn < N
+    rn_c = tl.where(n_ok, rn, 0).to(tl.int64)
+    x_ptrs = x_ptr + row * stride_xm + rk
+    w_ptrs = w_ptr + rn_c[:, None] * stride_wn + rk[None, :]
+    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        if EVEN_K:
+            xa = _load_x(x_ptrs, rk < BLOCK_K, K, SILU, EXACT)
+            wb = tl.load(w_ptrs, eviction_policy="evict_first")
+        else:
+            k_ok = k0 + rk < K
+            xa = _load_x(x_ptrs, k_ok, K, SILU, EXACT)
+            wb = tl.load(w_ptrs, mask=k_ok[None, :], other=0.0, eviction_policy="evict_first")
+        acc += wb.to(tl.float32) * xa.to(tl.float32)[None, :]
+        x_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+    y = tl.sum(acc, 1)
+    tl.store(y_ptr + row * stride_ym + rn, cast_rne(y, y_ptr.dtype.element_ty, EXACT), mask=n_ok)
+
+
 def gemv_config(n: int, k: int, elem: int, cap: tuple[int, int] | None) -> tuple[int, int, int, int]:
-    """``(BLOCK_N, BLOCK_K, warps, stages)``: 16 output columns per program when that gives a full wave of
-    programs (each then streams ``16·K`` weights), 32 or 64 for wide projections; K steps of 8–16 KB of
-    weight so a few stages keep ≥ 32 KB in flight per program."""
+    """``(BLOCK_N, BLOCK_K, warps, stages)``: 16 output columns per program (each then streams ``16·K``
+    weights), 32 or 64 for wide projections; K steps of 8–16 KB of weight so a few stages keep ≥ 32 KB in
+    flight per program. ``BLOCK_N`` < 16 selects the tensor-core-free kernel (one row of ``x`` per program),
+    for outputs too narrow to give the SMs work in 16-column tiles."""
     if cap is None:
-        return 16, 32, 1, 1
+        return (16, 32, 1, 1) if n >= 16 else (4, 32, 1, 1)
+    if n < 512:
+        return 4, 512 // elem * 2, 4, 1
     block_n = 16 if n <= 8192 else 32 if n <= 16384 else 64
     block_k = max(64, min(512, (16384 // (block_n * elem)) // 64 * 64))
     block_k = min(block_k, max(64, triton.next_power_of_2(k)))
     return block_n, block_k, 4, 4 if elem <= 2 else 3
+
+
+def _gemv(x2: torch.Tensor, weight: torch.Tensor, y: torch.Tensor, silu: bool,
+          config: tuple[int, int, int, int] | None) -> None:
+    m, (n, k) = x2.shape[0], weight.shape
+    cap = capability(x2.device)
+    block_n, block_k, warps, stages = config or gemv_config(n, k, weight.element_size(), cap)
+    if block_n < 16:
+        _gemv_vec_kernel[(triton.cdiv(n, block_n), m)](
+            x2, weight, y, m, n, k, x2.stride(0), weight.stride(0), y.stride(0),
+            BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=k % block_k == 0, SILU=silu, EXACT=interpreting(),
+            num_warps=warps, num_stages=stages,
+        )
+        return
+    _gemv_kernel[(triton.cdiv(n, block_n), triton.cdiv(m, 16))](
+        x2, weight, y, m, n, k, x2.stride(0), weight.stride(0), y.stride(0),
+        BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=k % block_k == 0, SILU=silu,
+        F32_DOT=cap is None, PREC=dot_precision(weight.dtype), EXACT=interpreting(), num_warps=warps,
+        num_stages=stages,
+    )
+
+
+def _prepare(x: torch.Tensor, k: int, out_dtype, out: torch.Tensor | None, n: int):
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, x.shape[-1])
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    m = x2.shape[0]
+    if out is None:
+        y = torch.empty(m, n, dtype=out_dtype, device=x.device)
+    else:
+        if tuple(out.shape) != (*lead, n) or out.dtype != out_dtype or not out.is_contiguous():
+            raise ValueError(f"linear: out must be contiguous {(*lead, n)} {out_dtype}, got {tuple(out.shape)}")
+        y = out.view(m, n)
+    return lead, x2, y
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype | None = None, *,
@@ -88,27 +168,40 @@ def linear(x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype | None 
         raise ValueError(f"linear: x [..., {weight.shape[-1] if weight.dim() == 2 else '?'}] against weight "
                          f"[N, K] expected, got {tuple(x.shape)} and {tuple(weight.shape)}")
     out_dtype = out_dtype or x.dtype
-    lead, (n, k) = x.shape[:-1], weight.shape
-    x2 = x.reshape(-1, k)
-    m = x2.shape[0]
+    n, k = weight.shape
+    m = x.numel() // max(k, 1)
     if m > GEMV_MAX_M or m == 0 or weight.stride(1) != 1:
-        y = linear_ref(x2, weight, out_dtype)
-        return y.view(*lead, n) if out is None else out.copy_(y.view(*lead, n))
-    if x2.stride(-1) != 1:
-        x2 = x2.contiguous()
-    if out is None:
-        y = torch.empty(m, n, dtype=out_dtype, device=x.device)
-    else:
-        if tuple(out.shape) != (*lead, n) or out.dtype != out_dtype or not out.is_contiguous():
-            raise ValueError(f"linear: out must be contiguous {(*lead, n)} {out_dtype}, got {tuple(out.shape)}")
-        y = out.view(m, n)
-    cap = capability(x.device)
-    block_n, block_k, warps, stages = config or gemv_config(n, k, weight.element_size(), cap)
-    _gemv_kernel[(triton.cdiv(n, block_n), triton.cdiv(m, 16))](
-        x2, weight, y, m, n, k, x2.stride(0), weight.stride(0), y.stride(0),
-        BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=k % block_k == 0,
-        F32_DOT=cap is None, PREC=dot_precision(weight.dtype), EXACT=interpreting(), num_warps=warps, num_stages=stages,
-    )
+        y = linear_ref(x, weight, out_dtype)
+        return y if out is None else out.copy_(y)
+    lead, x2, y = _prepare(x, k, out_dtype, out, n)
+    _gemv(x2, weight, y, False, config)
+    return y.view(*lead, n) if out is None else out
+
+
+def silu_mul_linear_ref(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``silu(gate)·up`` of ``x = [gate | up]`` (rounded to ``x.dtype``), then ``@ weightᵀ``: an MLP's down
+    projection after its SwiGLU."""
+    from kernels.silu_mul import silu_mul_ref
+
+    return linear_ref(silu_mul_ref(x), weight)
+
+
+def silu_mul_linear(x: torch.Tensor, weight: torch.Tensor, *, out: torch.Tensor | None = None,
+                    config: tuple[int, int, int, int] | None = None) -> torch.Tensor:
+    """Triton :func:`silu_mul_linear_ref`: at decode sizes the SiLU·mul is computed as the weight-streaming
+    kernel loads its input (no intermediate tensor, one launch); above :data:`GEMV_MAX_M` rows the SiLU·mul
+    kernel, then ``F.linear``."""
+    n, k = weight.shape
+    if weight.dim() != 2 or x.shape[-1] != 2 * k:
+        raise ValueError(f"silu_mul_linear: x [..., 2·{k}] against weight [N, {k}] expected, got {tuple(x.shape)}")
+    m = x.numel() // max(2 * k, 1)
+    if m > GEMV_MAX_M or m == 0 or weight.stride(1) != 1:
+        from kernels.silu_mul import silu_mul
+
+        y = linear_ref(silu_mul(x), weight)
+        return y if out is None else out.copy_(y)
+    lead, x2, y = _prepare(x, k, x.dtype, out, n)
+    _gemv(x2, weight, y, True, config)
     return y.view(*lead, n) if out is None else out
 
 
@@ -145,6 +238,8 @@ SPEC = ParitySpec(
         Case("m1 dense down 2048x10944", {"mnk": (1, 2048, 10944)}, devices=_GPU),
         Case("m4 router 64x2048", {"mnk": (4, 64, 2048), "wdtype": torch.float32, "out_dtype": torch.float32},
              devices=_GPU),
+        Case("m1 router 64x2048", {"mnk": (1, 64, 2048), "wdtype": torch.float32, "out_dtype": torch.float32},
+             devices=_GPU),
     ],
     checks=[Check("gemm_diff", 1e-5, "fp32 accumulation, one rounding to the output dtype; bf16 GEMM bound",
                   dtypes=(torch.bfloat16,)),
@@ -153,3 +248,35 @@ SPEC = ParitySpec(
     description="decode-sized dense projection y = x Wᵀ (weight streamed through 16-row dots)",
 )
 
+
+
+def _silu_inputs(case: Case, device: torch.device, gen: torch.Generator) -> dict:
+    m, n, k = case.params["mnk"]
+    x = (2 * torch.randn(m, 2 * k, generator=gen, device=device)).to(case.dtype)
+    w = (torch.randn(n, k, generator=gen, device=device) / k ** 0.5).to(case.dtype)
+    return {"x": x, "weight": w}
+
+
+def _silu_oracle(x, weight):
+    from kernels.silu_mul import silu_mul_ref
+
+    return F.linear(silu_mul_ref(x).float(), weight.float()).to(x.dtype)
+
+
+SPEC_SILU = ParitySpec(
+    op="silu_mul_linear",
+    make_inputs=_silu_inputs,
+    reference=_silu_oracle,
+    kernel=lambda out, **inp: silu_mul_linear(**inp, out=out[0]),
+    cases=[
+        Case("m1 n64 k96", {"mnk": (1, 64, 96)}),
+        Case("m3 n40 k64 fp32", {"mnk": (3, 40, 64)}, dtype=torch.float32),
+        Case("m20 n32 k32 unfused", {"mnk": (20, 32, 32)}),
+        Case("m1 shared down 2048x2816", {"mnk": (1, 2048, 2816)}, devices=_GPU),
+        Case("m8 dense down 2048x10944", {"mnk": (8, 2048, 10944)}, devices=_GPU),
+    ],
+    checks=[Check("gemm_diff", 2e-5, "the SiLU·mul intermediate may round one bf16 ulp apart (exp differs by "
+                  "ulps), then an fp32-accumulated GEMM", dtypes=(torch.bfloat16,)),
+            Check("gemm_diff", 1e-10, "fp32: exp and summation order only", dtypes=(torch.float32,))],
+    description="SwiGLU then the down projection in one weight-streaming kernel (decode sizes)",
+)

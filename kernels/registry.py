@@ -20,6 +20,7 @@ OPS: dict[str, str] = {
     "mla_decode": "kernels.mla_decode:SPEC_DENSE",
     "paged_mla_decode": "kernels.mla_decode",
     "linear": "kernels.gemv",
+    "silu_mul_linear": "kernels.gemv:SPEC_SILU",
     "paged_kv_write": "kernels.paged_kv",
     "kv584_store": "kernels.kv584:SPEC_STORE",
     "kv584_load": "kernels.kv584:SPEC_LOAD",

@@ -63,7 +63,7 @@ def test_model_routes_its_hot_ops_through_the_table(tiny_dir, monkeypatch):
     monkeypatch.setattr(ops, "_lookup", counting)
     model = load_model(tiny_dir, dtype=torch.float32)
     generate(model, [[3, 4, 5]], 3, mla="absorbed")
-    assert {"rmsnorm", "rope", "silu_mul", "moe_route", "moe_experts", "mla_decode"} <= set(called)
+    assert {"rmsnorm", "rope", "linear", "silu_mul_linear", "moe_route", "moe_experts", "mla_decode"} <= set(called)
 
 
 def test_engine_and_kernels_import_only_what_the_gpu_image_has():
