@@ -7,6 +7,9 @@ can attend to "nothing". Keys are also values (MQA with one 512-wide head).
 
 from __future__ import annotations
 
+import functools
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -40,147 +43,285 @@ def sparse_mla_decode_ref(q: torch.Tensor, pool: torch.Tensor, indices: torch.Te
 
 
 # --- Triton ------------------------------------------------------------------------------------------
+#
+# One program per (row, chunk of its slots, block of heads). Every head of a row attends to the same slots
+# (one shared key/value head), so a program gathers and dequantises each tile of BLOCK_T slots once and
+# feeds it to all BLOCK_H heads' tensor-core dots (64 heads: the wgmma M). A row's 512 channels are kept as
+# four power-of-two parts that match the 584-byte row: nope tiles 0-3 (256 fp8 bytes), 4-5 (128), 6 (64)
+# and the rope (64 bf16), so every load is a full-width vector with no column mask, and the scale of each
+# 64-channel tile comes from one 8-byte word per row. The next tile's bytes are loaded before this tile's
+# dots (PREFETCH), so the gather of tile i+1 overlaps the math of tile i.
+
+LOG2E = 1.4426950408889634
+
+
+@dataclass(frozen=True)
+class SparseConfig:
+    """One launch's tiles: ``block_h`` heads share each gathered tile of ``block_t`` slots; a row's slots are
+    cut into ``n_split`` chunks, merged with the sink by :func:`_combine_kernel` (partials in fp32, or bf16
+    with ``part_bf16``)."""
+
+    block_h: int
+    block_t: int
+    n_split: int
+    num_warps: int
+    num_stages: int = 1
+    prefetch: bool = True
+    part_bf16: bool = False
+    lazy: bool = True
+
+
+def sparse_config(batch: int, heads: int, k: int, cap: tuple[int, int] | None, low: bool = True,
+                  num_sms: int = 132) -> SparseConfig:
+    """Tiles and split count for ``batch`` rows of ``heads`` heads over ``k`` slots each.
+
+    On a GPU with a 16-bit q: all heads of a row in one program (up to 64, 8 warps: the fp32 accumulator
+    of 64 × 512 takes two warpgroups), and as many chunks per row as keep one wave of programs (``num_sms``
+    of them; a program holds about 200 KB of registers and shared memory, so one fits an SM). fp32 q (the
+    engine's oracle runs) keeps small tiles with fp32 dots. The interpreter splits small cases to test it.
+    """
+    bh = min(64, max(16, triton.next_power_of_2(max(1, heads))))
+    if cap is None:
+        return SparseConfig(bh, 16, 2 if k > 32 else 1, 1)
+    if not low:
+        hb = triton.cdiv(heads, 16)
+        return SparseConfig(16, 16, max(1, min(triton.cdiv(k, 64), triton.cdiv(4 * num_sms, max(1, batch * hb)))),
+                            4, 1, False)
+    bt = 64
+    progs = max(1, batch * triton.cdiv(heads, bh))
+    return SparseConfig(bh, bt, max(1, min(num_sms // progs, triton.cdiv(k, 2 * bt))), 8, 2, False)
+
 
 @triton.jit
-def _sparse_decode_kernel(q_ptr, pool_ptr, pool16_ptr, idx_ptr, sink_ptr, o_ptr, ml_ptr, K, H, qk_scale, chunk,
-                          BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, HW_CAST: tl.constexpr,
-                          F32_DOT: tl.constexpr, ROW: tl.constexpr, NOPE: tl.constexpr, SOFF: tl.constexpr,
-                          LOW: tl.constexpr, EXACT: tl.constexpr, SPLIT: tl.constexpr):
-    """One program per (row, block of heads, split of the indices): gathers BLOCK_T slots at a time,
-    dequantises them to bf16 (exact: e4m3 times a power of two, and bf16 rope) and runs an online softmax.
-    Unsplit, it starts from the sink and writes the output; split, it writes its (acc, max, sum) for
-    :func:`_combine` (the sink joins there, once)."""
-    b = tl.program_id(0).to(tl.int64)
-    h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
-    sp = tl.program_id(2)
-    hm = h < H
-    c = tl.arange(0, 512)
-    q = tl.load(q_ptr + (b * H + h[:, None]) * 512 + c[None, :], mask=hm[:, None], other=0.0)
-    if LOW:  # bf16 tensor-core dots; an fp32 q keeps fp32 dots (the engine's fp32 oracle runs)
+def _gather(pool_ptr, pool16_ptr, pool64_ptr, idx_ptr, row, K, t0, hi, BLOCK_T: tl.constexpr, ROW: tl.constexpr):
+    """The raw bytes of the slots ``t0 .. t0+BLOCK_T`` (below ``hi``) of ``row``: nope tiles 0-3, 4-5 and 6
+    (uint8), the rope (int16), each row's scale word (int64, byte j = tile j) and which slots are valid."""
+    t = t0 + tl.arange(0, BLOCK_T)
+    slot = tl.load(idx_ptr + row * K + t, mask=t < hi, other=-1).to(tl.int64)
+    ok = slot >= 0
+    sl = tl.maximum(slot, 0)
+    base = sl * ROW
+    c256 = tl.arange(0, 256)
+    c128 = tl.arange(0, 128)
+    c64 = tl.arange(0, 64)
+    n0 = tl.load(pool_ptr + base[:, None] + c256[None, :], mask=ok[:, None], other=0)
+    n1 = tl.load(pool_ptr + base[:, None] + 256 + c128[None, :], mask=ok[:, None], other=0)
+    n2 = tl.load(pool_ptr + base[:, None] + 384 + c64[None, :], mask=ok[:, None], other=0)
+    r = tl.load(pool16_ptr + (sl * (ROW // 2))[:, None] + 224 + c64[None, :], mask=ok[:, None], other=0)
+    w = tl.load(pool64_ptr + sl * (ROW // 8) + 72, mask=ok, other=0)
+    return n0, n1, n2, r, w, ok
+
+
+@triton.jit
+def _fp8(byte, HW_CAST: tl.constexpr):
+    if HW_CAST:
+        return byte.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+    else:
+        return e4m3_to_f32(byte)
+
+
+@triton.jit
+def _dequant(byte, w, FIRST: tl.constexpr, NT: tl.constexpr, BLOCK_T: tl.constexpr, HW_CAST: tl.constexpr,
+             DT: tl.constexpr):
+    """``NT`` nope tiles from tile ``FIRST``: e4m3 times 2^(e-127), exact in ``DT`` (bf16 or fp32)."""
+    j = FIRST + tl.arange(0, NT)
+    e = ((w[:, None] >> (8 * j).to(tl.int64)[None, :]) & 0xFF).to(tl.int32)
+    sc = (e << 23).to(tl.float32, bitcast=True)
+    v = tl.reshape(tl.reshape(_fp8(byte, HW_CAST), [BLOCK_T, NT, 64]) * sc[:, :, None], [BLOCK_T, NT * 64])
+    return v.to(DT)
+
+
+@triton.jit
+def _dequant1(byte, w, TILE: tl.constexpr, HW_CAST: tl.constexpr, DT: tl.constexpr):
+    e = ((w >> (8 * TILE)) & 0xFF).to(tl.int32)
+    return (_fp8(byte, HW_CAST) * (e << 23).to(tl.float32, bitcast=True)[:, None]).to(DT)
+
+
+@triton.jit
+def _load_q(ptr, hm, FIRST: tl.constexpr, N: tl.constexpr, QCAST: tl.constexpr, DT: tl.constexpr,
+            EXACT: tl.constexpr):
+    c = FIRST + tl.arange(0, N)
+    q = tl.load(ptr + c[None, :], mask=hm[:, None], other=0.0)
+    if QCAST:  # a non-bf16 q rounds to bf16 for the tensor cores (a bf16 q is loaded as it is)
         q = cast_rne(q.to(tl.float32), tl.bfloat16, EXACT)
-    if F32_DOT:  # fp32 dots (also for the interpreter, whose bf16 dot is wrong in triton 3.9)
-        q = q.to(tl.float32)
+    return q.to(DT)
+
+
+@triton.jit
+def _store_part(ptr, x, hm, FIRST: tl.constexpr, N: tl.constexpr, EXACT: tl.constexpr):
+    c = FIRST + tl.arange(0, N)
+    tl.store(ptr + c[None, :], cast_rne(x, ptr.dtype.element_ty, EXACT), mask=hm[:, None])
+
+
+@triton.jit
+def _sparse_decode_kernel(q_ptr, pool_ptr, pool16_ptr, pool64_ptr, idx_ptr, sink_ptr, o_ptr, lse_ptr, K, H,
+                          qk_scale, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, HW_CAST: tl.constexpr,
+                          DT: tl.constexpr, PREC: tl.constexpr, LOW: tl.constexpr, QCAST: tl.constexpr,
+                          EXACT: tl.constexpr, SPLIT: tl.constexpr, PREFETCH: tl.constexpr, LAZY: tl.constexpr,
+                          ROW: tl.constexpr):
+    """Online softmax (log2 domain) over this program's chunk of slots. Unsplit, it starts from the sink
+    and writes the output; split, it writes its normalised partial and log-sum-exp for :func:`_combine`
+    (the sink joins there, once)."""
+    row = tl.program_id(0).to(tl.int64)
+    sp = tl.program_id(1)
+    h = tl.program_id(2) * BLOCK_H + tl.arange(0, BLOCK_H)
+    hm = h < H
+    qrow = q_ptr + (row * H + h[:, None]) * 512
+    q0 = _load_q(qrow, hm, 0, 256, QCAST, DT, EXACT)
+    q1 = _load_q(qrow, hm, 256, 128, QCAST, DT, EXACT)
+    q2 = _load_q(qrow, hm, 384, 64, QCAST, DT, EXACT)
+    q3 = _load_q(qrow, hm, 448, 64, QCAST, DT, EXACT)
     if SPLIT:
-        m = tl.full([BLOCK_H], -1e30, tl.float32)  # finite: an empty split stays NaN-free
+        m = tl.full([BLOCK_H], -1e30, tl.float32)  # finite: an empty chunk stays NaN-free
         lsum = tl.zeros([BLOCK_H], dtype=tl.float32)
     else:
         m = tl.load(sink_ptr + h, mask=hm, other=0.0).to(tl.float32) * 1.4426950408889634
         lsum = tl.full([BLOCK_H], 1.0, tl.float32)
-    acc = tl.zeros([BLOCK_H, 512], dtype=tl.float32)
-    is_nope = c < NOPE
-    tile = tl.arange(0, 8)
-    lo = sp * chunk
-    hi = tl.minimum(lo + chunk, K)
+    a0 = tl.zeros([BLOCK_H, 256], dtype=tl.float32)
+    a1 = tl.zeros([BLOCK_H, 128], dtype=tl.float32)
+    a2 = tl.zeros([BLOCK_H, 64], dtype=tl.float32)
+    a3 = tl.zeros([BLOCK_H, 64], dtype=tl.float32)
+    nt = tl.cdiv(K, BLOCK_T)  # tiles per row, dealt evenly to the chunks (they differ by one tile at most)
+    lo = (sp * nt // tl.num_programs(1)) * BLOCK_T
+    hi = tl.minimum(((sp + 1) * nt // tl.num_programs(1)) * BLOCK_T, K)
+    if PREFETCH:
+        n0, n1, n2, r, w, ok = _gather(pool_ptr, pool16_ptr, pool64_ptr, idx_ptr, row, K, lo, hi, BLOCK_T, ROW)
     for t0 in range(lo, hi, BLOCK_T):
-        t = t0 + tl.arange(0, BLOCK_T)
-        slot = tl.load(idx_ptr + b * K + t, mask=t < hi, other=-1).to(tl.int64)
-        ok = slot >= 0
-        sl = tl.maximum(slot, 0)
-        byte = tl.load(pool_ptr + sl[:, None] * ROW + c[None, :], mask=ok[:, None] & is_nope[None, :], other=0)
-        if HW_CAST:
-            v = byte.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+        if PREFETCH:  # the next tile's loads go out before this tile's math (past hi: all masked, no traffic)
+            x0, x1, x2, xr, xw, xok = _gather(pool_ptr, pool16_ptr, pool64_ptr, idx_ptr, row, K, t0 + BLOCK_T, hi,
+                                              BLOCK_T, ROW)
         else:
-            v = e4m3_to_f32(byte)
-        # one scale byte per 64-channel tile, broadcast over the tile (the rope tile's 8th byte is padding)
-        e = tl.load(pool_ptr + sl[:, None] * ROW + SOFF + tile[None, :], mask=ok[:, None] & (tile < NOPE // 64)[None, :],
-                    other=127).to(tl.int32)
-        sc = ((e & 0xFF) << 23).to(tl.float32, bitcast=True)
-        nope = tl.reshape(tl.reshape(v, [BLOCK_T, 8, 64]) * sc[:, :, None], [BLOCK_T, 512])
-        r16 = tl.load(pool16_ptr + sl[:, None] * (ROW // 2) + NOPE // 2 + (c[None, :] - NOPE),
-                      mask=ok[:, None] & (c >= NOPE)[None, :], other=0)
-        kv = tl.where(is_nope[None, :], nope, r16.to(tl.bfloat16, bitcast=True).to(tl.float32))
-        if not F32_DOT:
-            kv = kv.to(tl.bfloat16)  # exact: e4m3 times a power of two fits bf16
-        if F32_DOT:
-            s = tl.dot(q, tl.trans(kv), input_precision="ieee") * qk_scale  # log2 domain
-        else:
-            s = tl.dot(q, tl.trans(kv)) * qk_scale
-        s = tl.where(ok[None, :], s, float("-inf"))
+            n0, n1, n2, r, w, ok = _gather(pool_ptr, pool16_ptr, pool64_ptr, idx_ptr, row, K, t0, hi, BLOCK_T, ROW)
+        k0 = _dequant(n0, w, 0, 4, BLOCK_T, HW_CAST, DT)
+        k1 = _dequant(n1, w, 4, 2, BLOCK_T, HW_CAST, DT)
+        k2 = _dequant1(n2, w, 6, HW_CAST, DT)
+        k3 = r.to(tl.bfloat16, bitcast=True).to(DT)
+        s = tl.dot(q0, tl.trans(k0), input_precision=PREC)
+        s = tl.dot(q1, tl.trans(k1), s, input_precision=PREC)
+        s = tl.dot(q2, tl.trans(k2), s, input_precision=PREC)
+        s = tl.dot(q3, tl.trans(k3), s, input_precision=PREC)
+        s = tl.where(ok[None, :], s * qk_scale, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))
-        alpha = tl.exp2(m - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        lsum = lsum * alpha + tl.sum(p, axis=1)
-        pd = p
-        if LOW:
-            pd = cast_rne(p, tl.bfloat16, EXACT)
-        if F32_DOT:
-            pd = pd.to(tl.float32)
-        if F32_DOT:
-            acc = acc * alpha[:, None] + tl.dot(pd, kv, input_precision="ieee")
+        if LAZY:  # rescale only when some head's max grew past 2^8: p stays ≤ 256, exact either way
+            if tl.max(m_new - m, axis=0) > 8.0:
+                alpha = tl.exp2(m - m_new)
+                lsum = lsum * alpha
+                a0 = a0 * alpha[:, None]
+                a1 = a1 * alpha[:, None]
+                a2 = a2 * alpha[:, None]
+                a3 = a3 * alpha[:, None]
+                m = m_new
+            p = tl.exp2(s - m[:, None])
+            lsum = lsum + tl.sum(p, axis=1)
         else:
-            acc = acc * alpha[:, None] + tl.dot(pd.to(tl.bfloat16), kv)
-        m = m_new
+            alpha = tl.exp2(m - m_new)
+            p = tl.exp2(s - m_new[:, None])
+            lsum = lsum * alpha + tl.sum(p, axis=1)
+            a0 = a0 * alpha[:, None]
+            a1 = a1 * alpha[:, None]
+            a2 = a2 * alpha[:, None]
+            a3 = a3 * alpha[:, None]
+            m = m_new
+        if LOW:
+            p = cast_rne(p, tl.bfloat16, EXACT)
+        p = p.to(DT)
+        a0 = tl.dot(p, k0, a0, input_precision=PREC)
+        a1 = tl.dot(p, k1, a1, input_precision=PREC)
+        a2 = tl.dot(p, k2, a2, input_precision=PREC)
+        a3 = tl.dot(p, k3, a3, input_precision=PREC)
+        if PREFETCH:
+            n0, n1, n2, r, w, ok = x0, x1, x2, xr, xw, xok
     if SPLIT:
-        n_split = tl.num_programs(2)
-        base = (b * n_split + sp) * H + h
-        tl.store(o_ptr + base[:, None] * 512 + c[None, :], acc, mask=hm[:, None])
-        tl.store(ml_ptr + base * 2, m, mask=hm)
-        tl.store(ml_ptr + base * 2 + 1, lsum, mask=hm)
+        empty = lsum == 0.0
+        inv = 1.0 / tl.where(empty, 1.0, lsum)
+        orow = o_ptr + ((row * tl.num_programs(1) + sp) * H + h[:, None]) * 512
+        lse = tl.where(empty, -1e30, m + tl.log2(tl.where(empty, 1.0, lsum)))
+        tl.store(lse_ptr + (row * tl.num_programs(1) + sp) * H + h, lse, mask=hm)
     else:
-        o = acc / lsum[:, None]
-        tl.store(o_ptr + (b * H + h[:, None]) * 512 + c[None, :], o.to(o_ptr.dtype.element_ty), mask=hm[:, None])
+        inv = 1.0 / lsum
+        orow = o_ptr + (row * H + h[:, None]) * 512
+    _store_part(orow, a0 * inv[:, None], hm, 0, 256, EXACT)
+    _store_part(orow, a1 * inv[:, None], hm, 256, 128, EXACT)
+    _store_part(orow, a2 * inv[:, None], hm, 384, 64, EXACT)
+    _store_part(orow, a3 * inv[:, None], hm, 448, 64, EXACT)
 
 
 @triton.jit
-def _combine_kernel(part_ptr, ml_ptr, sink_ptr, o_ptr, H, n_split, BLOCK_H: tl.constexpr):
-    """Merge the splits' partial softmaxes with the sink (log2 domain), one program per (row, head block)."""
-    b = tl.program_id(0).to(tl.int64)
+def _combine_kernel(part_ptr, lse_ptr, sink_ptr, o_ptr, H, n_split, BLOCK_H: tl.constexpr, EXACT: tl.constexpr):
+    """Merge a row's normalised partials by their log-sum-exps, with the sink (log2 domain); one program
+    per (row, head block)."""
+    row = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     hm = h < H
     c = tl.arange(0, 512)
-    mx = tl.load(sink_ptr + h, mask=hm, other=0.0).to(tl.float32) * 1.4426950408889634
+    sink = tl.load(sink_ptr + h, mask=hm, other=0.0).to(tl.float32) * 1.4426950408889634
+    mx = sink
     for sp in range(0, n_split):
-        mx = tl.maximum(mx, tl.load(ml_ptr + ((b * n_split + sp) * H + h) * 2, mask=hm, other=-1e30))
-    total = tl.exp2(tl.load(sink_ptr + h, mask=hm, other=0.0).to(tl.float32) * 1.4426950408889634 - mx)
+        mx = tl.maximum(mx, tl.load(lse_ptr + (row * n_split + sp) * H + h, mask=hm, other=-1e30))
+    total = tl.exp2(sink - mx)
     acc = tl.zeros([BLOCK_H, 512], dtype=tl.float32)
     for sp in range(0, n_split):
-        base = (b * n_split + sp) * H + h
-        w = tl.exp2(tl.load(ml_ptr + base * 2, mask=hm, other=-1e30) - mx)
-        total += w * tl.load(ml_ptr + base * 2 + 1, mask=hm, other=0.0)
-        acc += w[:, None] * tl.load(part_ptr + base[:, None] * 512 + c[None, :], mask=hm[:, None], other=0.0)
-    tl.store(o_ptr + (b * H + h[:, None]) * 512 + c[None, :], (acc / total[:, None]).to(o_ptr.dtype.element_ty),
+        base = (row * n_split + sp) * H + h
+        wt = tl.exp2(tl.load(lse_ptr + base, mask=hm, other=-1e30) - mx)
+        total += wt
+        acc += wt[:, None] * tl.load(part_ptr + base[:, None] * 512 + c[None, :], mask=hm[:, None],
+                                     other=0.0).to(tl.float32)
+    out = acc / total[:, None]
+    tl.store(o_ptr + (row * H + h[:, None]) * 512 + c[None, :], cast_rne(out, o_ptr.dtype.element_ty, EXACT),
              mask=hm[:, None])
 
 
 def sparse_mla_decode(q: torch.Tensor, pool: torch.Tensor, indices: torch.Tensor, sinks: torch.Tensor, scale: float,
-                      *, out: torch.Tensor | None = None) -> torch.Tensor:
-    """Triton :func:`sparse_mla_decode_ref`: bf16 tensor-core dots over exactly dequantised keys."""
-    from kernels.kv584 import HEAD_DIM, NOPE_DIM, SCALE_OFFSET, TOKEN_BYTES, _flat
+                      *, out: torch.Tensor | None = None, config: SparseConfig | None = None) -> torch.Tensor:
+    """Triton :func:`sparse_mla_decode_ref`: bf16 tensor-core dots over exactly dequantised keys (fp32 dots
+    for an fp32 q); ``config`` overrides :func:`sparse_config`."""
+    from kernels.kv584 import HEAD_DIM, TOKEN_BYTES, _flat
 
     b, h, d = q.shape
     if d != HEAD_DIM:
         raise ValueError(f"sparse_mla_decode: q must be [B, H, {HEAD_DIM}], got {tuple(q.shape)}")
+    if indices.dim() != 2 or indices.shape[0] != b:
+        raise ValueError(f"sparse_mla_decode: indices must be [{b}, K], got {tuple(indices.shape)}")
     flat = _flat(pool)
     o = out if out is not None else torch.empty_like(q)
     cap = capability(q.device)
-    bh = 16
-    bt = 16
     k = indices.shape[1]
     low = q.dtype != torch.float32
-    f32 = interpreting() or not low
-    hb = triton.cdiv(h, bh)
-    # split the indices until the grid fills the GPU (~4 programs per SM); the interpreter splits to test it
-    if cap is None:
-        n_split = 2 if k > 2 * bt else 1
-    else:
-        n_split = max(1, min(triton.cdiv(k, 4 * bt), triton.cdiv(528, max(1, b * hb))))
-    chunk = triton.cdiv(triton.cdiv(k, n_split), bt) * bt
-    n_split = triton.cdiv(k, chunk) if k else 1
-    args = dict(BLOCK_H=bh, BLOCK_T=bt, HW_CAST=fp8_hw_cast(cap), F32_DOT=f32, ROW=TOKEN_BYTES, NOPE=NOPE_DIM,
-                SOFF=SCALE_OFFSET, LOW=low, EXACT=interpreting(), num_warps=4 if cap else 1)
+    if b == 0:
+        return o
+    if k == 0:
+        return o.zero_()
+    cfg = config or sparse_config(b, h, k, cap, low, _num_sms(q.device) if cap else 132)
+    bt = cfg.block_t
+    n_split = max(1, min(cfg.n_split, triton.cdiv(k, bt)))
+    hb = triton.cdiv(h, cfg.block_h)
     qc, idx, sk = q.contiguous(), indices.to(torch.int32).contiguous(), sinks.float().contiguous()
-    if b and k and n_split == 1:
-        _sparse_decode_kernel[(b, hb, 1)](qc, flat, flat.view(torch.int16), idx, sk, o, o, k, h,
-                                          float(scale) * 1.4426950408889634, chunk, SPLIT=False, **args)
-    elif b and k:
-        part = torch.empty(b, n_split, h, 512, dtype=torch.float32, device=q.device)
-        ml = torch.empty(b, n_split, h, 2, dtype=torch.float32, device=q.device)
-        _sparse_decode_kernel[(b, hb, n_split)](qc, flat, flat.view(torch.int16), idx, sk, part, ml, k, h,
-                                                float(scale) * 1.4426950408889634, chunk, SPLIT=True, **args)
-        _combine_kernel[(b, hb)](part, ml, sk, o, h, n_split, BLOCK_H=bh, num_warps=4 if cap else 1)
-    elif b:
-        o.zero_()
+    f32 = interpreting() or not low  # fp32 dots: an fp32 q, and the interpreter (its bf16 dot is wrong)
+    args = dict(BLOCK_H=cfg.block_h, BLOCK_T=bt, HW_CAST=fp8_hw_cast(cap), DT=tl.float32 if f32 else tl.bfloat16,
+                PREC="ieee" if f32 else "tf32", LOW=low, QCAST=low and (q.dtype != torch.bfloat16 or f32),
+                EXACT=interpreting(), PREFETCH=cfg.prefetch, LAZY=cfg.lazy, ROW=TOKEN_BYTES, num_warps=cfg.num_warps,
+                num_stages=cfg.num_stages)
+    pools = (flat, flat.view(torch.int16), flat.view(torch.int64))
+    qk = float(scale) * LOG2E
+    if n_split == 1:
+        _sparse_decode_kernel[(b, 1, hb)](qc, *pools, idx, sk, o, o, k, h, qk, SPLIT=False, **args)
+        return o
+    part = torch.empty(b, n_split, h, HEAD_DIM, dtype=torch.bfloat16 if cfg.part_bf16 else torch.float32,
+                       device=q.device)
+    lse = torch.empty(b, n_split, h, dtype=torch.float32, device=q.device)
+    _sparse_decode_kernel[(b, n_split, hb)](qc, *pools, idx, sk, part, lse, k, h, qk, SPLIT=True, **args)
+    _combine_kernel[(b, triton.cdiv(h, 16))](part, lse, sk, o, h, n_split, BLOCK_H=16, EXACT=interpreting(),
+                                            num_warps=4 if cap else 1)
     return o
+
+
+@functools.cache
+def _sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _num_sms(device: torch.device) -> int:
+    return _sms(device.index if device.index is not None else torch.cuda.current_device())
 
 
 # --- parity ------------------------------------------------------------------------------------------

@@ -1,0 +1,236 @@
+#!/usr/bin/env python3
+# ruff: noqa: E402  (torch is imported after the interpreter switch)
+"""Sparse MLA decode over the 584-byte pool: launch-config variants, each parity-checked against the
+reference at the measured shape, timed at b32/b64/b128 (V4-Flash: 64 heads, window 128 + top-512 = 640
+slots per row) as % of the copy ceiling measured in the same run.
+
+    PYTHONPATH=. python3 benchmarks/sparse_mla_sweep.py --out DIR            # on a CUDA machine
+    PYTHONPATH=. python3 benchmarks/sparse_mla_sweep.py --warm NAME          # compile one variant (cache)
+    python benchmarks/sparse_mla_sweep.py --smoke                             # tiny sizes, CPU interpreter
+
+Bytes counted (as benchmarks/v4_bench.py): the pool rows read (584 per slot), q and out, the indices.
+``--warm`` runs a variant at a small size in both launch shapes (split and unsplit) so a parallel set of
+processes fills Triton's cache before the timed process starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+
+ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+ap.add_argument("--out", default=os.environ.get("OUT", "."), help="folder for sparse_mla_sweep.{json,txt}")
+ap.add_argument("--smoke", action="store_true", help="tiny sizes on CPU under the Triton interpreter")
+ap.add_argument("--warm", default="", help="compile (and check) this variant only, then exit")
+ap.add_argument("--variants", default="", help="comma list of variant names (default: all)")
+ap.add_argument("--batches", default="32,64,128")
+ap.add_argument("--budget", type=float, default=45.0, help="seconds; later variants are skipped past it")
+ARGS = ap.parse_args()
+os.environ["TRITON_INTERPRET"] = "1" if ARGS.smoke else "0"
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import dataclasses
+
+import torch
+import triton
+
+from kernels import kv584, sparse_mla
+from kernels.metrics import gemm_diff
+
+T0 = time.perf_counter()
+DEV = "cpu" if ARGS.smoke else "cuda"
+HEADS = 16 if ARGS.smoke else 64
+K = 40 if ARGS.smoke else 640
+PAGES = 1 if ARGS.smoke else 4096
+SMS = 132 if ARGS.smoke else torch.cuda.get_device_properties(0).multi_processor_count
+
+
+def _split(b: int, bt: int, factor: float = 1.0) -> int:
+    return max(1, min(int(factor * SMS) // max(1, b), triton.cdiv(K, bt)))
+
+
+def variant(name: str, b: int) -> sparse_mla.SparseConfig | None:
+    """The config a named variant uses at batch ``b`` (None: the library's default, :func:`sparse_config`)."""
+    if name == "default":
+        return None
+    if ARGS.smoke:
+        return sparse_mla.SparseConfig(16, 16, 2, 1, prefetch="st2" not in name)
+    spec = VARIANTS[name]
+    bt, bh = spec["block_t"], spec.get("block_h", 64)
+    n = _split(b * triton.cdiv(HEADS, bh), bt, spec.get("waves", 1.0))
+    return sparse_mla.SparseConfig(bh, bt, n, spec.get("num_warps", 8), spec.get("num_stages", 1),
+                                   spec.get("prefetch", True), spec.get("part_bf16", False),
+                                   spec.get("lazy", True))
+
+
+def decode_fn(name: str, b: int):
+    """``fn(pool=, q=, indices=, sinks=, scale=, out=)`` for a variant; ``old`` is the module at
+    ``$SPARSE_MLA_OLD`` (an earlier kernel, for a before/after in one run)."""
+    if name == "old":
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("sparse_mla_old", os.environ["SPARSE_MLA_OLD"])
+        assert spec is not None and spec.loader is not None
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod.sparse_mla_decode
+    cfg = variant(name, b)
+    return lambda **kw: sparse_mla.sparse_mla_decode(**kw, config=cfg)
+
+
+VARIANTS: dict[str, dict] = {
+    "bt32-st2": {"block_t": 32, "prefetch": False, "num_stages": 2},
+    "bt64-np": {"block_t": 64, "prefetch": False},
+    "bt32-np": {"block_t": 32, "prefetch": False},
+    "bt64-st3": {"block_t": 64, "prefetch": False, "num_stages": 3},
+    "bt64-st2-eager": {"block_t": 64, "prefetch": False, "num_stages": 2, "lazy": False},
+    "bt32-pf": {"block_t": 32},
+    "bt64-st2-x2": {"block_t": 64, "prefetch": False, "num_stages": 2, "waves": 2.0},
+    "bt64-st2-bf16": {"block_t": 64, "prefetch": False, "num_stages": 2, "part_bf16": True},
+}
+NAMES = ["default", "bt32-np"] if ARGS.smoke else ["default", *VARIANTS]
+if os.environ.get("SPARSE_MLA_OLD"):
+    NAMES.insert(1, "old")
+if ARGS.variants:
+    NAMES = ARGS.variants.split(",")
+LINES: list[str] = []
+RESULTS: dict = {"device": DEV, "ceiling_gbs": None, "rows": [], "errors": []}
+
+
+def say(s: str = "") -> None:
+    print(s, flush=True)
+    LINES.append(s)
+
+
+def bench_ms(fn) -> float:
+    if DEV == "cpu":
+        fn()
+        t = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t) * 1e3
+    return triton.testing.do_bench(fn, warmup=5, rep=25, return_mode="median")
+
+
+def make_pool(pages: int = PAGES) -> tuple[torch.Tensor, int]:
+    n = pages * 64
+    gen = torch.Generator(DEV).manual_seed(0)
+    pool = kv584.new_pool(pages, 64, DEV)
+    pool.view(n, -1)[:] = kv584.pack_ref(torch.randn(n, 512, device=DEV, generator=gen))
+    return pool, n
+
+
+def inputs(b: int, n: int, seed: int) -> dict:
+    gen = torch.Generator(DEV).manual_seed(seed)
+    idx = torch.randint(0, n, (b, K), device=DEV, dtype=torch.int32, generator=gen)
+    idx[:, -7:] = -1  # a few empty slots, as a short window leaves
+    q = (torch.randn(b, HEADS, 512, device=DEV, generator=gen) * 0.5).bfloat16()
+    sinks = torch.randn(HEADS, device=DEV, generator=gen)
+    return {"q": q, "indices": idx, "sinks": sinks, "scale": 512 ** -0.5}
+
+
+def warm(name: str) -> None:
+    pool, n = make_pool(min(PAGES, 64))
+    for b, n_split in ((2, 2), (2, 1)):
+        inp = inputs(b, n, 1)
+        cfg = variant(name, 32) if name != "old" else None
+        if name == "default":
+            cfg = sparse_mla.sparse_config(32, HEADS, K, None if ARGS.smoke else (9, 0), True, SMS)
+        if cfg is not None:
+            cfg = dataclasses.replace(cfg, n_split=n_split)
+        if name == "old":
+            out = decode_fn(name, b)(pool=pool, **inp)
+        else:
+            out = sparse_mla.sparse_mla_decode(pool=pool, **inp, config=cfg)
+        ref = sparse_mla.sparse_mla_decode_ref(pool=pool, **inp)
+        print(f"warm {name} split={n_split}: gemm_diff {gemm_diff(out, ref).value:.2e}", flush=True)
+    mod = sys.modules.get("sparse_mla_old") if name == "old" else sparse_mla
+    for line in kernel_info(getattr(mod, "_sparse_decode_kernel", None)):
+        print(f"warm {name} kernel {line}", flush=True)
+
+
+def kernel_info(fn) -> list[str]:
+    """Registers, spills and shared memory of each compiled specialisation of ``fn`` (best effort: the
+    cache's shape differs between Triton versions)."""
+    rows = []
+    try:
+        for caches in fn.device_caches.values():
+            for k in caches[0].values():
+                rows.append(f"regs {getattr(k, 'n_regs', '?')} spills {getattr(k, 'n_spills', '?')} "
+                            f"smem {getattr(k.metadata, 'shared', '?')} warps {getattr(k.metadata, 'num_warps', '?')} "
+                            f"stages {getattr(k.metadata, 'num_stages', '?')}")
+    except Exception as exc:  # diagnostics only
+        rows.append(f"no kernel info: {exc!r}")
+    return rows
+
+
+def ceiling() -> None:
+    nb = (1 << 16) if ARGS.smoke else (1 << 30)
+    src = torch.empty(nb, dtype=torch.uint8, device=DEV)
+    dst = torch.empty_like(src)
+    ms = bench_ms(lambda: dst.copy_(src))
+    RESULTS["ceiling_gbs"] = 2 * nb / ms / 1e6
+    say(f"copy ceiling: {RESULTS['ceiling_gbs']:.0f} GB/s (read + write of {nb >> 20} MiB)")
+
+
+def sweep() -> None:
+    pool, n = make_pool()
+    batches = [2] if ARGS.smoke else [int(x) for x in ARGS.batches.split(",")]
+    cases = {b: inputs(b, n, b) for b in batches}
+    refs = {b: sparse_mla.sparse_mla_decode_ref(pool=pool, **cases[b]) for b in batches}
+    say(f"{'variant':<14} {'batch':>5} {'split':>5} {'us':>8} {'GB/s':>7} {'% copy':>7} {'gemm_diff':>10}")
+    for name in NAMES:
+        for b in batches:
+            if time.perf_counter() - T0 > ARGS.budget:
+                say(f"{name} b{b}: skipped (budget)")
+                continue
+            try:
+                inp = cases[b]
+                cfg = variant(name, b) if name != "old" else None
+                fn = decode_fn(name, b)
+                out = torch.empty_like(inp["q"])
+                fn(pool=pool, **inp, out=out)
+                diff = gemm_diff(out, refs[b]).value
+                ms = bench_ms(lambda inp=inp, out=out, fn=fn: fn(pool=pool, **inp, out=out))
+                nbytes = b * K * kv584.TOKEN_BYTES + 2 * inp["q"].numel() * 2 + inp["indices"].numel() * 4
+                g = nbytes / ms / 1e6
+                ceil = RESULTS["ceiling_gbs"] or float("nan")
+                used = cfg or sparse_mla.sparse_config(b, HEADS, K, None if ARGS.smoke else (9, 0), True, SMS)
+                if name == "old":
+                    used = sparse_mla.SparseConfig(16, 16, 0, 4)
+                RESULTS["rows"].append({"variant": name, "batch": b, "config": dataclasses.asdict(used), "ms": ms,
+                                        "gbs": g, "of_ceiling": g / ceil, "gemm_diff": diff})
+                say(f"{name:<14} {b:>5} {used.n_split:>5} {ms * 1e3:8.1f} {g:7.0f} {100 * g / ceil:6.1f}% "
+                    f"{diff:10.2e}")
+                save()
+            except Exception as exc:  # one broken variant must not hide the others
+                RESULTS["errors"].append({"variant": name, "batch": b, "error": repr(exc)})
+                say(f"section error {name} b{b}: {exc!r}"[:400])
+                traceback.print_exc()
+
+
+def save() -> None:
+    """Written after every row: a run cut short by its time limit keeps what it measured."""
+    os.makedirs(ARGS.out, exist_ok=True)
+    with open(os.path.join(ARGS.out, "sparse_mla_sweep.json"), "w") as f:
+        json.dump(RESULTS, f, indent=1)
+    with open(os.path.join(ARGS.out, "sparse_mla_sweep.txt"), "w") as f:
+        f.write("\n".join(LINES) + "\n")
+
+
+def main() -> int:
+    if ARGS.warm:
+        warm(ARGS.warm)
+        return 0
+    ceiling()
+    sweep()
+    say(f"done in {time.perf_counter() - T0:.1f} s")
+    save()
+    return 1 if RESULTS["errors"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

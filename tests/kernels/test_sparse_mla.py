@@ -1,0 +1,136 @@
+"""Sparse MLA decode over the 584-byte pool: chunking of the slots (split + combine with the sink), head
+blocks, the prefetching loop, and the launch-config choice."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from kernels import kv584
+from kernels.metrics import gemm_diff
+from kernels.sparse_mla import SparseConfig, sparse_config, sparse_mla_decode, sparse_mla_decode_ref
+from tests.kernels.interpreter import DEVICES
+
+
+def _case(b, h, k, device, seed=0, pages=2, drop=0.2, dtype=torch.bfloat16):
+    gen = torch.Generator(device).manual_seed(seed)
+    pool = kv584.new_pool(pages, 16, device)
+    n = pages * 16
+    kv = torch.randn(n, kv584.HEAD_DIM, generator=gen, device=device)
+    kv[:, :64] *= 300.0  # tiles of very different scales: each tile's UE8M0 byte must be picked right
+    kv[:, 64:128] *= 1e-3
+    kv584.kv584_store_ref(kv, pool, torch.arange(n, device=device))
+    idx = torch.randint(0, n, (b, k), generator=gen, device=device, dtype=torch.int32)
+    idx = idx.masked_fill(torch.rand(b, k, generator=gen, device=device) < drop, -1)
+    q = (torch.randn(b, h, kv584.HEAD_DIM, generator=gen, device=device) * 0.05).to(dtype)
+    sinks = torch.randn(h, generator=gen, device=device)
+    return {"q": q, "pool": pool, "indices": idx, "sinks": sinks, "scale": kv584.HEAD_DIM ** -0.5}
+
+
+def _cfg(device, **kw) -> SparseConfig:
+    base = SparseConfig(16, 16, 1, 1) if device == "cpu" else SparseConfig(64, 32, 1, 8)
+    return dataclasses.replace(base, **kw)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("n_split", [1, 2, 3, 5])
+def test_chunk_count_does_not_change_the_result(n_split, device):
+    """Chunks of unequal tile counts, merged with the sink once, give the one-pass answer."""
+    inp = _case(2, 16, 70, device, seed=n_split)
+    ref = sparse_mla_decode_ref(**inp)
+    out = sparse_mla_decode(**inp, config=_cfg(device, n_split=n_split))
+    assert gemm_diff(out, ref).value < 2e-5
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_chunks_with_nothing_valid_stay_finite(device):
+    """A chunk whose slots are all -1 contributes nothing (no NaN from its empty softmax)."""
+    inp = _case(2, 16, 64, device, seed=3, drop=0.0)
+    inp["indices"][:, :40] = -1
+    inp["indices"][1] = -1  # the whole row: only the sink, so the output is zero
+    out = sparse_mla_decode(**inp, config=_cfg(device, n_split=4))
+    assert torch.isfinite(out.float()).all()
+    assert out[1].abs().max() == 0
+    assert gemm_diff(out, sparse_mla_decode_ref(**inp)).value < 2e-5
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_prefetching_and_plain_loops_agree(device):
+    inp = _case(2, 16, 50, device, seed=4)
+    a = sparse_mla_decode(**inp, config=_cfg(device, n_split=2, prefetch=True))
+    b = sparse_mla_decode(**inp, config=_cfg(device, n_split=2, prefetch=False))
+    assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_more_heads_than_a_block_and_bf16_partials(device):
+    """72 heads: a second, partly masked head block re-reads the same slots; bf16 partials stay within
+    the bound (one more bf16 rounding before the combine)."""
+    inp = _case(1, 72, 40, device, seed=5)
+    ref = sparse_mla_decode_ref(**inp)
+    out = sparse_mla_decode(**inp, config=_cfg(device, block_h=64, n_split=2, part_bf16=True))
+    assert gemm_diff(out, ref).value < 3e-5
+    assert gemm_diff(sparse_mla_decode(**inp), ref).value < 2e-5
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_large_sink_takes_the_mass(device):
+    """A sink far above every logit leaves (almost) nothing for the values."""
+    inp = _case(2, 16, 24, device, seed=6)
+    inp["sinks"] = torch.full((16,), 60.0, device=device)
+    out = sparse_mla_decode(**inp, config=_cfg(device, n_split=2))
+    assert out.float().abs().max() < 1e-12  # values reach ~1e3: e^-60 of them
+    inp["sinks"] = torch.full((16,), -1e4, device=device)  # a sink far below: the plain softmax
+    out = sparse_mla_decode(**inp, config=_cfg(device, n_split=2))
+    q, kv = inp["q"].float(), kv584.kv584_load_ref(inp["pool"], inp["indices"].reshape(-1)).view(2, 24, -1)
+    s = torch.einsum("bhd,btd->bht", q, kv) * inp["scale"]
+    p = s.masked_fill((inp["indices"] < 0).unsqueeze(1), float("-inf")).softmax(-1)
+    assert gemm_diff(out, torch.einsum("bht,btd->bhd", p, kv)).value < 2e-5
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fp16_q_rounds_to_bf16_like_the_reference_of_its_bf16_copy(device):
+    inp = _case(2, 16, 33, device, seed=7, dtype=torch.float16)
+    out = sparse_mla_decode(**inp)
+    assert out.dtype == torch.float16
+    ref = sparse_mla_decode_ref(**{**inp, "q": inp["q"].bfloat16()})
+    assert gemm_diff(out, ref).value < 2e-5
+
+
+def test_launch_config_fills_one_wave_on_sm90():
+    """All 64 heads of a row share each tile (8 warps hold the 64 × 512 fp32 accumulator); rows × chunks
+    stay within one wave of 132 programs; no chunk is shorter than two tiles."""
+    for b, splits in ((32, 4), (64, 2), (128, 1), (256, 1), (1, 5)):
+        cfg = sparse_config(b, 64, 640, (9, 0), True, 132)
+        assert (cfg.block_h, cfg.num_warps, cfg.n_split) == (64, 8, splits), (b, cfg)
+        assert b * cfg.n_split <= 132 or cfg.n_split == 1
+    assert sparse_config(4, 128, 640, (9, 0)).block_h == 64  # two head blocks per row
+    assert sparse_config(4, 8, 640, (9, 0)).block_h == 16  # the smallest tensor-core tile
+    fp32 = sparse_config(4, 64, 640, (9, 0), low=False)
+    assert fp32.block_h == 16 and not fp32.prefetch
+    assert sparse_config(2, 16, 40, None).n_split == 2  # the interpreter exercises the combine
+
+
+def test_rejects_a_q_of_the_wrong_width():
+    pool = kv584.new_pool(1, 16)
+    with pytest.raises(ValueError, match="q must be"):
+        sparse_mla_decode(torch.zeros(1, 2, 448), pool, torch.zeros(1, 4, dtype=torch.int32), torch.zeros(2), 1.0)
+    with pytest.raises(ValueError, match="indices must be"):
+        sparse_mla_decode(torch.zeros(1, 2, 512), pool, torch.zeros(2, 4, dtype=torch.int32), torch.zeros(2), 1.0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("lazy", [True, False])
+def test_lazy_and_eager_rescaling_match_the_reference(lazy, device):
+    """Wide logits (the running max grows by far more than 2^8 within a row) take the rescaling branch;
+    skipping it while the max stays within 2^8 of the last one changes nothing beyond rounding."""
+    inp = _case(2, 16, 80, device, seed=8, drop=0.1)
+    inp["q"] = (inp["q"].float() * 60).to(inp["q"].dtype)
+    ref = sparse_mla_decode_ref(**inp)
+    s = torch.einsum("bhd,btd->bht", inp["q"].float(),
+                     kv584.kv584_load_ref(inp["pool"], inp["indices"].reshape(-1)).view(2, 80, -1)) * inp["scale"]
+    assert (s.amax(-1) - s[..., :16].amax(-1)).max() > 8 / 1.4427  # a later tile really raises the max
+    out = sparse_mla_decode(**inp, config=_cfg(device, n_split=1, lazy=lazy))
+    assert gemm_diff(out, ref).value < 2e-5
