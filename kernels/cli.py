@@ -66,4 +66,7 @@ def _parity(args: argparse.Namespace) -> int:
     if not rows:
         print("no cases matched", file=sys.stderr)
         return 1
-    return 0 if all(r.passed for r in rows) else 1
+    if not any(r.passed for r in rows):
+        print("every matched case was skipped", file=sys.stderr)
+        return 1
+    return 1 if any(r.bad for r in rows) else 0

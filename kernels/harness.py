@@ -23,15 +23,22 @@ import torch
 from kernels import metrics as M
 
 
+class Skip(Exception):
+    """Raised by a kernel (or returned as a reason by ``Case.skip``) when its path cannot run here, say an
+    arch without the instructions it needs: the case is reported ``skipped`` with the reason, never passed."""
+
+
 @dataclass(frozen=True)
 class Case:
     """One input configuration. ``params`` go to ``make_inputs``; ``devices`` says where it runs (CPU cases
-    stay small because the Triton interpreter is slow)."""
+    stay small because the Triton interpreter is slow). ``skip(device)`` returns why the case cannot run on
+    that device (None: it can), checked before any input is made."""
 
     name: str
     params: Mapping[str, Any] = field(default_factory=dict)
     dtype: torch.dtype = torch.bfloat16
     devices: tuple[str, ...] = ("cpu", "cuda")
+    skip: Callable[[torch.device], str | None] | None = None
 
 
 @dataclass(frozen=True)
@@ -92,6 +99,11 @@ class Row:
     @property
     def passed(self) -> bool:
         return self.outcome == "passed"
+
+    @property
+    def bad(self) -> bool:
+        """Failed or errored: what makes a parity run fail (a skip does not, nor does it pass)."""
+        return self.outcome in ("failed", "error")
 
     def name(self) -> str:
         return f"{self.op}[{self.case} {self.dtype}]::{self.output}"
@@ -176,6 +188,11 @@ def run_spec(spec: ParitySpec, device: str = "cpu", case_filter: str | None = No
             continue
         checks = [c for c in spec.checks if c.dtypes is None or case.dtype in c.dtypes]
         base = dict(op=spec.op, case=case.name, dtype=_dtype_name(case.dtype), device=str(dev))
+        reason = case.skip(dev) if case.skip is not None else None
+        if reason:
+            rows += [Row(**base, output=c.name, metric=c.label(), value=None, tol=c.tol, outcome="skipped",
+                         message=reason) for c in checks]
+            continue
         t0 = time.perf_counter()
         try:
             gen = torch.Generator(device=dev).manual_seed(spec.seed)
@@ -186,6 +203,10 @@ def run_spec(spec: ParitySpec, device: str = "cpu", case_filter: str | None = No
             t0 = time.perf_counter()
             spec.kernel(**inputs, out=outs)
             _sync(dev)
+        except Skip as exc:  # the path cannot run here: say why, judge nothing
+            rows += [Row(**base, output=c.name, metric=c.label(), value=None, tol=c.tol, outcome="skipped",
+                         message=str(exc) or "skipped", duration=time.perf_counter() - t0) for c in checks]
+            continue
         except Exception as exc:  # the kernel or its inputs failed: report, keep going
             tb = traceback.format_exception_only(type(exc), exc)[-1].strip()
             for c in checks:
@@ -225,7 +246,8 @@ def format_table(rows: Sequence[Row]) -> str:
         out.append("")
         out += [f"{r.name()} {r.metric}: {r.message}" for r in bad]
     n_pass = sum(r.passed for r in rows)
-    out.append(f"\n{n_pass}/{len(rows)} checks passed")
+    n_skip = sum(r.outcome == "skipped" for r in rows)
+    out.append(f"\n{n_pass}/{len(rows)} checks passed" + (f", {n_skip} skipped" if n_skip else ""))
     return "\n".join(out)
 
 
@@ -248,7 +270,7 @@ def results_json(rows: Sequence[Row], device: str) -> dict[str, Any]:
     """``rows`` as JSON: the full verdicts plus ``cases`` in CaseResult shape for the runner."""
     return {
         "device": device_info(device),
-        "passed": all(r.passed for r in rows) and bool(rows),
+        "passed": not any(r.bad for r in rows) and any(r.passed for r in rows),
         "rows": [asdict(r) for r in rows],
         "cases": [r.to_case_result() for r in rows],
     }

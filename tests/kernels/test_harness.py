@@ -11,7 +11,7 @@ import torch
 
 from kernels import metrics as M
 from kernels.arch import capability, fp8_hw_cast, interpreting
-from kernels.harness import Case, Check, ParitySpec, Row, format_table, poison, results_json, run_spec
+from kernels.harness import Case, Check, ParitySpec, Row, Skip, format_table, poison, results_json, run_spec
 from kernels.registry import OPS, load_spec
 from tests.kernels.interpreter import KERNEL_DEVICE, interpreter
 
@@ -129,6 +129,28 @@ def test_a_raising_kernel_is_an_error_row_and_the_sweep_continues():
     rows = run_spec(spec)
     assert [r.outcome for r in rows] == ["error", "passed"]
     assert "RuntimeError: boom" in rows[0].message
+
+
+def test_a_path_that_cannot_run_here_is_skipped_with_its_reason_never_passed():
+    calls = []
+
+    def needs_hw(out, x):
+        calls.append(x.numel())
+        if x.numel() == 3:
+            raise Skip("needs fp4 MMA (sm100+); this is cpu")
+        out[0].copy_(x * 2)
+
+    cases = [Case("n3", {"n": 3}, dtype=torch.float32),
+             Case("n5", {"n": 5}, dtype=torch.float32, skip=lambda dev: f"not on {dev.type}"),
+             Case("n7", {"n": 7}, dtype=torch.float32)]
+    rows = run_spec(_copy_spec(needs_hw, cases=cases))
+    assert [r.outcome for r in rows] == ["skipped", "skipped", "passed"]
+    assert rows[0].message == "needs fp4 MMA (sm100+); this is cpu" and rows[1].message == "not on cpu"
+    assert calls == [3, 7]  # a case skipped by its predicate makes no inputs and runs nothing
+    assert not rows[0].passed and not rows[0].bad
+    assert "2 skipped" in format_table(rows) and "SKIPPED" in format_table(rows)
+    assert results_json(rows, "cpu")["passed"] is True
+    assert results_json(rows[:2], "cpu")["passed"] is False  # all skipped: nothing was shown to pass
 
 
 def test_cpu_tol_and_dtype_filter():
