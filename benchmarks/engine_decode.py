@@ -511,26 +511,69 @@ def linear_section(args, device: torch.device) -> list[str]:
     lines = [f"linear (decode projections): copy ceiling {ceiling / 1e12:.2f} TB/s; µs per call (TB/s of weight)"]
     ms = [1, 8, 16] if not args.quick else [1]
     configs = LINEAR_CONFIGS if device.type == "cuda" and not args.quick else []
+    weights = {}
     for name, n, k, wdt in LINEAR_SHAPES:
         n, k = max(16, n // scale), max(16, k // scale)
         nbytes = n * k * torch.tensor([], dtype=wdt).element_size()
         copies = max(2, min(64, (256 << 20) // nbytes)) if device.type == "cuda" else 2
-        ws = [torch.randn(n, k, device=device).div_(k ** 0.5).to(wdt) for _ in range(copies)]
-        out_dt = torch.float32 if wdt == torch.float32 else None
-        for m in ms:
+        weights[name] = [torch.randn(n, k, device=device).div_(k ** 0.5).to(wdt) for _ in range(copies)]
+    for m in ms:  # every shape at M=1 first: the budget cuts the larger batches
+        for name, _, _, wdt in LINEAR_SHAPES:
+            ws = weights[name]
+            n, k = ws[0].shape
+            nbytes = ws[0].numel() * ws[0].element_size()
             if over_budget(args):
                 lines.append(f"  {name} M={m}: skipped (time budget)")
                 continue
+            out_dt = torch.float32 if wdt == torch.float32 else None
             x = torch.randn(m, k, device=device).to(torch.bfloat16)
             ref = F.linear(x.float(), ws[0].float())
             cells = [_time_linear("cuBLAS", lambda w, x=x: F.linear(x.to(w.dtype), w), ws, ref, nbytes, device),
                      _time_linear(f"default{gemv_config(n, k, ws[0].element_size(), (9, 0))}",
                                   lambda w, x=x, o=out_dt: linear(x, w, o), ws, ref, nbytes, device)]
             cells += [_time_linear(str(cfg), lambda w, x=x, o=out_dt, cfg=cfg: linear(x, w, o, config=cfg), ws, ref,
-                                   nbytes, device) for cfg in configs]
+                                   nbytes, device) for cfg in configs if m == 1 or cfg[0] >= 16]
             lines.append(f"  {name} {n}x{k} M={m}: " + "; ".join(cells))
             print(lines[-1], flush=True)
-        del ws
+    return lines
+
+
+MOE_CONFIGS = [(16, 32, 128, 4, 4), (16, 64, 256, 4, 3), (16, 128, 128, 8, 4), (32, 64, 128, 4, 4)]
+
+
+@torch.inference_mode()
+def moe_section(args, device: torch.device, dtype: torch.dtype) -> list[str]:
+    """The routed experts of one small-config layer at decode batches: the default tiles against a few others,
+    each call routed afresh (8 routings in rotation), replayed as a CUDA graph; TB/s of distinct expert bytes."""
+    from kernels.arch import capability
+    from kernels.moe import MoeConfig, moe_config, moe_experts, route_random
+
+    cfg = PRESETS["small"] if not args.quick else PRESETS["tiny"]
+    d, i, e, k = cfg["hidden_size"], cfg["moe_intermediate_size"], cfg["n_routed_experts"], cfg["num_experts_per_tok"]
+    gen = torch.Generator(device=device).manual_seed(4)
+    ws = [(torch.randn(e, i, d, generator=gen, device=device) / d ** 0.5).to(dtype) for _ in range(2)]
+    w2 = (torch.randn(e, d, i, generator=gen, device=device) / i ** 0.5).to(dtype)
+    lines = [f"moe experts (d {d}, i {i}, {e} experts, top-{k}): µs per call (TB/s of the experts touched)"]
+    per_expert = 3 * d * i * w2.element_size()
+    for t in ([1, 128] if not args.quick else [2]):
+        if over_budget(args):
+            lines.append(f"  t={t}: skipped (time budget)")
+            continue
+        x = torch.randn(t, d, generator=gen, device=device).to(dtype)
+        routes = [route_random(t, e, k, device, gen) for _ in range(8)]
+        touched = sum(int(torch.unique(r[1]).numel()) for r in routes) / len(routes)
+        default = moe_config(t, k, e, capability(device), w2.element_size())
+        cells = []
+        for c in [None] + ([MoeConfig(*v) for v in MOE_CONFIGS] if device.type == "cuda" and not args.quick else []):
+            try:
+                calls = [lambda r=r, c=c, x=x: moe_experts(x, r[0], r[1], ws[0], ws[1], w2, config=c) for r in routes]
+                us = _graph_us(calls, device)
+                label = "default " + str(tuple(default.__dict__.values())) if c is None else str(tuple(c.__dict__.values()))
+                cells.append(f"{label} {us:.1f} ({touched * per_expert / us / 1e6:.2f})")
+            except Exception as exc:
+                cells.append(f"{c} error {type(exc).__name__}: {str(exc)[:60]}")
+        lines.append(f"  t={t} ({touched:.1f} experts): " + "; ".join(cells))
+        print(lines[-1], flush=True)
     return lines
 
 
@@ -569,7 +612,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="tiny config, small batches, few steps (CPU smoke run)")
     p.add_argument("--smoke", action="store_true", help="--quick on CPU, float32, every section once (CI)")
     p.add_argument("--sections", default="table,roofline",
-                   help="comma list: table (vs HF), roofline, linear (decode projections: Triton vs cuBLAS)")
+                   help="comma list: table (vs HF), roofline, linear (decode projections: Triton vs cuBLAS), "
+                        "moe (expert tiles at decode batches)")
     p.add_argument("--roofline-config", default=None, help="preset (default small; --quick: tiny)")
     p.add_argument("--roofline-batches", default=None, help="comma list (default 1,8,32,128; --quick: 2)")
     p.add_argument("--no-compile", action="store_true", help="roofline: skip the torch.compile anchors")
@@ -588,8 +632,8 @@ def main(argv: list[str] | None = None) -> int:
             args.backends = "torch"
         args.no_compile = True  # inductor's CPU build takes minutes; the GPU run has the compile anchors
     args.sections = args.sections.split(",")
-    if args.smoke and "linear" not in args.sections:
-        args.sections.append("linear")
+    if args.smoke:
+        args.sections += [x for x in ("linear", "moe") if x not in args.sections]
     args.roofline_config = args.roofline_config or ("tiny" if args.quick else "small")
     args.roofline_batches = [int(b) for b in (args.roofline_batches or ("2" if args.quick else "1,8,32,128")).split(",")]
     args.compile_modes = args.compile_modes.split(",")
@@ -656,6 +700,14 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
             print(f"section error: linear: {type(exc).__name__}: {exc}", flush=True)
             failed.append("linear")
+    if "moe" in args.sections:
+        try:
+            for line in moe_section(args, device, dtype):
+                print(line)
+        except Exception as exc:
+            traceback.print_exc()
+            print(f"section error: moe: {type(exc).__name__}: {exc}", flush=True)
+            failed.append("moe")
     if "roofline" in args.sections:
         try:
             for line in roofline(args, device, dtype):
