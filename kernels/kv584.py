@@ -181,21 +181,22 @@ def pack_words(nope, rope, HW_CAST: tl.constexpr, EXACT: tl.constexpr, NT: tl.co
 
 @triton.jit
 def store_words(pool64_ptr, slot, ok, q, r, sw, WORDS: tl.constexpr = TOKEN_BYTES // 8,
-                NT: tl.constexpr = N_TILES):
+                NT: tl.constexpr = N_TILES, EVICT: tl.constexpr = ""):
     """Write :func:`pack_words`' output for rows whose ``ok[R]`` holds, at int64 ``slot[R]`` of the pool."""
     tile = tl.arange(0, 8)
     w8 = tl.arange(0, 8)
     w16 = tl.arange(0, 16)
     base = slot * WORDS  # [R] int64
     qoff = base[:, None, None] + tile[None, :, None] * 8 + w8[None, None, :]
-    tl.store(pool64_ptr + qoff, q, mask=ok[:, None, None] & (tile < NT)[None, :, None])
-    tl.store(pool64_ptr + base[:, None] + NT * 8 + w16[None, :], r, mask=ok[:, None])
-    tl.store(pool64_ptr + base + NT * 8 + 16, sw, mask=ok)
+    tl.store(pool64_ptr + qoff, q, mask=ok[:, None, None] & (tile < NT)[None, :, None], eviction_policy=EVICT)
+    tl.store(pool64_ptr + base[:, None] + NT * 8 + w16[None, :], r, mask=ok[:, None], eviction_policy=EVICT)
+    tl.store(pool64_ptr + base + NT * 8 + 16, sw, mask=ok, eviction_policy=EVICT)
 
 
 @triton.jit
 def _store_rows_kernel(kv_ptr, slot_ptr, pool64_ptr, n, stride_kv, ROWS: tl.constexpr, HW_CAST: tl.constexpr,
-                       EXACT: tl.constexpr, NT: tl.constexpr = N_TILES, NOPE: tl.constexpr = NOPE_DIM):
+                       EXACT: tl.constexpr, EVICT: tl.constexpr = "", NT: tl.constexpr = N_TILES,
+                       NOPE: tl.constexpr = NOPE_DIM):
     """``ROWS`` tokens per program, each row written as 73 int64 words (584 = 8 · 73)."""
     rid = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     live = rid < n
@@ -206,13 +207,14 @@ def _store_rows_kernel(kv_ptr, slot_ptr, pool64_ptr, n, stride_kv, ROWS: tl.cons
     col = tile[:, None, None] * 64 + w[None, :, None] * 8 + k[None, None, :]  # [8, 8, 8]
     row = kv_ptr + rid * stride_kv  # the loads do not wait on the slots
     m4 = live[:, None, None, None] & (tile < NT)[None, :, None, None]
-    nope = tl.load(row[:, None, None, None] + col[None], mask=m4, other=0.0).to(tl.float32)
+    nope = tl.load(row[:, None, None, None] + col[None], mask=m4, other=0.0, eviction_policy=EVICT).to(tl.float32)
     j = tl.arange(0, 16)
     e = tl.arange(0, 4)
     rcol = NOPE + j[:, None] * 4 + e[None, :]
-    rope = tl.load(row[:, None, None] + rcol[None], mask=live[:, None, None], other=0.0).to(tl.float32)
+    rope = tl.load(row[:, None, None] + rcol[None], mask=live[:, None, None], other=0.0,
+                   eviction_policy=EVICT).to(tl.float32)
     q, r, sw = pack_words(nope, rope, HW_CAST, EXACT)
-    store_words(pool64_ptr, slot, slot >= 0, q, r, sw)
+    store_words(pool64_ptr, slot, slot >= 0, q, r, sw, EVICT=EVICT)
 
 
 @triton.jit
@@ -223,6 +225,40 @@ def _load_kernel(pool_ptr, pool16_ptr, slot_ptr, o_ptr, HW_CAST: tl.constexpr, R
     sl = tl.maximum(slot, 0)
     x = unpack_row(pool_ptr + sl * ROW, pool16_ptr + sl * (ROW // 2), HW_CAST)
     tl.store(o_ptr + i * 512 + c, tl.where(slot >= 0, x, 0.0))
+
+
+@triton.jit
+def _load_rows_kernel(pool64_ptr, slot_ptr, o_ptr, n, ROWS: tl.constexpr, HW_CAST: tl.constexpr,
+                      NT: tl.constexpr = N_TILES, NOPE: tl.constexpr = NOPE_DIM, WORDS: tl.constexpr = TOKEN_BYTES // 8):
+    """``ROWS`` slots per program, each row read as 73 int64 words and unpacked to fp32."""
+    rid = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    live = rid < n
+    slot = tl.load(slot_ptr + rid, mask=live, other=-1).to(tl.int64)
+    ok = slot >= 0
+    base = tl.maximum(slot, 0) * WORDS
+    tile = tl.arange(0, 8)
+    w = tl.arange(0, 8)
+    k = tl.arange(0, 8)
+    qw = tl.load(pool64_ptr + base[:, None, None] + tile[None, :, None] * 8 + w[None, None, :],
+                 mask=ok[:, None, None] & (tile < NT)[None, :, None], other=0)  # [R, 8, 8]
+    sw = tl.load(pool64_ptr + base + NT * 8 + 16, mask=ok, other=0)  # [R]
+    byte = ((qw[:, :, :, None] >> (k * 8).to(tl.int64)[None, None, None, :]) & 0xFF).to(tl.uint8)
+    if HW_CAST:
+        v = byte.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+    else:
+        v = e4m3_to_f32(byte)
+    e = ((sw[:, None] >> (tile * 8).to(tl.int64)[None, :]) & 0xFF).to(tl.int32)  # [R, 8]
+    nope = v * (e << 23).to(tl.float32, bitcast=True)[:, :, None, None]
+    col = tile[:, None, None] * 64 + w[None, :, None] * 8 + k[None, None, :]
+    orow = o_ptr + rid * 512
+    tl.store(orow[:, None, None, None] + col[None], tl.where(ok[:, None, None, None], nope, 0.0),
+             mask=live[:, None, None, None] & (tile < NT)[None, :, None, None])
+    j = tl.arange(0, 16)
+    h = tl.arange(0, 4)
+    rw = tl.load(pool64_ptr + base[:, None] + NT * 8 + j[None, :], mask=ok[:, None], other=0)  # [R, 16]
+    r16 = ((rw[:, :, None] >> (h * 16).to(tl.int64)[None, None, :]) & 0xFFFF).to(tl.int16)
+    rope = r16.to(tl.bfloat16, bitcast=True).to(tl.float32)
+    tl.store(orow[:, None, None] + NOPE + j[None, :, None] * 4 + h[None, None, :], rope, mask=live[:, None, None])
 
 
 STORE_IMPL = "row"  # the default kernel of kv584_store
@@ -238,10 +274,11 @@ def _words(flat: torch.Tensor) -> torch.Tensor | None:
 
 
 def kv584_store(kv: torch.Tensor, pool: torch.Tensor, slots: torch.Tensor, *, impl: str | None = None,
-                rows: int | None = None, num_warps: int | None = None) -> torch.Tensor:
+                rows: int | None = None, num_warps: int | None = None, evict: str = "") -> torch.Tensor:
     """Triton :func:`kv584_store_ref`. ``impl="words"``: ``rows`` tokens per program written as int64 words;
     ``"row"``: one program per token with byte stores (also the path for a pool whose storage is not 8-byte
-    aligned). ``None``: :data:`STORE_IMPL`."""
+    aligned). ``None``: :data:`STORE_IMPL`. ``evict``: the word kernel's L2 eviction hint ("" or
+    "evict_first", for a pool written once and read much later)."""
     flat = _flat(pool)
     if kv.dim() != 2 or kv.shape[1] != HEAD_DIM or kv.stride(1) != 1 or slots.shape != (kv.shape[0],):
         raise ValueError(f"kv584: kv must be [N, {HEAD_DIM}] (unit stride) with slots [N], got "
@@ -261,18 +298,41 @@ def kv584_store(kv: torch.Tensor, pool: torch.Tensor, slots: torch.Tensor, *, im
     else:
         r = rows or STORE_ROWS
         _store_rows_kernel[(triton.cdiv(n, r),)](kv, sl, words, n, kv.stride(0), ROWS=r, HW_CAST=hw,
-                                                 EXACT=interpreting(), num_warps=num_warps or STORE_WARPS)
+                                                 EXACT=interpreting(), EVICT=evict,
+                                                 num_warps=num_warps or STORE_WARPS)
     return pool
 
 
-def kv584_load(pool: torch.Tensor, slots: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
-    """Triton :func:`kv584_load_ref`."""
+LOAD_IMPL = "row"  # the default kernel of kv584_load
+LOAD_ROWS = 8
+LOAD_WARPS = 4
+
+
+def kv584_load(pool: torch.Tensor, slots: torch.Tensor, *, out: torch.Tensor | None = None, impl: str | None = None,
+               rows: int | None = None, num_warps: int | None = None) -> torch.Tensor:
+    """Triton :func:`kv584_load_ref`. ``impl``: ``"row"``, one program per slot; ``"words"``, ``rows`` slots per
+    program read as int64 words; ``None``: :data:`LOAD_IMPL`. A non-contiguous ``out`` is filled through a
+    contiguous buffer (the kernels write rows of 512)."""
     flat = _flat(pool)
+    if out is not None and not out.is_contiguous():
+        out.copy_(kv584_load(pool, slots, impl=impl, rows=rows, num_warps=num_warps))
+        return out
     o = out if out is not None else torch.empty(slots.shape[0], HEAD_DIM, dtype=torch.float32, device=pool.device)
+    impl = impl or LOAD_IMPL
+    if impl not in ("words", "row"):
+        raise ValueError(f"kv584_load: impl must be 'words' or 'row', got {impl!r}")
     hw = fp8_hw_cast(capability(pool.device))
-    if slots.shape[0]:
-        _load_kernel[(slots.shape[0],)](flat, flat.view(torch.int16), slots.to(torch.int64).contiguous(), o,
-                                        HW_CAST=hw, num_warps=2)
+    n = slots.shape[0]
+    if not n:
+        return o
+    sl = slots.to(torch.int64).contiguous()
+    words = _words(flat) if impl == "words" else None
+    if words is None:
+        _load_kernel[(n,)](flat, flat.view(torch.int16), sl, o, HW_CAST=hw, num_warps=num_warps or 2)
+    else:
+        r = rows or LOAD_ROWS
+        _load_rows_kernel[(triton.cdiv(n, r),)](words, sl, o, n, ROWS=r, HW_CAST=hw,
+                                                num_warps=num_warps or LOAD_WARPS)
     return o
 
 

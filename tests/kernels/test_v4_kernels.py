@@ -58,6 +58,33 @@ def test_kv584_store_variants_pass_the_spec(variant, device):
     assert rows and all(r.passed for r in rows), format_table(rows)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("variant", [{"impl": "row"}, {"impl": "words", "rows": 4, "num_warps": 2}],
+                         ids=lambda v: "-".join(map(str, v.values())))
+def test_kv584_load_variants_pass_the_spec(variant, device):
+    rows = run_spec(dataclasses.replace(kv584.SPEC_LOAD, kernel=lambda out, pool, slots: kv584.kv584_load(
+        pool, slots, out=out[0], **variant)), device)
+    assert rows and all(r.passed for r in rows), format_table(rows)
+
+
+def test_word_load_reads_any_bytes_like_the_reference(device):
+    """Random pool bytes (NaN codes, odd scales) and slot -1: the word kernel decodes exactly what the
+    reference does; a non-contiguous ``out`` gets the same rows, its gaps untouched (either kernel)."""
+    g = torch.Generator().manual_seed(4)
+    pool = torch.randint(0, 256, (3, 8, kv584.TOKEN_BYTES), generator=g, dtype=torch.int32).to(torch.uint8)
+    pool[..., kv584.SCALE_OFFSET:kv584.SCALE_OFFSET + kv584.N_TILES].clamp_(100, 140)
+    slots = torch.tensor([3, -1, 23, 0, 9, 9, 17], device=device)
+    pool = pool.to(device)
+    want = kv584.kv584_load_ref(pool, slots)
+    got = kv584.kv584_load(pool, slots, impl="words", rows=4)
+    assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got.nan_to_num(), want.nan_to_num())
+    assert want.isnan().any() and got[1].eq(0).all()
+    for impl in ("row", "words"):
+        wide = torch.full((slots.shape[0], 2 * kv584.HEAD_DIM), 7.0, device=device)
+        kv584.kv584_load(pool, slots, out=wide[:, ::2], impl=impl)
+        assert torch.equal(wide[:, ::2].nan_to_num(), want.nan_to_num()) and wide[:, 1::2].eq(7).all()
+
+
 def _e4m3_ties(n: int, gen: torch.Generator) -> torch.Tensor:
     """Rows whose tiles each hold amax 448·2^k (so the scale is 2^k exactly) and otherwise only e4m3 values and
     exact midpoints between neighbours (normal, subnormal, and across binade edges such as 240|256)."""
