@@ -93,11 +93,16 @@ def sparse_config(batch: int, heads: int, k: int, cap: tuple[int, int] | None, l
 
 
 @triton.jit
-def _gather(pool_ptr, pool16_ptr, pool64_ptr, idx_ptr, row, K, t0, hi, BLOCK_T: tl.constexpr, ROW: tl.constexpr):
+def _gather(pool_ptr, pool16_ptr, pool64_ptr, idx_ptr, row, K, t0, hi, BLOCK_T: tl.constexpr, ROW: tl.constexpr,
+            WIDE: tl.constexpr):
     """The raw bytes of the slots ``t0 .. t0+BLOCK_T`` (below ``hi``) of ``row``: nope tiles 0-3, 4-5 and 6
-    (uint8), the rope (int16), each row's scale word (int64, byte j = tile j) and which slots are valid."""
+    (uint8), the rope (int16), each row's scale word (int64, byte j = tile j) and which slots are valid.
+    Byte offsets are int32 unless the pool is 2 GiB or more (``WIDE``): half the registers for the next
+    tile's addresses, which the pipelined loop keeps live."""
     t = t0 + tl.arange(0, BLOCK_T)
-    slot = tl.load(idx_ptr + row * K + t, mask=t < hi, other=-1).to(tl.int64)
+    slot = tl.load(idx_ptr + row * K + t, mask=t < hi, other=-1)
+    if WIDE:
+        slot = slot.to(tl.int64)
     ok = slot >= 0
     sl = tl.maximum(slot, 0)
     base = sl * ROW
@@ -158,7 +163,7 @@ def _sparse_decode_kernel(q_ptr, pool_ptr, pool16_ptr, pool64_ptr, idx_ptr, sink
                           qk_scale, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, HW_CAST: tl.constexpr,
                           DT: tl.constexpr, PREC: tl.constexpr, LOW: tl.constexpr, QCAST: tl.constexpr,
                           EXACT: tl.constexpr, SPLIT: tl.constexpr, PREFETCH: tl.constexpr, LAZY: tl.constexpr,
-                          ROW: tl.constexpr):
+                          ROW: tl.constexpr, WIDE: tl.constexpr):
     """Online softmax (log2 domain) over this program's chunk of slots. Unsplit, it starts from the sink
     and writes the output; split, it writes its normalised partial and log-sum-exp for :func:`_combine`
     (the sink joins there, once)."""
@@ -185,13 +190,13 @@ def _sparse_decode_kernel(q_ptr, pool_ptr, pool16_ptr, pool64_ptr, idx_ptr, sink
     lo = (sp * nt // tl.num_programs(1)) * BLOCK_T
     hi = tl.minimum(((sp + 1) * nt // tl.num_programs(1)) * BLOCK_T, K)
     if PREFETCH:
-        n0, n1, n2, r, w, ok = _gather(pool_ptr, pool16_ptr, pool64_ptr, idx_ptr, row, K, lo, hi, BLOCK_T, ROW)
+        n0, n1, n2, r, w, ok = _gather(pool_ptr, pool16_ptr, pool64_ptr, idx_ptr, row, K, lo, hi, BLOCK_T, ROW, WIDE)
     for t0 in range(lo, hi, BLOCK_T):
         if PREFETCH:  # the next tile's loads go out before this tile's math (past hi: all masked, no traffic)
             x0, x1, x2, xr, xw, xok = _gather(pool_ptr, pool16_ptr, pool64_ptr, idx_ptr, row, K, t0 + BLOCK_T, hi,
-                                              BLOCK_T, ROW)
+                                              BLOCK_T, ROW, WIDE)
         else:
-            n0, n1, n2, r, w, ok = _gather(pool_ptr, pool16_ptr, pool64_ptr, idx_ptr, row, K, t0, hi, BLOCK_T, ROW)
+            n0, n1, n2, r, w, ok = _gather(pool_ptr, pool16_ptr, pool64_ptr, idx_ptr, row, K, t0, hi, BLOCK_T, ROW, WIDE)
         k0 = _dequant(n0, w, 0, 4, BLOCK_T, HW_CAST, DT)
         k1 = _dequant(n1, w, 4, 2, BLOCK_T, HW_CAST, DT)
         k2 = _dequant1(n2, w, 6, HW_CAST, DT)
@@ -299,7 +304,8 @@ def sparse_mla_decode(q: torch.Tensor, pool: torch.Tensor, indices: torch.Tensor
     f32 = interpreting() or not low  # fp32 dots: an fp32 q, and the interpreter (its bf16 dot is wrong)
     args = dict(BLOCK_H=cfg.block_h, BLOCK_T=bt, HW_CAST=fp8_hw_cast(cap), DT=tl.float32 if f32 else tl.bfloat16,
                 PREC="ieee" if f32 else "tf32", LOW=low, QCAST=low and (q.dtype != torch.bfloat16 or f32),
-                EXACT=interpreting(), PREFETCH=cfg.prefetch, LAZY=cfg.lazy, ROW=TOKEN_BYTES, num_warps=cfg.num_warps,
+                EXACT=interpreting(), PREFETCH=cfg.prefetch, LAZY=cfg.lazy, ROW=TOKEN_BYTES, WIDE=flat.numel() >= 2**31,
+                num_warps=cfg.num_warps,
                 num_stages=cfg.num_stages)
     pools = (flat, flat.view(torch.int16), flat.view(torch.int64))
     qk = float(scale) * LOG2E
@@ -310,7 +316,7 @@ def sparse_mla_decode(q: torch.Tensor, pool: torch.Tensor, indices: torch.Tensor
                        device=q.device)
     lse = torch.empty(b, n_split, h, dtype=torch.float32, device=q.device)
     _sparse_decode_kernel[(b, n_split, hb)](qc, *pools, idx, sk, part, lse, k, h, qk, SPLIT=True, **args)
-    _combine_kernel[(b, triton.cdiv(h, 16))](part, lse, sk, o, h, n_split, BLOCK_H=16, EXACT=interpreting(),
+    _combine_kernel[(b, triton.cdiv(h, 8))](part, lse, sk, o, h, n_split, BLOCK_H=8, EXACT=interpreting(),
                                             num_warps=4 if cap else 1)
     return o
 
