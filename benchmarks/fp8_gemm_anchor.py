@@ -62,3 +62,35 @@ def ds_fp8_gemm(a, a_s, b, b_s, *, interpret: bool = False):
 def best_config() -> str:
     """The autotuner's pick from the last launch (for the benchmark tables)."""
     return str(getattr(_ds_fp8_gemm_kernel, "best_config", "?"))
+
+
+# the autotuner's picks on H200 (benchmarks/results/tune_heavy_h200_2026-11-29.txt, 2026-12-01.txt): a
+# re-measure pins them instead of autotuning again (8 compiles per shape)
+H200_PICKS = {1: (16, 64, 8, 4), 16: (64, 64, 8, 4), 64: (64, 64, 8, 4), 4096: (64, 128, 8, 4)}
+
+
+def ds_fp8_gemm_pinned(a, a_s, b, b_s, pick: tuple[int, int, int, int]):
+    """The same design at one fixed config ``(BLOCK_M, BLOCK_N, num_warps, num_stages)``."""
+    m, k = a.shape
+    n = b.shape[0]
+    bm, bn, warps, stages = pick
+    c = torch.empty(m, n, dtype=torch.bfloat16, device=a.device)
+    _ds_fp8_gemm_kernel.fn[(triton.cdiv(m, bm), triton.cdiv(n, bn))](
+        a, b, c, a_s, b_s, m, n, k, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=128, num_warps=warps, num_stages=stages)
+    return c
+
+
+@triton.jit
+def _ds_act_quant_kernel(x_ptr, y_ptr, s_ptr, BLOCK: tl.constexpr):
+    """DeepSeek's reference act_quant design: one program per 128-element block."""
+    pid = tl.program_id(0)
+    offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs).to(tl.float32)
+    s = tl.maximum(tl.max(tl.abs(x)), 1e-4) / 448.0
+    tl.store(y_ptr + offs, (x / s).to(y_ptr.dtype.element_ty))
+    tl.store(s_ptr + pid, s)
+
+
+def ds_act_quant(x, y, s):
+    """``x`` contiguous with a multiple of 128 elements; ``y`` e4m3 like ``x``, ``s`` one fp32 per block."""
+    _ds_act_quant_kernel[(x.numel() // 128,)](x, y, s, BLOCK=128)

@@ -94,6 +94,10 @@ class GemmConfig:
     plain: bool = False  # the static-shape kernel (N, K and the K trip count compiled in; contiguous operands)
     tma: bool = False  # the persistent kernel fed by TMA tensor descriptors (sm90+; contiguous operands)
     warp_spec: bool = False  # tma only: warp-specialised persistent loop (producer/consumer warps), no split-K
+    pdl: bool = False  # sm90+: programmatic dependent launch (the prologue overlaps the previous kernel's tail)
+    prefetch: int = 0  # with pdl: weight K-blocks per program pulled into L2 before waiting on the previous kernel
+    n_sub: int = 1  # tma only: the tile's dot as n_sub column slices, so one slice's promotion overlaps the next's MMA
+    tma_store: bool = False  # tma only, no split-K: the bf16 tile leaves through a TMA store (async, no masks)
 
 
 def gemm_config(m: int, n: int, k: int, capability: tuple[int, int] | None, num_sms: int = 132) -> GemmConfig:
@@ -130,6 +134,23 @@ def gemm_config(m: int, n: int, k: int, capability: tuple[int, int] | None, num_
     # 964 TFLOPS against 855 for the static-shape kernel and 1254 for cuBLAS per-tensor _scaled_mm)
     tma = capability[0] == 9 and (bm, bn) == (128, 128)
     return GemmConfig(bm, bn, split, group, warps, stages, plain=True, tma=tma, warp_spec=tma)
+
+
+@triton.jit
+def l2_prefetch(ptrs):
+    """Pull the 128-byte lines at ``ptrs`` into L2 (a hint: no register result, never faults on a valid
+    address). Used before ``gdc_wait`` for operands no earlier kernel writes (weights)."""
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs.to(tl.int64)],
+                              dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def pdl_prologue(PDL: tl.constexpr):
+    """Under programmatic dependent launch: wait until the previous kernel's writes are visible, then let the
+    next kernel's programs launch (they wait in turn before touching memory this one writes)."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
 
 
 @triton.jit
@@ -240,7 +261,7 @@ def _fp8_gemm_plain_kernel(
     N: tl.constexpr, K: tl.constexpr, KB_PER_SPLIT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr, UPCAST: tl.constexpr, EXACT: tl.constexpr,
-    FUSED_REDUCE: tl.constexpr,
+    FUSED_REDUCE: tl.constexpr, PDL: tl.constexpr = False, PREFETCH: tl.constexpr = 0,
 ):
     """Contiguous operands with N and K compiled in: 32-bit offsets, a static K trip count and unmasked
     loads, and rows/columns past the edge wrapped (``% M``) rather than masked, so every load is plain.
@@ -275,6 +296,11 @@ def _fp8_gemm_plain_kernel(
         steps = KB_PER_SPLIT
     else:
         steps = tl.minimum(KB_PER_SPLIT, k_blocks - kb0)
+    if PDL:
+        # the weight is read-only: its first K-blocks stream into L2 while the previous kernel finishes
+        for j in tl.static_range(PREFETCH):
+            l2_prefetch(b_ptr + offs_n * K + tl.minimum(kb0 + j, k_blocks - 1) * BLOCK_K)
+    pdl_prologue(PDL)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for i in range(steps):
         if K % BLOCK_K == 0:
@@ -325,15 +351,20 @@ def _fp8_gemm_tma_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr, NUM_PROGS: tl.constexpr, WARP_SPEC: tl.constexpr,
     UPCAST: tl.constexpr, EXACT: tl.constexpr, FUSED_REDUCE: tl.constexpr,
+    PDL: tl.constexpr = False, N_SUB: tl.constexpr = 1, c_desc=None, TMA_STORE: tl.constexpr = False,
 ):
     """Persistent: ``NUM_PROGS`` programs walk the (tile, K-split) work items. A and B tiles arrive through
     TMA descriptors (the copy engine; rows past M and K come back as zeros), so no address arithmetic or
     masks sit in the K loop. With ``WARP_SPEC`` the loop over tiles is warp-specialised: producer warps
-    issue the TMA loads while consumer warps run the dots."""
+    issue the TMA loads while consumer warps run the dots. With ``N_SUB = 2`` the tile is two column
+    slices (``b_desc`` holds ``BLOCK_N / 2`` rows), each with its own accumulator: the second slice's MMA
+    is issued before the first slice's partial is promoted."""
+    pdl_prologue(PDL)
     num_m = tl.cdiv(M, BLOCK_M)
     num_n = (N + BLOCK_N - 1) // BLOCK_N
     k_blocks = (K + BLOCK_K - 1) // BLOCK_K
     work = num_m * num_n * SPLIT_K
+    SUB: tl.constexpr = BLOCK_N // N_SUB
     for w in tl.range(tl.program_id(0), work, NUM_PROGS, warp_specialize=WARP_SPEC):
         pid_k = w % SPLIT_K
         t = w // SPLIT_K
@@ -352,48 +383,85 @@ def _fp8_gemm_tma_kernel(
         else:
             steps = tl.minimum(KB_PER_SPLIT, k_blocks - kb0)
         rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         as_ptrs = a_s_ptr + (rows % M) * k_blocks + kb0
-        if BLOCK_N <= BLOCK_K:
-            bs_ptr = b_s_ptr + ((pid_n * BLOCK_N) // BLOCK_K) * k_blocks + kb0
-        else:
-            bs_ptrs = b_s_ptr + ((cols % N) // BLOCK_K) * k_blocks + kb0
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for i in range(steps):
-            k0 = (kb0 + i) * BLOCK_K
-            a = a_desc.load([pid_m * BLOCK_M, k0])
-            b = b_desc.load([pid_n * BLOCK_N, k0])
-            if UPCAST:
-                part = tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16).T)
+        if N_SUB == 2:
+            cols0 = pid_n * BLOCK_N + tl.arange(0, SUB)
+            cols1 = cols0 + SUB
+            bs0 = b_s_ptr + ((pid_n * BLOCK_N) // BLOCK_K) * k_blocks + kb0
+            bs1 = b_s_ptr + tl.minimum((pid_n * BLOCK_N + SUB) // BLOCK_K, (N - 1) // BLOCK_K) * k_blocks + kb0
+            acc0 = tl.zeros((BLOCK_M, SUB), dtype=tl.float32)
+            acc1 = tl.zeros((BLOCK_M, SUB), dtype=tl.float32)
+            for i in range(steps):
+                k0 = (kb0 + i) * BLOCK_K
+                a = a_desc.load([pid_m * BLOCK_M, k0])
+                b0 = b_desc.load([pid_n * BLOCK_N, k0])
+                b1 = b_desc.load([pid_n * BLOCK_N + SUB, k0])
+                a_s = tl.load(as_ptrs + i)
+                if UPCAST:
+                    p0 = tl.dot(a.to(tl.bfloat16), b0.to(tl.bfloat16).T)
+                    p1 = tl.dot(a.to(tl.bfloat16), b1.to(tl.bfloat16).T)
+                else:
+                    p0 = tl.dot(a, b0.T)
+                    p1 = tl.dot(a, b1.T)
+                acc0 += p0 * (a_s * tl.load(bs0 + i))[:, None]
+                acc1 += p1 * (a_s * tl.load(bs1 + i))[:, None]
+            mrow = (rows < M)[:, None]
+            m0 = mrow & (cols0 < N)[None, :]
+            m1 = mrow & (cols1 < N)[None, :]
+            if SPLIT_K == 1:
+                tl.store(c_ptr + rows[:, None] * N + cols0[None, :], cast_rne(acc0, c_ptr.dtype.element_ty, EXACT),
+                         mask=m0)
+                tl.store(c_ptr + rows[:, None] * N + cols1[None, :], cast_rne(acc1, c_ptr.dtype.element_ty, EXACT),
+                         mask=m1)
             else:
-                part = tl.dot(a, b.T)
+                tl.store(ws_ptr + (pid_k * M + rows[:, None]) * N + cols0[None, :], acc0, mask=m0)
+                tl.store(ws_ptr + (pid_k * M + rows[:, None]) * N + cols1[None, :], acc1, mask=m1)
+        else:
+            cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
             if BLOCK_N <= BLOCK_K:
-                acc += part * (tl.load(as_ptrs + i) * tl.load(bs_ptr + i))[:, None]
+                bs_ptr = b_s_ptr + ((pid_n * BLOCK_N) // BLOCK_K) * k_blocks + kb0
             else:
-                acc += part * tl.load(as_ptrs + i)[:, None] * tl.load(bs_ptrs + i)[None, :]
-        mask = (rows < M)[:, None] & (cols < N)[None, :]
-        if SPLIT_K == 1:
-            tl.store(c_ptr + rows[:, None] * N + cols[None, :], cast_rne(acc, c_ptr.dtype.element_ty, EXACT),
-                     mask=mask)
-        else:
-            tl.store(ws_ptr + (pid_k * M + rows[:, None]) * N + cols[None, :], acc, mask=mask)
-            if FUSED_REDUCE:  # the last split of a tile to arrive sums the partials and resets the counter
-                tl.debug_barrier()
-                done = tl.atomic_add(cnt_ptr + t, 1, sem="acq_rel", scope="gpu")
-                if done == SPLIT_K - 1:
-                    total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-                    for s in range(SPLIT_K):
-                        total += tl.load(ws_ptr + (s * M + rows[:, None]) * N + cols[None, :], mask=mask,
-                                         other=0.0, cache_modifier=".cg")
-                    tl.store(c_ptr + rows[:, None] * N + cols[None, :],
-                             cast_rne(total, c_ptr.dtype.element_ty, EXACT), mask=mask)
-                    tl.atomic_xchg(cnt_ptr + t, 0, sem="relaxed", scope="gpu")
+                bs_ptrs = b_s_ptr + ((cols % N) // BLOCK_K) * k_blocks + kb0
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for i in range(steps):
+                k0 = (kb0 + i) * BLOCK_K
+                a = a_desc.load([pid_m * BLOCK_M, k0])
+                b = b_desc.load([pid_n * BLOCK_N, k0])
+                if UPCAST:
+                    part = tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16).T)
+                else:
+                    part = tl.dot(a, b.T)
+                if BLOCK_N <= BLOCK_K:
+                    acc += part * (tl.load(as_ptrs + i) * tl.load(bs_ptr + i))[:, None]
+                else:
+                    acc += part * tl.load(as_ptrs + i)[:, None] * tl.load(bs_ptrs + i)[None, :]
+            mask = (rows < M)[:, None] & (cols < N)[None, :]
+            if TMA_STORE:  # SPLIT_K == 1; rows and columns past the edge are clipped by the copy engine
+                c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], cast_rne(acc, c_ptr.dtype.element_ty, EXACT))
+            elif SPLIT_K == 1:
+                tl.store(c_ptr + rows[:, None] * N + cols[None, :], cast_rne(acc, c_ptr.dtype.element_ty, EXACT),
+                         mask=mask)
+            else:
+                tl.store(ws_ptr + (pid_k * M + rows[:, None]) * N + cols[None, :], acc, mask=mask)
+                if FUSED_REDUCE:  # the last split of a tile to arrive sums the partials and resets the counter
+                    tl.debug_barrier()
+                    done = tl.atomic_add(cnt_ptr + t, 1, sem="acq_rel", scope="gpu")
+                    if done == SPLIT_K - 1:
+                        total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                        for s in range(SPLIT_K):
+                            total += tl.load(ws_ptr + (s * M + rows[:, None]) * N + cols[None, :], mask=mask,
+                                             other=0.0, cache_modifier=".cg")
+                        tl.store(c_ptr + rows[:, None] * N + cols[None, :],
+                                 cast_rne(total, c_ptr.dtype.element_ty, EXACT), mask=mask)
+                        tl.atomic_xchg(cnt_ptr + t, 0, sem="relaxed", scope="gpu")
 
 
 @triton.jit
 def _split_k_reduce_kernel(
-    ws_ptr, c_ptr, MN, N, stride_cm, stride_cn, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr, EXACT: tl.constexpr
+    ws_ptr, c_ptr, MN, N, stride_cm, stride_cn, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr, EXACT: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl_prologue(PDL)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < MN
     acc = tl.zeros((BLOCK,), dtype=tl.float32)
@@ -452,25 +520,33 @@ def fp8_gemm(
     fused = config.fused_reduce and split > 1
     counters = _tile_counters(a.device, tiles) if fused else ws
     grid = (tiles, split)
+    pdl = config.pdl and pdl_ok(cap)
+    launch = {"launch_pdl": True} if pdl else {}
     if config.tma and _plain_ok(a, a_s, b, b_s, c, split) and k % 16 == 0:
-        _launch_tma(a, a_s, b, b_s, c, ws, counters, kb_per_split, tiles, split, fused, cap, config)
+        _launch_tma(a, a_s, b, b_s, c, ws, counters, kb_per_split, tiles, split, fused, cap, config, pdl)
     elif config.plain and _plain_ok(a, a_s, b, b_s, c, split):
         _fp8_gemm_plain_kernel[grid](
             a, a_s, b, b_s, c, ws, counters, m,
             N=n, K=k, KB_PER_SPLIT=kb_per_split,
             BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=BLOCK,
             SPLIT_K=split, GROUP_M=config.group_m, UPCAST=cap is not None and cap < (8, 9), EXACT=interpreting(),
-            FUSED_REDUCE=fused,
-            num_warps=config.num_warps, num_stages=config.num_stages,
+            FUSED_REDUCE=fused, PDL=pdl, PREFETCH=min(config.prefetch, kb_per_split) if pdl else 0,
+            num_warps=config.num_warps, num_stages=config.num_stages, **launch,
         )
     else:
         _launch_general(a, a_s, b, b_s, c, ws, counters, kb_per_split, grid, split, fused, cap, config)
     if split > 1 and not fused:
         rb = 1024
         _split_k_reduce_kernel[(triton.cdiv(m * n, rb),)](
-            ws, c, m * n, n, c.stride(0), c.stride(1), SPLIT_K=split, BLOCK=rb, EXACT=interpreting()
+            ws, c, m * n, n, c.stride(0), c.stride(1), SPLIT_K=split, BLOCK=rb, EXACT=interpreting(), PDL=pdl,
+            **launch,
         )
     return c
+
+
+def pdl_ok(cap: tuple[int, int] | None) -> bool:
+    """Programmatic dependent launch needs sm90+ (and a compiled kernel: the interpreter has no grids)."""
+    return cap is not None and cap >= (9, 0)
 
 
 def _plain_ok(a, a_s, b, b_s, c, split) -> bool:
@@ -482,7 +558,8 @@ def _plain_ok(a, a_s, b, b_s, c, split) -> bool:
             and b_s.is_contiguous() and max(m * k, n * k, split * m * n) < 2**31)
 
 
-def _launch_tma(a, a_s, b, b_s, c, ws, counters, kb_per_split, tiles, split, fused, cap, config) -> None:
+def _launch_tma(a, a_s, b, b_s, c, ws, counters, kb_per_split, tiles, split, fused, cap, config,
+                pdl=False) -> None:
     """The persistent TMA kernel: one program per SM (or per work item, when there are fewer)."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
@@ -490,15 +567,18 @@ def _launch_tma(a, a_s, b, b_s, c, ws, counters, kb_per_split, tiles, split, fus
     n = b.shape[0]
     sms = torch.cuda.get_device_properties(a.device).multi_processor_count if cap else 4
     progs = max(1, min(sms, tiles * split))
+    n_sub = 2 if config.n_sub == 2 and not fused and config.block_n // 2 in (32, 64, 128) else 1
     a_desc = TensorDescriptor.from_tensor(a, [config.block_m, BLOCK])
-    b_desc = TensorDescriptor.from_tensor(b, [config.block_n, BLOCK])
+    b_desc = TensorDescriptor.from_tensor(b, [config.block_n // n_sub, BLOCK])
+    tma_store = config.tma_store and split == 1 and n_sub == 1 and (n * c.element_size()) % 16 == 0
+    c_desc = TensorDescriptor.from_tensor(c, [config.block_m, config.block_n]) if tma_store else None
     _fp8_gemm_tma_kernel[(progs,)](
-        a_desc, b_desc, a_s, b_s, c, ws, counters, m,
+        a_desc, b_desc, a_s, b_s, c, ws, counters, m, c_desc=c_desc, TMA_STORE=tma_store,
         N=n, K=k, KB_PER_SPLIT=kb_per_split,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=BLOCK,
         SPLIT_K=split, GROUP_M=config.group_m, NUM_PROGS=progs, WARP_SPEC=config.warp_spec and split == 1,
-        UPCAST=cap is not None and cap < (8, 9), EXACT=interpreting(), FUSED_REDUCE=fused,
-        num_warps=config.num_warps, num_stages=config.num_stages,
+        UPCAST=cap is not None and cap < (8, 9), EXACT=interpreting(), FUSED_REDUCE=fused, PDL=pdl, N_SUB=n_sub,
+        num_warps=config.num_warps, num_stages=config.num_stages, **({"launch_pdl": True} if pdl else {}),
     )
 
 

@@ -106,6 +106,45 @@ def _act_quant_kernel(
 
 
 @triton.jit
+def _act_quant_rows_kernel(
+    x_ptr, q_ptr, s_ptr, n_rows, n_cols, n_groups, n_tiles, stride_x, stride_q, stride_s,
+    QBLOCK: tl.constexpr, G: tl.constexpr, ROWS: tl.constexpr, UE8M0: tl.constexpr, HW_CAST: tl.constexpr,
+    STREAM: tl.constexpr,
+):
+    """``ROWS`` rows × ``G`` blocks per program (one ``[ROWS·G, QBLOCK]`` tile); ``STREAM``: the q and scale
+    stores are marked streaming (``.cs``: written once, not re-read by this kernel)."""
+    pid = tl.program_id(0)
+    i = tl.arange(0, ROWS * G)
+    row = (pid // n_tiles) * ROWS + i // G
+    g = (pid % n_tiles) * G + i % G
+    cols = g[:, None] * QBLOCK + tl.arange(0, QBLOCK)[None, :]
+    ok = (row < n_rows) & (g < n_groups)
+    mask = ok[:, None] & (cols < n_cols)
+    r64 = row.to(tl.int64)
+    x = tl.load(x_ptr + (r64 * stride_x)[:, None] + cols, mask=mask, other=0.0,
+                eviction_policy="evict_first").to(tl.float32)
+    amax = tl.maximum(tl.max(tl.abs(x), axis=1), 1e-4)
+    s = tl.math.div_rn(amax, tl.full(amax.shape, 448.0, tl.float32))
+    if UE8M0:
+        b = s.to(tl.int32, bitcast=True)
+        up = tl.where((b & 0x7FFFFF) != 0, 1, 0)
+        s = ((((b >> 23) & 0xFF) + up) << 23).to(tl.float32, bitcast=True)
+    r = tl.math.div_rn(tl.full(s.shape, 1.0, tl.float32), s)
+    y = div_rn_by(x, s[:, None], r[:, None])
+    q_ptrs = q_ptr + (r64 * stride_q)[:, None] + cols
+    if HW_CAST:
+        yq = y.to(tl.float8e4nv)
+    else:
+        yq = e4m3_bits(tl.minimum(tl.maximum(y, -448.0), 448.0)).to(tl.uint8)
+    if STREAM:
+        tl.store(q_ptrs, yq, mask=mask, cache_modifier=".cs")
+        tl.store(s_ptr + r64 * stride_s + g, s, mask=ok, cache_modifier=".cs")
+    else:
+        tl.store(q_ptrs, yq, mask=mask)
+        tl.store(s_ptr + r64 * stride_s + g, s, mask=ok)
+
+
+@triton.jit
 def _act_dequant_kernel(
     q_ptr, s_ptr, o_ptr, n_cols, stride_q, stride_s, stride_o,
     QBLOCK: tl.constexpr, G: tl.constexpr, HW_CAST: tl.constexpr, EXACT: tl.constexpr,
@@ -148,7 +187,7 @@ def _groups_per_program(n_groups: int, on_gpu: bool) -> int:
 def act_quant(x: torch.Tensor, block: int = 128, ue8m0: bool = False, *, out=None, tune: dict | None = None):
     """Triton :func:`act_quant_ref`; ``out=(q, scale)`` to write into preallocated (e.g. poisoned) tensors.
     ``block`` must be a power of two; leading dims may be strided. ``tune``: ``groups`` (blocks per
-    program), ``warps``."""
+    program), ``rows`` (rows per program), ``warps``, ``stream`` (streaming stores)."""
     if block & (block - 1):
         raise ValueError(f"block must be a power of two, got {block}")
     k = x.shape[-1]
@@ -159,13 +198,23 @@ def act_quant(x: torch.Tensor, block: int = 128, ue8m0: bool = False, *, out=Non
     x2 = as_rows(x)
     cap = capability(x.device)
     hw = fp8_hw_cast(cap)
-    g = (tune or {}).get("groups") or _groups_per_program(nb, cap is not None)
-    warps = (tune or {}).get("warps") or max(1, min(8, g * block // 512))
+    tune = tune or {}
+    g = tune.get("groups") or _groups_per_program(nb, cap is not None)
+    rows = tune.get("rows", 1)
+    warps = tune.get("warps") or max(1, min(8, rows * g * block // 512))
     n_tiles = triton.cdiv(nb, g)
-    _act_quant_kernel[(x2.shape[0] * n_tiles,)](
-        x2, q2 if hw else q2.view(torch.uint8), s2, k, nb, n_tiles, x2.stride(0), q2.stride(0), s2.stride(0),
-        QBLOCK=block, G=g, UE8M0=ue8m0, HW_CAST=hw, num_warps=warps,
-    )
+    qv = q2 if hw else q2.view(torch.uint8)
+    if rows == 1 and not tune.get("stream"):
+        _act_quant_kernel[(x2.shape[0] * n_tiles,)](
+            x2, qv, s2, k, nb, n_tiles, x2.stride(0), q2.stride(0), s2.stride(0),
+            QBLOCK=block, G=g, UE8M0=ue8m0, HW_CAST=hw, num_warps=warps,
+        )
+    else:
+        _act_quant_rows_kernel[(triton.cdiv(x2.shape[0], rows) * n_tiles,)](
+            x2, qv, s2, x2.shape[0], k, nb, n_tiles, x2.stride(0), q2.stride(0), s2.stride(0),
+            QBLOCK=block, G=g, ROWS=rows, UE8M0=ue8m0, HW_CAST=hw, STREAM=bool(tune.get("stream")),
+            num_warps=warps,
+        )
     return q, s
 
 

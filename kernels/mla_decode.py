@@ -30,6 +30,7 @@ import triton.language as tl
 
 from kernels._tl import cast_rne
 from kernels.arch import capability, interpreting
+from kernels.fp8_gemm import l2_prefetch, pdl_ok, pdl_prologue
 from kernels.harness import Case, Check, ParitySpec
 from kernels.tiles import dot_precision, fit_stages
 
@@ -116,6 +117,9 @@ class DecodeConfig:
     num_warps: int
     num_stages: int
     fused_merge: bool = False  # the last split of a (sequence, head block) merges, from L2 (slower: decode_config)
+    pdl: bool = False  # sm90+: programmatic dependent launch of the split and merge kernels
+    prefetch: bool = False  # with pdl: each split's first tile is pulled into L2 before the wait
+    persistent: int = 0  # > 0: that many programs per head block walk all sequences' tiles in one balanced wave
 
 
 def decode_config(
@@ -157,13 +161,27 @@ def _mla_split_kernel(
     stride_qlb, stride_qlh, stride_qrb, stride_qrh,
     stride_kvp, stride_kvt, stride_pep, stride_pet, stride_btb,
     stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
-    fo_ptr, flse_ptr, cnt_ptr, stride_fob, stride_foh, stride_flb, stride_flh, NUM_HB,
+    fo_ptr, flse_ptr, cnt_ptr, stride_fob, stride_foh, stride_flb, stride_flh, NUM_HB, NUM_PAGES,
     D_LAT: tl.constexpr, D_ROPE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     F32_DOT: tl.constexpr, IN_PAGE: tl.constexpr, PREC: tl.constexpr, FUSED: tl.constexpr, EXACT: tl.constexpr,
+    PDL: tl.constexpr = False, PREFETCH: tl.constexpr = False, LINE: tl.constexpr = 64,
 ):
     b = tl.program_id(0)
     split = tl.program_id(1)
     hb = tl.program_id(2)
+    if PREFETCH:
+        # before the wait the block table and lengths may still be changing: they only pick which lines to
+        # pull into L2 (clamped to real pages); everything below re-reads them after the wait
+        n0 = tl.load(len_ptr + b).to(tl.int32)
+        c0 = tl.cdiv(tl.cdiv(n0, NUM_SPLITS), BLOCK_N) * BLOCK_N
+        tp = tl.minimum(split * c0 + tl.arange(0, BLOCK_N), tl.maximum(n0 - 1, 0))
+        pg = tl.load(bt_ptr + b * stride_btb + tp // PAGE_SIZE)
+        pg = tl.minimum(tl.maximum(pg, 0), NUM_PAGES - 1).to(tl.int64)
+        sl = tp % PAGE_SIZE
+        lines = tl.minimum(tl.arange(0, D_LAT // LINE) * LINE, C - 1)
+        l2_prefetch(kv_ptr + (pg * stride_kvp + sl * stride_kvt)[:, None] + lines[None, :])
+        l2_prefetch(pe_ptr + pg * stride_pep + sl * stride_pet)
+    pdl_prologue(PDL)
     seq_len = tl.load(len_ptr + b).to(tl.int32)
     chunk = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
     start = split * chunk
@@ -257,8 +275,9 @@ def _mla_merge_kernel(
     po_ptr, plse_ptr, o_ptr, lse_ptr, NUM_SPLITS, C,
     stride_pb, stride_ph, stride_ps, stride_lpb, stride_lph,
     stride_ob, stride_oh, stride_lb, stride_lh,
-    SPLITS_P2: tl.constexpr, D_LAT: tl.constexpr, EXACT: tl.constexpr,
+    SPLITS_P2: tl.constexpr, D_LAT: tl.constexpr, EXACT: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    pdl_prologue(PDL)
     b = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.arange(0, SPLITS_P2)
@@ -276,6 +295,153 @@ def _mla_merge_kernel(
     out = tl.sum(part * w[:, None], 0) / total
     tl.store(o_ptr + b * stride_ob + h * stride_oh + d, cast_rne(out, o_ptr.dtype.element_ty, EXACT), mask=d_ok)
     tl.store(lse_ptr + b * stride_lb + h * stride_lh, (m + tl.log2(total)) / 1.4426950408889634)
+
+
+@triton.jit
+def _schedule(len_ptr, B, BI: tl.constexpr, BLOCK_N: tl.constexpr):
+    """All sequences' tiles in one list, sequence after sequence: (tiles per sequence, their inclusive
+    prefix sum, the total), from ``seq_lens`` on the device (so nothing waits on the host)."""
+    bi = tl.arange(0, BI)
+    lens = tl.load(len_ptr + bi, mask=bi < B, other=0).to(tl.int32)
+    tiles = (lens + BLOCK_N - 1) // BLOCK_N
+    ends = tl.cumsum(tiles, 0)
+    return bi, lens, tiles, ends, tl.sum(tiles, 0)
+
+
+@triton.jit
+def _mla_persistent_kernel(
+    ql_ptr, qr_ptr, kv_ptr, pe_ptr, bt_ptr, len_ptr, po_ptr, plse_ptr,
+    scale_log2, B, H, PAGE_SIZE, C, R, NUM_PAGES,
+    stride_qlb, stride_qlh, stride_qrb, stride_qrh,
+    stride_kvp, stride_kvt, stride_pep, stride_pet, stride_btb,
+    stride_pos, stride_poh, stride_pls,
+    NUM_PROGS: tl.constexpr, BI: tl.constexpr,
+    D_LAT: tl.constexpr, D_ROPE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+    F32_DOT: tl.constexpr, IN_PAGE: tl.constexpr, PREC: tl.constexpr,
+    PDL: tl.constexpr = False, PREFETCH: tl.constexpr = False, LINE: tl.constexpr = 64,
+):
+    """One balanced wave: the tiles of all sequences form one list and program ``p`` takes the ``p``-th
+    ``1/NUM_PROGS`` of it, whatever sequences that spans. Where its range enters or leaves a sequence it
+    writes a partial (output, LSE) for that (sequence, program) pair as segment ``b + p`` (unique: a
+    program and a sequence both advance along the list), so each program pays its prologue and pipeline
+    fill once and partials exist only where a sequence is cut."""
+    p = tl.program_id(0)
+    hb = tl.program_id(1)
+    d_lat = tl.arange(0, D_LAT)
+    d_rope = tl.arange(0, D_ROPE)
+    c_ok = d_lat < C
+    r_ok = d_rope < R
+    if PREFETCH:  # the schedule from lengths that may still change: it only picks lines to pull into L2
+        bi0, lens0, tiles0, ends0, total0 = _schedule(len_ptr, B, BI, BLOCK_N)
+        gp = (p * total0) // NUM_PROGS
+        bp = tl.minimum(tl.sum((ends0 <= gp).to(tl.int32), 0), B - 1)
+        jp = gp - tl.sum(tl.where(bi0 == bp, ends0 - tiles0, 0), 0)
+        tp = jp * BLOCK_N + tl.arange(0, BLOCK_N)
+        pg = tl.load(bt_ptr + bp * stride_btb + tl.maximum(tp, 0) // PAGE_SIZE, mask=tp < NUM_PAGES * PAGE_SIZE,
+                     other=0)
+        pg = tl.minimum(tl.maximum(pg, 0), NUM_PAGES - 1).to(tl.int64)
+        sl = tl.maximum(tp, 0) % PAGE_SIZE
+        lines = tl.minimum(tl.arange(0, D_LAT // LINE) * LINE, C - 1)
+        l2_prefetch(kv_ptr + (pg * stride_kvp + sl * stride_kvt)[:, None] + lines[None, :])
+        l2_prefetch(pe_ptr + pg * stride_pep + sl * stride_pet)
+    pdl_prologue(PDL)
+    bi, lens, tiles, ends, total = _schedule(len_ptr, B, BI, BLOCK_N)
+    g0 = (p * total) // NUM_PROGS
+    g1 = ((p + 1) * total) // NUM_PROGS
+    heads = hb * BLOCK_H + tl.arange(0, BLOCK_H)
+    h_ok = heads < H
+    m_i = tl.full((BLOCK_H,), float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros((BLOCK_H,), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_H, D_LAT), dtype=tl.float32)
+    for g in range(g0, g1):
+        b = tl.sum((ends <= g).to(tl.int32), 0)
+        first_tile = tl.sum(tl.where(bi == b, ends - tiles, 0), 0)
+        seq_len = tl.sum(tl.where(bi == b, lens, 0), 0)
+        j = g - first_tile
+        t0 = j * BLOCK_N
+        t = t0 + tl.arange(0, BLOCK_N)
+        t_ok = t < seq_len
+        if IN_PAGE:
+            page = tl.load(bt_ptr + b * stride_btb + t0 // PAGE_SIZE).to(tl.int64)
+            slot = t0 % PAGE_SIZE + tl.arange(0, BLOCK_N)
+        else:
+            page = tl.load(bt_ptr + b * stride_btb + t // PAGE_SIZE, mask=t_ok, other=0).to(tl.int64)
+            slot = t % PAGE_SIZE
+        kv = tl.load(kv_ptr + (page * stride_kvp + slot * stride_kvt)[:, None] + d_lat[None, :],
+                     mask=t_ok[:, None] & c_ok[None, :], other=0.0)
+        k_pe = tl.load(pe_ptr + (page * stride_pep + slot * stride_pet)[:, None] + d_rope[None, :],
+                       mask=t_ok[:, None] & r_ok[None, :], other=0.0)
+        start = (g == g0) | (j == 0)  # a new segment: fresh running max / sum / output
+        # the query is re-read each tile (L1/L2-resident, 18 KB against the tile's 74 KB): carried across
+        # iterations it would hold another 16×576 values in registers, and the kernel spills
+        q_lat = tl.load(ql_ptr + b * stride_qlb + heads[:, None] * stride_qlh + d_lat[None, :],
+                        mask=h_ok[:, None] & c_ok[None, :], other=0.0)
+        q_pe = tl.load(qr_ptr + b * stride_qrb + heads[:, None] * stride_qrh + d_rope[None, :],
+                       mask=h_ok[:, None] & r_ok[None, :], other=0.0)
+        if F32_DOT:
+            q_lat = q_lat.to(tl.float32)
+            q_pe = q_pe.to(tl.float32)
+        m_i = tl.where(start, float("-inf"), m_i)
+        l_i = tl.where(start, 0.0, l_i)
+        acc = tl.where(start, 0.0, acc)
+        if F32_DOT:
+            kv = kv.to(tl.float32)
+            k_pe = k_pe.to(tl.float32)
+        s = tl.dot(q_lat, tl.trans(kv), input_precision=PREC)
+        s = tl.dot(q_pe, tl.trans(k_pe), s, input_precision=PREC)
+        s = tl.where(t_ok[None, :], s * scale_log2, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        pr = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(pr, 1)
+        if F32_DOT:
+            p_dot = pr.to(ql_ptr.dtype.element_ty).to(tl.float32)
+        else:
+            p_dot = pr.to(kv.dtype)
+        acc = acc * alpha[:, None] + tl.dot(p_dot, kv, input_precision=PREC)
+        m_i = m_new
+        if (g == g1 - 1) | (j == tl.sum(tl.where(bi == b, tiles, 0), 0) - 1):  # the segment ends here
+            seg = b + p
+            tl.store(po_ptr + seg * stride_pos + heads[:, None] * stride_poh + d_lat[None, :], acc / l_i[:, None],
+                     mask=h_ok[:, None] & c_ok[None, :])
+            tl.store(plse_ptr + seg * stride_pls + heads, m_i + tl.log2(l_i), mask=h_ok)
+
+
+@triton.jit
+def _mla_persistent_merge_kernel(
+    po_ptr, plse_ptr, len_ptr, o_ptr, lse_ptr, B, C,
+    stride_pos, stride_poh, stride_pls, stride_ob, stride_oh, stride_lb, stride_lh,
+    NUM_PROGS: tl.constexpr, BI: tl.constexpr, BLOCK_N: tl.constexpr, D_LAT: tl.constexpr,
+    EXACT: tl.constexpr, PDL: tl.constexpr = False,
+):
+    """Sequence ``b``'s segments are those of the programs whose ranges meet its tiles: ``p`` holds tile
+    ``x`` when ``p = ((x + 1)·P − 1) // total``; merged by their LSEs (online, in log2)."""
+    pdl_prologue(PDL)
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    bi, lens, tiles, ends, total = _schedule(len_ptr, B, BI, BLOCK_N)
+    e = tl.sum(tl.where(bi == b, ends, 0), 0)
+    s0 = e - tl.sum(tl.where(bi == b, tiles, 0), 0)
+    p_first = ((s0 + 1) * NUM_PROGS - 1) // total
+    p_last = (e * NUM_PROGS - 1) // total
+    d = tl.arange(0, D_LAT)
+    d_ok = d < C
+    m = float("-inf")
+    w = 0.0
+    acc = tl.zeros((D_LAT,), dtype=tl.float32)
+    for p in range(p_first, p_last + 1):
+        if (p * total) // NUM_PROGS < ((p + 1) * total) // NUM_PROGS:  # programs with empty ranges wrote nothing
+            seg = b + p
+            ls = tl.load(plse_ptr + seg * stride_pls + h)
+            part = tl.load(po_ptr + seg * stride_pos + h * stride_poh + d, mask=d_ok, other=0.0)
+            m_new = tl.maximum(m, ls)
+            a = tl.exp2(m - m_new)
+            x = tl.exp2(ls - m_new)
+            acc = acc * a + part * x
+            w = w * a + x
+            m = m_new
+    tl.store(o_ptr + b * stride_ob + h * stride_oh + d, cast_rne(acc / w, o_ptr.dtype.element_ty, EXACT), mask=d_ok)
+    tl.store(lse_ptr + b * stride_lb + h * stride_lh, (m + tl.log2(w)) / 1.4426950408889634)
 
 
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
@@ -313,12 +479,17 @@ def _decode(q_lat, q_pe, kv, pe, block_table, seq_lens, page_size, capacity, sca
             raise ValueError(f"mla_decode: lse must be [{b_sz}, {h}] float32, got {tuple(lse.shape)} {lse.dtype}")
     if b_sz == 0:
         return o, lse
+    if config.persistent > 0:
+        _decode_persistent(q_lat, q_pe, kv, pe, block_table, seq_lens, page_size, scale, o, lse, config, cap)
+        return o, lse
     part_o = torch.empty(b_sz, h, splits, c, dtype=torch.float32, device=q_lat.device)
     part_lse = torch.empty(b_sz, h, splits, dtype=torch.float32, device=q_lat.device)
     d_lat = max(16, triton.next_power_of_2(c))
     d_rope = max(16, triton.next_power_of_2(r))
     n_hb = triton.cdiv(h, config.block_h)
     fused = config.fused_merge and splits > 1
+    pdl = config.pdl and pdl_ok(cap)
+    launch = {"launch_pdl": True} if pdl else {}
     counters = _merge_counters(q_lat.device, b_sz * n_hb) if fused else part_lse
     _mla_split_kernel[(b_sz, splits, n_hb)](
         q_lat, q_pe, kv, pe, block_table, seq_lens, part_o, part_lse,
@@ -326,10 +497,11 @@ def _decode(q_lat, q_pe, kv, pe, block_table, seq_lens, page_size, capacity, sca
         q_lat.stride(0), q_lat.stride(1), q_pe.stride(0), q_pe.stride(1),
         kv.stride(0), kv.stride(1), pe.stride(0), pe.stride(1), block_table.stride(0),
         part_o.stride(0), part_o.stride(1), part_o.stride(2), part_lse.stride(0), part_lse.stride(1),
-        o, lse, counters, o.stride(0), o.stride(1), lse.stride(0), lse.stride(1), n_hb,
+        o, lse, counters, o.stride(0), o.stride(1), lse.stride(0), lse.stride(1), n_hb, kv.shape[0],
         D_LAT=d_lat, D_ROPE=d_rope, BLOCK_H=config.block_h, BLOCK_N=config.block_n, F32_DOT=cap is None,
         IN_PAGE=page_size % config.block_n == 0, PREC=dot_precision(q_lat.dtype), FUSED=fused,
-        EXACT=interpreting(), num_warps=config.num_warps, num_stages=config.num_stages,
+        EXACT=interpreting(), PDL=pdl, PREFETCH=pdl and config.prefetch, LINE=128 // kv.element_size(),
+        num_warps=config.num_warps, num_stages=config.num_stages, **launch,
     )
     if fused:
         return o, lse
@@ -337,10 +509,43 @@ def _decode(q_lat, q_pe, kv, pe, block_table, seq_lens, page_size, capacity, sca
         part_o, part_lse, o, lse, splits, c,
         part_o.stride(0), part_o.stride(1), part_o.stride(2), part_lse.stride(0), part_lse.stride(1),
         o.stride(0), o.stride(1), lse.stride(0), lse.stride(1),
-        SPLITS_P2=triton.next_power_of_2(splits), D_LAT=d_lat, EXACT=interpreting(),
-        num_warps=4,
+        SPLITS_P2=triton.next_power_of_2(splits), D_LAT=d_lat, EXACT=interpreting(), PDL=pdl,
+        num_warps=4, **launch,
     )
     return o, lse
+
+
+def _decode_persistent(q_lat, q_pe, kv, pe, block_table, seq_lens, page_size, scale, o, lse, config, cap) -> None:
+    """The balanced-wave kernel and its merge: ``config.persistent`` programs per head block; at most
+    ``batch + programs`` segments of partials."""
+    b_sz, h, c = q_lat.shape
+    r = q_pe.shape[-1]
+    progs = config.persistent
+    n_hb = triton.cdiv(h, config.block_h)
+    part_o = torch.empty(b_sz + progs, h, c, dtype=torch.float32, device=q_lat.device)
+    part_lse = torch.empty(b_sz + progs, h, dtype=torch.float32, device=q_lat.device)
+    d_lat = max(16, triton.next_power_of_2(c))
+    d_rope = max(16, triton.next_power_of_2(r))
+    bi = max(16, triton.next_power_of_2(b_sz))
+    pdl = config.pdl and pdl_ok(cap)
+    launch = {"launch_pdl": True} if pdl else {}
+    _mla_persistent_kernel[(progs, n_hb)](
+        q_lat, q_pe, kv, pe, block_table, seq_lens, part_o, part_lse,
+        scale * _LOG2E, b_sz, h, page_size, c, r, kv.shape[0],
+        q_lat.stride(0), q_lat.stride(1), q_pe.stride(0), q_pe.stride(1),
+        kv.stride(0), kv.stride(1), pe.stride(0), pe.stride(1), block_table.stride(0),
+        part_o.stride(0), part_o.stride(1), part_lse.stride(0),
+        NUM_PROGS=progs, BI=bi, D_LAT=d_lat, D_ROPE=d_rope, BLOCK_H=config.block_h, BLOCK_N=config.block_n,
+        F32_DOT=cap is None, IN_PAGE=page_size % config.block_n == 0, PREC=dot_precision(q_lat.dtype),
+        PDL=pdl, PREFETCH=pdl and config.prefetch, LINE=128 // kv.element_size(),
+        num_warps=config.num_warps, num_stages=config.num_stages, **launch,
+    )
+    _mla_persistent_merge_kernel[(b_sz, h)](
+        part_o, part_lse, seq_lens, o, lse, b_sz, c,
+        part_o.stride(0), part_o.stride(1), part_lse.stride(0), o.stride(0), o.stride(1), lse.stride(0), lse.stride(1),
+        NUM_PROGS=progs, BI=bi, BLOCK_N=config.block_n, D_LAT=d_lat, EXACT=interpreting(), PDL=pdl,
+        num_warps=4, **launch,
+    )
 
 
 def paged_mla_decode(

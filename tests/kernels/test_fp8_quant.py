@@ -142,7 +142,9 @@ def test_reference_scale_is_an_ieee_divide():
     assert fq.act_quant_ref(amax_row)[1].item() == 1.5
 
 
-@pytest.mark.parametrize("tune", [{"tile_n": 16}, {"tile_n": 64}, {"groups": 2}, {"groups": 8}], ids=str)
+@pytest.mark.parametrize("tune", [{"tile_n": 16}, {"tile_n": 64}, {"groups": 2}, {"groups": 8},
+                                  {"rows": 2, "groups": 4}, {"rows": 4, "groups": 2, "stream": True},
+                                  {"rows": 1, "groups": 8, "stream": True}], ids=str)
 def test_launch_overrides_keep_results_exact(tune, device):
     if "tile_n" in tune:
         w = torch.randn(300, 260, device=device).to(torch.float8_e4m3fn)
@@ -151,10 +153,11 @@ def test_launch_overrides_keep_results_exact(tune, device):
         with pytest.raises(ValueError, match="must divide"):
             fq.weight_dequant(w, s, tune={"tile_n": 48})
     else:
-        x = torch.randn(3, 1000, device=device).bfloat16()
-        q, s = fq.act_quant(x, tune=tune)
-        rq, rs = fq.act_quant_ref(x)
-        assert torch.equal(q.view(torch.uint8), rq.view(torch.uint8)) and torch.equal(s, rs)
+        x = torch.randn(3, 1000, device=device).bfloat16()  # 3 rows: a partial row tile; 1000: a partial block
+        for ue8m0 in (False, True):
+            q, s = fq.act_quant(x, ue8m0=ue8m0, tune=tune)
+            rq, rs = fq.act_quant_ref(x, ue8m0=ue8m0)
+            assert torch.equal(q.view(torch.uint8), rq.view(torch.uint8)) and torch.equal(s, rs)
 
 
 

@@ -131,3 +131,33 @@ def test_fused_merge_equals_the_merge_kernel_and_resets_its_counters(splits, dev
         torch.testing.assert_close(one[0].float(), two[0].float(), rtol=2**-7, atol=1e-5)
         torch.testing.assert_close(one[1], two[1], rtol=1e-5, atol=LSE_TOL[device])
     assert int(_COUNTERS[torch.device(device) if device == "cpu" else one[0].device].abs().sum()) == 0
+
+
+@pytest.mark.parametrize("lens, programs", [([1, 70, 150], 4), ([33], 5), ([1, 1, 1], 9), ([64, 64, 64], 2),
+                                            ([5, 300, 2, 129], 7)], ids=str)
+def test_balanced_wave_matches_the_reference(lens, programs, device):
+    """One list of all sequences' tiles cut into equal program ranges: sequences cut anywhere (mid-page,
+    one token, several sequences per program, programs with empty ranges) merge back to the reference."""
+    inp = paged_inputs(lens, 16, device, torch.Generator(device).manual_seed(len(lens) + programs))
+    ref_o, ref_lse = paged_mla_decode_ref(**inp)
+    for block_n in (32, 64):
+        cfg = DecodeConfig(16, block_n, 1, 4, 1 if device == "cpu" else 2, persistent=programs)
+        out, lse = paged_mla_decode(**inp, config=cfg)
+        assert not torch.isnan(out.float()).any()
+        assert gemm_diff(out, ref_o).value < 1e-5
+        assert float((lse - ref_lse).abs().max()) <= LSE_TOL[device]
+        split = paged_mla_decode(**inp, config=DecodeConfig(16, block_n, 2, 4, 1 if device == "cpu" else 2))
+        torch.testing.assert_close(out.float(), split[0].float(), rtol=2**-7, atol=2e-2)
+
+
+def test_balanced_wave_on_the_engine_layout(device):
+    g = torch.Generator(device).manual_seed(3)
+    lens = torch.tensor([5, 77], device=device)
+    kv = torch.randn(2, 80, 512, generator=g, device=device).bfloat16()
+    pe = torch.randn(2, 80, 64, generator=g, device=device).bfloat16()
+    ql = torch.randn(2, 16, 512, generator=g, device=device).bfloat16()
+    qp = torch.randn(2, 16, 64, generator=g, device=device).bfloat16()
+    ref_o, ref_lse = mla_decode_ref(ql, qp, kv[:, :77], pe[:, :77], lens, 0.07)
+    out, lse = mla_decode(ql, qp, kv, pe, lens, 0.07, config=DecodeConfig(16, 32, 1, 4, 1, persistent=3))
+    assert gemm_diff(out, ref_o).value < 1e-5
+    assert float((lse - ref_lse).abs().max()) <= LSE_TOL[device]
