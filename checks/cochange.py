@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +24,17 @@ from checks.model import ChangeSet, Finding, Location
 
 MAX_FILES = 20  # a commit touching more files is a sweep (rename, format), not a coupling
 CACHE_VERSION = 1
+# Files that follow others and change alone by design: a new test needs no code change, a regenerated lock file
+# no manifest change. A change to one of them says nothing about what else it missed.
+_FOLLOWER = re.compile(
+    r"(^|/)(tests?|testing)/|(^|/)(test_[^/]*|[^/]*_test)\.(py|cc|cpp|cu|c)$|(^|/)conftest\.py$"
+    r"|(^|/)([^/]+\.lock|package-lock\.json|go\.sum|pnpm-lock\.yaml)$"
+)
+
+
+def follower(path: str) -> bool:
+    """A test or lock file: it changes alone by design, so a co-change from it is no sign of a miss."""
+    return bool(_FOLLOWER.search(path))
 
 
 @dataclass
@@ -108,6 +120,8 @@ def pairs_for(hist: History, changed: list[str], min_support: int = 5, min_confi
     touched = set(changed)
     out: list[Pair] = []
     for a in changed:
+        if follower(a):
+            continue
         with_a = [c for c in hist.touching(a) if len(c.files) <= MAX_FILES]
         if len(with_a) < min_support:
             continue
@@ -149,7 +163,8 @@ def notes(
         identity = hashlib.sha1("\0".join(["co-change", pair.changed, pair.missed]).encode()).hexdigest()[:20]
         message = (
             f"likely missed: {pair.missed} — {pair.support} of the last {pair.total} commits that changed "
-            f"{pair.changed} also changed it (confidence {pair.confidence:.0%}); this change does not"
+            f"{pair.changed} also changed it (confidence {pair.confidence:.0%}); this change does not. Check whether "
+            f"{pair.missed} needs the same change (a history note: it does not fail the check)"
         )
         out.append(
             Finding(

@@ -240,7 +240,7 @@ class Explainer:
                 if ordered:
                     pos = m.group("key")
                     return (f"{self.label(a_id)} and {self.label(b_id)} must list the same names in the same order "
-                            f"(one indexes the other), but entry {pos} is {_quote(ra)} at {pa}:{la} and "
+                            f"(one indexes the other), but the {_nth(pos)} name (bound markers such as COUNT not counted) is {_quote(ra)} at {pa}:{la} and "
                             f"{_quote(rb)} at {pb}:{lb} (inferred: at the base both listed the same names in the same "
                             f"order). Fix: reorder one of them to match the other. {_fix(rule)}")
                 return (f"{_quote(m.group('key'))} maps to {_quote(ra)} in {self.label(a_id)} at {pa}:{la} but to "
@@ -256,7 +256,7 @@ class Explainer:
                     if rows:
                         raw = raw_name(reader, self.facts.get(only), "value", str(rows[0].get("value")), rows[0].path,
                                        rows[0].line)
-                    what = f"entry {o.group('key')}" + (f" ({_quote(raw)})" if raw else "")
+                    what = f"a {_nth(o.group('key'))} name" + (f" ({_quote(raw)})" if raw else "")
                     return (f"{self.label(only)} has {what}{at}, but {self.label(absent)} ({self.where(absent, side)}) "
                             f"has no entry at that position: the two must list the same names in the same order "
                             f"(inferred from the base). Fix: add the matching entry to {self.label(absent)}. {_fix(rule)}")
@@ -292,6 +292,15 @@ class Explainer:
             return (f"{parts[0]}, but {parts[1]} (inferred: at the base every shared function agreed). "
                     f"Fix: make the two numbers equal. {_fix(rule)}")
         return None
+
+
+def _nth(index: str) -> str:
+    """A 0-based position as a reviewer counts it, bound markers (``COUNT``, ``NONE``) not counted."""
+    n = int(index) + 1 if index.isdigit() else 0
+    if not n:
+        return index
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
 
 
 def _join(items: list[str]) -> str:

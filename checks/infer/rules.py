@@ -29,7 +29,8 @@ _NOT_VENDORED += ["!**/test_*.py", "!**/*_test.py"]
 
 
 # Bound markers (COUNT, *_END) hold no position in the table an enum indexes (tree-sitter regex syntax).
-_NOT_SENTINEL = '(#not-match? @value "(?i)(^|_)(count|begin|end|first|last|max|min|num|size|total|invalid|unknown|all)$")'
+_NOT_SENTINEL = ('(#not-match? @value "(?i)(^[\\"\']?|_)(count|begin|end|first|last|max|min|num|size|total|invalid|unknown|'
+                 'none|all|default)[\\"\']?$|^[\\"\']?(num|max|n)_")')  # mine.SENTINEL, on quoted text too
 
 
 def positional_fact_for(family: Family) -> Fact:

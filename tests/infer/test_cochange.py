@@ -79,3 +79,20 @@ def test_a_rewritten_history_is_mined_again_not_extended(tmp_path):
     hist = cochange.history(str(r.path), other, cache_dir=cache)
     assert [c.sha for c in hist.commits][:3] == [other, shas[1], shas[0]]
     assert shas[-1] not in {c.sha for c in hist.commits}  # the cached head is not an ancestor: no stale commits
+
+
+def test_a_test_or_lock_file_changed_alone_gives_no_note(tmp_path):
+    r = GitRepo(tmp_path / "repo")
+    r.commit_files({"ops/moe.py": "V = 0\n", "tests/test_moe.py": "T = 0\n", "uv.lock": "0\n",
+                    "pyproject.toml": "0\n"}, "Initial")
+    last = ""
+    for i in range(1, 7):
+        last = r.commit_files({"ops/moe.py": f"V = {i}\n", "tests/test_moe.py": f"T = {i}\n", "uv.lock": f"{i}\n",
+                               "pyproject.toml": f"{i}\n"}, f"moe {i}")
+    head = r.commit_files({"tests/test_moe.py": "T = 9\n", "uv.lock": "9\n"}, "A new test case; lock refreshed")
+    assert [f.message for f in audit(r, last, head).findings if f.rule == "co-change"] == []
+    assert cochange.follower("tests/test_moe.py") and cochange.follower("uv.lock") and not cochange.follower("ops/moe.py")
+    # The code changed alone still gets its note: the test usually moves with it.
+    code = r.commit_files({"ops/moe.py": "V = 9\n"}, "moe: new tile, nothing else")
+    missed = {f.message.split(" — ")[0] for f in audit(r, head, code).findings if f.rule == "co-change"}
+    assert "likely missed: tests/test_moe.py" in missed

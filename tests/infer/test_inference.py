@@ -213,7 +213,8 @@ def test_an_enum_and_the_table_it_indexes_keep_one_order(tmp_path):
     found = audit(r.path, grown, head)
     assert len(found.findings) == 2 and all("in the same order" in f.message for f in found.findings), [
         f.message for f in found.findings]
-    assert any("entry 5 is `UNARY_OP_RELU` at include/ops.h:7 and \"ELU\" at src/names.c:7" in f.message
+    assert any("the 6th name (bound markers such as COUNT not counted) is `UNARY_OP_RELU` at include/ops.h:7 and \"ELU\" "
+               "at src/names.c:7" in f.message
                for f in found.findings), [f.message for f in found.findings]
     assert {f.rule for f in found.findings} == {found.findings[0].rule}  # one order rule, one finding per position
 
@@ -263,3 +264,21 @@ def test_disabling_an_unknown_declared_rule_is_still_a_config_error():
 
     with pytest.raises(ConfigError, match="disable: no rule 'nosuch'"):
         parse_config('[settings]\ndisable = ["nosuch"]\n')
+
+
+def test_an_order_rule_reads_a_name_like_a_bound_marker_alike_in_the_enum_and_the_string_table(tmp_path):
+    # SOFT_MAX ends like a bound marker (*_MAX): both sides must leave it out, quoted or not, or the rule never holds.
+    r = GitRepo(tmp_path / "ops")
+    ops = ["NONE", "ADD", "SOFT_MAX", "TANH", "ELU", "RELU", "ROPE"]
+
+    def tree(enum_ops):
+        h = "enum ggml_op {\n" + "".join(f"    GGML_OP_{o},\n" for o in enum_ops) + "    GGML_OP_COUNT,\n};\n"
+        c = "static const char * GGML_OP_NAME[GGML_OP_COUNT] = {\n" + "".join(f'    "{o}",\n' for o in ops) + "};\n"
+        return {"include/ggml.h": h, "src/ggml.c": c}
+
+    base = r.commit_files(tree(ops), "ops")
+    head = r.commit_files(tree(["NONE", "ADD", "SOFT_MAX", "ELU", "TANH", "RELU", "ROPE"]), "TANH moved in the enum only")
+    found = audit(r.path, base, head)
+    assert found.findings and all("in the same order" in f.message for f in found.findings), [
+        f.message for f in found.findings]
+    assert any("`GGML_OP_ELU` at include/ggml.h:5 and \"TANH\" at src/ggml.c:5" in f.message for f in found.findings)
