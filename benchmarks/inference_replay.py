@@ -326,18 +326,24 @@ _NOISE = re.compile(r"new inferred findings: (\d+) = [\d.]+ per 100 commits; jud
 _TOTAL = re.compile(r"Commits replayed: .*\(total (\d+)\)")
 
 
-def anchor_run(rev: str, repos_dir: Path, ordinary_n: int, with_init: bool) -> Anchor:
+def anchor_run(rev: str, repos_dir: Path, ordinary_n: int, with_init: bool, noise_repos: list[str] | None = None) -> Anchor:
     """Recall and noise of revision ``rev`` of this product: its tree (``git archive``, read-only for this
-    checkout) runs its own replay script in a subprocess with a cache of its own."""
+    checkout) runs its own replay script in a subprocess with a cache of its own, on this run's commit lists
+    (the data files are copied in), so before and after are measured on the same commits."""
     out = Anchor(rev)
     with tempfile.TemporaryDirectory(prefix="infer-anchor-") as tmp:
         tree = Path(tmp) / "tree"
         tree.mkdir()
         archive = subprocess.run(["git", "archive", rev], cwd=ROOT, capture_output=True, check=True).stdout
         subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+        for data in (COMMITS, JUDGED):
+            if data.is_file():
+                (tree / "benchmarks" / data.name).write_text(data.read_text())
         result = Path(tmp) / "anchor.md"
         args = [sys.executable, str(tree / "benchmarks" / "inference_replay.py"), "--repos", str(repos_dir),
                 "--ordinary", str(ordinary_n), "--skip", "timings", "--out", str(result)]
+        for name in noise_repos or []:
+            args += ["--noise-repo", name]
         if not with_init:
             args += ["--skip", "init"]
         env = {**os.environ, "DRIFT_AUDIT_CACHE": str(Path(tmp) / "cache"), "PYTHONPATH": str(tree)}
@@ -434,6 +440,7 @@ def main() -> int:
     ap.add_argument("--ordinary", type=int, default=35, help="ordinary commits per repo to replay forward")
     ap.add_argument("--timing", action="append", help="extra repo (OWNER/NAME) timed only, e.g. a 2,000-file one")
     ap.add_argument("--skip", action="append", default=[], help="section to leave out: timings, recall, init, noise")
+    ap.add_argument("--more", action="store_true", help="also replay the data file's more_noise_repos forward")
     ap.add_argument("--noise-repo", action="append", metavar="OWNER/NAME",
                     help="replay these repos forward instead of the data file's noise_repos")
     ap.add_argument("--out", help="write the markdown table here (default benchmarks/results/inference_replay_DATE.md)")
@@ -445,7 +452,7 @@ def main() -> int:
     started = dt.datetime.now(dt.UTC)
     data = tomllib.loads(COMMITS.read_text())
     fixes = data["fix"]
-    noise_names = args.noise_repo or data.get("noise_repos", [])
+    noise_names = args.noise_repo or data.get("noise_repos", []) + (data.get("more_noise_repos", []) if args.more else [])
     names = sorted({f["repo"] for f in fixes} | set(noise_names)) if "recall" not in args.skip else sorted(
         set(noise_names))
     root = Path(args.repos)
@@ -465,7 +472,8 @@ def main() -> int:
     verdicts = judged()
     text, problems = report(repos, times, replays, forwards, verdicts, started)
     if args.anchor_rev and replays and forwards:
-        anchor = anchor_run(args.anchor_rev, root, args.ordinary, with_init="init" not in args.skip)
+        anchor = anchor_run(args.anchor_rev, root, args.ordinary, with_init="init" not in args.skip,
+                            noise_repos=noise_names)
         head, _, rest = text.partition("\n## ")
         text = head + "\n" + "\n".join(anchor_lines(anchor, replays, forwards, verdicts)) + "\n## " + rest
         problems += [anchor.error] if anchor.error else []
