@@ -100,7 +100,8 @@ def sec_membound() -> None:
     x = torch.randn(t, n, d, device=DEV).bfloat16()
     fn = torch.randn((2 + n) * n, n * d, device=DEV) * (n * d) ** -0.5
     base, scale = torch.zeros((2 + n) * n, device=DEV), torch.ones(3, device=DEV)
-    _row("hc_pre", f"{t}x{n}x{d}", t * n * d * 2 * 2 + t * d * 2 + fn.numel() * 4,
+    # x read once (bf16), fn read once; out: col (bf16), post and comb (fp32)
+    _row("hc_pre", f"{t}x{n}x{d}", t * n * d * 2 + t * d * 2 + t * (n + n * n) * 4 + fn.numel() * 4,
          bench_ms(lambda: hc.hc_pre(x, fn, base, scale, 20, 1e-6, 1e-6)), "membound")
     _, post, comb = hc.hc_pre_ref(x[:1].float(), fn, base, scale, 20, 1e-6, 1e-6)
     post, comb = post.expand(t, n).contiguous(), comb.expand(t, n, n).contiguous()
