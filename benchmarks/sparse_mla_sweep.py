@@ -64,7 +64,7 @@ def variant(name: str, b: int) -> sparse_mla.SparseConfig | None:
     n = _split(b * triton.cdiv(HEADS, bh), bt, spec.get("waves", 1.0))
     return sparse_mla.SparseConfig(bh, bt, n, spec.get("num_warps", 8), spec.get("num_stages", 1),
                                    spec.get("prefetch", True), spec.get("part_bf16", False),
-                                   spec.get("lazy", True))
+                                   spec.get("lazy", True), spec.get("xchg", False))
 
 
 def decode_fn(name: str, b: int):
@@ -85,12 +85,14 @@ def decode_fn(name: str, b: int):
 VARIANTS: dict[str, dict] = {
     "bt32-st2": {"block_t": 32, "prefetch": False, "num_stages": 2},
     "bt64-np": {"block_t": 64, "prefetch": False},
-    "bt32-np": {"block_t": 32, "prefetch": False},
-    "bt64-st3": {"block_t": 64, "prefetch": False, "num_stages": 3},
     "bt64-st2-eager": {"block_t": 64, "prefetch": False, "num_stages": 2, "lazy": False},
     "bt32-pf": {"block_t": 32},
     "bt64-st2-x2": {"block_t": 64, "prefetch": False, "num_stages": 2, "waves": 2.0},
     "bt64-st2-bf16": {"block_t": 64, "prefetch": False, "num_stages": 2, "part_bf16": True},
+    "x64": {"block_t": 64, "prefetch": False, "xchg": True},
+    "x32": {"block_t": 32, "prefetch": False, "xchg": True},
+    "x32-pf": {"block_t": 32, "xchg": True},
+    "x64-x2": {"block_t": 64, "prefetch": False, "xchg": True, "waves": 2.0},
 }
 NAMES = ["default", "bt32-np"] if ARGS.smoke else ["default", *VARIANTS]
 if os.environ.get("SPARSE_MLA_OLD"):

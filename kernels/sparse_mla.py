@@ -69,6 +69,7 @@ class SparseConfig:
     prefetch: bool = True
     part_bf16: bool = False
     lazy: bool = True
+    xchg: bool = False
 
 
 def sparse_config(batch: int, heads: int, k: int, cap: tuple[int, int] | None, low: bool = True,
@@ -160,10 +161,10 @@ def _store_part(ptr, x, hm, FIRST: tl.constexpr, N: tl.constexpr, EXACT: tl.cons
 
 @triton.jit
 def _sparse_decode_kernel(q_ptr, pool_ptr, pool16_ptr, pool64_ptr, idx_ptr, sink_ptr, o_ptr, lse_ptr, K, H,
-                          qk_scale, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, HW_CAST: tl.constexpr,
+                          qk_scale, p_scr, m_scr, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, HW_CAST: tl.constexpr,
                           DT: tl.constexpr, PREC: tl.constexpr, LOW: tl.constexpr, QCAST: tl.constexpr,
                           EXACT: tl.constexpr, SPLIT: tl.constexpr, PREFETCH: tl.constexpr, LAZY: tl.constexpr,
-                          ROW: tl.constexpr, WIDE: tl.constexpr):
+                          ROW: tl.constexpr, WIDE: tl.constexpr, XCHG: tl.constexpr):
     """Online softmax (log2 domain) over this program's chunk of slots. Unsplit, it starts from the sink
     and writes the output; split, it writes its normalised partial and log-sum-exp for :func:`_combine`
     (the sink joins there, once)."""
@@ -187,6 +188,12 @@ def _sparse_decode_kernel(q_ptr, pool_ptr, pool16_ptr, pool64_ptr, idx_ptr, sink
     a2 = tl.zeros([BLOCK_H, 64], dtype=tl.float32)
     a3 = tl.zeros([BLOCK_H, 64], dtype=tl.float32)
     nt = tl.cdiv(K, BLOCK_T)  # tiles per row, dealt evenly to the chunks (they differ by one tile at most)
+    if XCHG:  # this program's exchange slots for p and its reference max
+        pid = (row * tl.num_programs(1) + sp) * tl.num_programs(2) + tl.program_id(2)
+        hh = tl.arange(0, BLOCK_H)
+        p_at = p_scr + pid * BLOCK_H * BLOCK_T + hh[:, None] * BLOCK_T + tl.arange(0, BLOCK_T)[None, :]
+        m_at = m_scr + pid * BLOCK_H + hh
+        m_acc = m
     lo = (sp * nt // tl.num_programs(1)) * BLOCK_T
     hi = tl.minimum(((sp + 1) * nt // tl.num_programs(1)) * BLOCK_T, K)
     if PREFETCH:
@@ -201,13 +208,44 @@ def _sparse_decode_kernel(q_ptr, pool_ptr, pool16_ptr, pool64_ptr, idx_ptr, sink
         k1 = _dequant(n1, w, 4, 2, BLOCK_T, HW_CAST, DT)
         k2 = _dequant1(n2, w, 6, HW_CAST, DT)
         k3 = r.to(tl.bfloat16, bitcast=True).to(DT)
-        s = tl.dot(q0, tl.trans(k0), input_precision=PREC)
-        s = tl.dot(q1, tl.trans(k1), s, input_precision=PREC)
-        s = tl.dot(q2, tl.trans(k2), s, input_precision=PREC)
-        s = tl.dot(q3, tl.trans(k3), s, input_precision=PREC)
-        s = tl.where(ok[None, :], s * qk_scale, float("-inf"))
+        if XCHG:  # unchained partial scores, each scaled (a dot feeding a dot, also as its accumulator after
+            # the compiler folds an add into it, would pin that dot's layout too)
+            s = tl.dot(q0, tl.trans(k0), input_precision=PREC) * qk_scale
+            s += tl.dot(q1, tl.trans(k1), input_precision=PREC) * qk_scale
+            s += tl.dot(q2, tl.trans(k2), input_precision=PREC) * qk_scale
+            s += tl.dot(q3, tl.trans(k3), input_precision=PREC) * qk_scale
+            s = tl.where(ok[None, :], s, float("-inf"))
+        else:
+            s = tl.dot(q0, tl.trans(k0), input_precision=PREC)
+            s = tl.dot(q1, tl.trans(k1), s, input_precision=PREC)
+            s = tl.dot(q2, tl.trans(k2), s, input_precision=PREC)
+            s = tl.dot(q3, tl.trans(k3), s, input_precision=PREC)
+            s = tl.where(ok[None, :], s * qk_scale, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))
-        if LAZY:  # rescale only when some head's max grew past 2^8: p stays ≤ 256, exact either way
+        if XCHG:
+            # p and its max reach the value dots through memory: then no data path runs from the score dot
+            # to the value dots, and the compiler splits the score tile over both warpgroups (a chained
+            # dot would make each warpgroup compute all of it)
+            m_use = tl.where(m_new - m > 8.0, m_new, m)  # per-row lazy rescale: p stays ≤ 256
+            p = tl.exp2(s - m_use[:, None])
+            lsum = lsum * tl.exp2(m - m_use) + tl.sum(p, axis=1)
+            m = m_use
+            if LOW:
+                p = cast_rne(p, tl.bfloat16, EXACT)
+            tl.debug_barrier()  # every warp has read the previous tile's p (the loop's pipelining stops here)
+            tl.store(p_at, p.to(p_scr.dtype.element_ty))
+            tl.store(m_at, m_use)
+            tl.debug_barrier()
+            m_ld = tl.load(m_at, cache_modifier=".cg")
+            p = tl.load(p_at, cache_modifier=".cg")
+            if tl.max(m_ld - m_acc, axis=0) > 0.0:
+                alpha = tl.exp2(m_acc - m_ld)
+                a0 = a0 * alpha[:, None]
+                a1 = a1 * alpha[:, None]
+                a2 = a2 * alpha[:, None]
+                a3 = a3 * alpha[:, None]
+                m_acc = m_ld
+        elif LAZY:  # rescale only when some head's max grew past 2^8: p stays ≤ 256, exact either way
             if tl.max(m_new - m, axis=0) > 8.0:
                 alpha = tl.exp2(m - m_new)
                 lsum = lsum * alpha
@@ -227,7 +265,7 @@ def _sparse_decode_kernel(q_ptr, pool_ptr, pool16_ptr, pool64_ptr, idx_ptr, sink
             a2 = a2 * alpha[:, None]
             a3 = a3 * alpha[:, None]
             m = m_new
-        if LOW:
+        if LOW and not XCHG:
             p = cast_rne(p, tl.bfloat16, EXACT)
         p = p.to(DT)
         a0 = tl.dot(p, k0, a0, input_precision=PREC)
@@ -309,13 +347,20 @@ def sparse_mla_decode(q: torch.Tensor, pool: torch.Tensor, indices: torch.Tensor
                 num_stages=cfg.num_stages)
     pools = (flat, flat.view(torch.int16), flat.view(torch.int64))
     qk = float(scale) * LOG2E
+    if cfg.xchg:
+        progs = b * n_split * hb
+        scr = (torch.empty(progs * cfg.block_h * bt, dtype=torch.bfloat16 if low else torch.float32, device=q.device),
+               torch.empty(progs * cfg.block_h, dtype=torch.float32, device=q.device))
+    else:
+        scr = (sk, sk)
+    args["XCHG"] = cfg.xchg
     if n_split == 1:
-        _sparse_decode_kernel[(b, 1, hb)](qc, *pools, idx, sk, o, o, k, h, qk, SPLIT=False, **args)
+        _sparse_decode_kernel[(b, 1, hb)](qc, *pools, idx, sk, o, o, k, h, qk, *scr, SPLIT=False, **args)
         return o
     part = torch.empty(b, n_split, h, HEAD_DIM, dtype=torch.bfloat16 if cfg.part_bf16 else torch.float32,
                        device=q.device)
     lse = torch.empty(b, n_split, h, dtype=torch.float32, device=q.device)
-    _sparse_decode_kernel[(b, n_split, hb)](qc, *pools, idx, sk, part, lse, k, h, qk, SPLIT=True, **args)
+    _sparse_decode_kernel[(b, n_split, hb)](qc, *pools, idx, sk, part, lse, k, h, qk, *scr, SPLIT=True, **args)
     _combine_kernel[(b, triton.cdiv(h, 8))](part, lse, sk, o, h, n_split, BLOCK_H=8, EXACT=interpreting(),
                                             num_warps=4 if cap else 1)
     return o

@@ -45,6 +45,18 @@ def test_chunk_count_does_not_change_the_result(n_split, device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("n_split", [1, 3])
+def test_probabilities_exchanged_through_memory_match(n_split, device):
+    """``xchg``: p and its reference max reach the value dots through a per-program scratch (each row's
+    lazy rescale decided on the score side); wide logits make rows rescale at different tiles."""
+    inp = _case(2, 16, 70, device, seed=10 + n_split)
+    inp["q"] = (inp["q"].float() * 40).to(inp["q"].dtype)
+    ref = sparse_mla_decode_ref(**inp)
+    out = sparse_mla_decode(**inp, config=_cfg(device, n_split=n_split, xchg=True))
+    assert gemm_diff(out, ref).value < 2e-5
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_chunks_with_nothing_valid_stay_finite(device):
     """A chunk whose slots are all -1 contributes nothing (no NaN from its empty softmax)."""
     inp = _case(2, 16, 64, device, seed=3, drop=0.0)
