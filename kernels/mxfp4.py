@@ -366,8 +366,21 @@ def _e2m1_as_e4m3(b, R: tl.constexpr, C: tl.constexpr):
 
 
 @triton.jit
+def _e2m1_as_e4m3_ptx(b, R: tl.constexpr, C: tl.constexpr):
+    """:func:`_e2m1_as_e4m3` four bytes per 32-bit register (PTX, GPU only): the low and the high nibbles of
+    four packed bytes become four e4m3 bytes each in a shift and a masked or, about one instruction a value."""
+    lo = tl.inline_asm_elementwise(
+        "{ .reg .b32 t1, t2; shl.b32 t1, $1, 4; shl.b32 t2, $1, 2; and.b32 t1, t1, 0x80808080; "
+        "and.b32 t2, t2, 0x1C1C1C1C; or.b32 $0, t1, t2; }", "=r,r", [b], dtype=tl.uint8, is_pure=True, pack=4)
+    hi = tl.inline_asm_elementwise(
+        "{ .reg .b32 t1, t2; and.b32 t1, $1, 0x80808080; shr.b32 t2, $1, 2; and.b32 t2, t2, 0x1C1C1C1C; "
+        "or.b32 $0, t1, t2; }", "=r,r", [b], dtype=tl.uint8, is_pure=True, pack=4)
+    return tl.reshape(tl.join(lo, hi), [R, 2 * C]).to(tl.float8e4nv, bitcast=True)
+
+
+@triton.jit
 def _w4a8_gemm(a_ptr, as_ptr, a_rows, a_stride, as_stride, rm, w_ptr, ws_ptr, wrow0, n, nm, K,
-               BM: tl.constexpr, BN: tl.constexpr, ABLOCK: tl.constexpr):
+               BM: tl.constexpr, BN: tl.constexpr, ABLOCK: tl.constexpr, PTX: tl.constexpr):
     """``acc[BM, BN] = Σ_g dot(a[:, g], w[n, g]ᵀ) · sa · sw`` over 32-wide K groups: fp8 activations
     ``a[row, K]`` with one fp32 scale per ``ABLOCK``, packed MXFP4 weight rows ``wrow0 + n`` (K/2 bytes, K/32
     UE8M0 scales). Every group's fp8 product is exact in the MMA; the scales apply in fp32 per group."""
@@ -380,7 +393,10 @@ def _w4a8_gemm(a_ptr, as_ptr, a_rows, a_stride, as_stride, rm, w_ptr, ws_ptr, wr
         sa = tl.load(as_ptr + a_rows * as_stride + k0 // ABLOCK, mask=rm, other=0.0)
         b = tl.load(w_ptr + wrow[:, None] * (K // 2) + k0 // 2 + c16[None, :], mask=nm[:, None], other=0)
         sb = tl.load(ws_ptr + wrow * (K // 32) + k0 // 32, mask=nm, other=0).to(tl.int32) & 0xFF
-        w = _e2m1_as_e4m3(b.to(tl.int32) & 0xFF, BN, 16)  # [BN, 32]
+        if PTX:
+            w = _e2m1_as_e4m3_ptx(b, BN, 16)  # [BN, 32]
+        else:
+            w = _e2m1_as_e4m3(b.to(tl.int32) & 0xFF, BN, 16)
         d = tl.dot(a, tl.trans(w))
         acc += d * (sa[:, None] * (_ue8m0_f32(sb) * 64.0)[None, :])
     return acc
@@ -389,7 +405,7 @@ def _w4a8_gemm(a_ptr, as_ptr, a_rows, a_stride, as_stride, rm, w_ptr, ws_ptr, wr
 @triton.jit
 def _w4a8_up_kernel(xq_ptr, xs_ptr, order_ptr, meta_ptr, w_ptr, s_ptr, hq_ptr, hs_ptr, H, INTER, limit,
                     K_TOP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, ABLOCK: tl.constexpr,
-                    QG: tl.constexpr, HAS_LIMIT: tl.constexpr, HW_CAST: tl.constexpr):
+                    QG: tl.constexpr, HAS_LIMIT: tl.constexpr, HW_CAST: tl.constexpr, PTX: tl.constexpr):
     """Tile (BM pairs of one expert, BN intermediate columns): gate and up GEMMs, the clamped SwiGLU, then
     the output quantised per pair per ABLOCK columns (fp8 + fp32 scale) for the down GEMM."""
     tile = tl.program_id(0)
@@ -404,9 +420,10 @@ def _w4a8_up_kernel(xq_ptr, xs_ptr, order_ptr, meta_ptr, w_ptr, s_ptr, hq_ptr, h
         n = tl.program_id(1) * BN + tl.arange(0, BN)
         nm = n < INTER
         base = e.to(tl.int64) * 2 * INTER
-        g = _w4a8_gemm(xq_ptr, xs_ptr, tok, H, tl.cdiv(H, ABLOCK), rm, w_ptr, s_ptr, base, n, nm, H, BM, BN, ABLOCK)
+        g = _w4a8_gemm(xq_ptr, xs_ptr, tok, H, tl.cdiv(H, ABLOCK), rm, w_ptr, s_ptr, base, n, nm, H, BM, BN, ABLOCK,
+                       PTX)
         u = _w4a8_gemm(xq_ptr, xs_ptr, tok, H, tl.cdiv(H, ABLOCK), rm, w_ptr, s_ptr, base + INTER, n, nm, H, BM, BN,
-                       ABLOCK)
+                       ABLOCK, PTX)
         if HAS_LIMIT:
             g = tl.minimum(g, limit)
             u = tl.minimum(tl.maximum(u, -limit), limit)
@@ -424,7 +441,7 @@ def _w4a8_up_kernel(xq_ptr, xs_ptr, order_ptr, meta_ptr, w_ptr, s_ptr, hq_ptr, h
 
 @triton.jit
 def _w4a8_down_kernel(hq_ptr, hs_ptr, order_ptr, meta_ptr, wt_ptr, w_ptr, s_ptr, y_ptr, H, INTER,
-                      BM: tl.constexpr, BN: tl.constexpr, ABLOCK: tl.constexpr):
+                      BM: tl.constexpr, BN: tl.constexpr, ABLOCK: tl.constexpr, PTX: tl.constexpr):
     tile = tl.program_id(0)
     e = tl.load(meta_ptr + 3 * tile)
     start = tl.load(meta_ptr + 3 * tile + 1)
@@ -436,7 +453,7 @@ def _w4a8_down_kernel(hq_ptr, hs_ptr, order_ptr, meta_ptr, wt_ptr, w_ptr, s_ptr,
         n = tl.program_id(1) * BN + tl.arange(0, BN)
         nm = n < H
         y = _w4a8_gemm(hq_ptr, hs_ptr, pair, INTER, tl.cdiv(INTER, ABLOCK), rm, w_ptr, s_ptr, e.to(tl.int64) * H,
-                       n, nm, INTER, BM, BN, ABLOCK)
+                       n, nm, INTER, BM, BN, ABLOCK, PTX)
         y = y * tl.load(wt_ptr + pair, mask=rm, other=0.0)[:, None]
         tl.store(y_ptr + pair[:, None] * H + n[None, :], y, mask=rm[:, None] & nm[None, :])
 
@@ -515,13 +532,13 @@ def _expert_tiles_triton(ids: torch.Tensor, n_experts: int, bm: int) -> tuple[to
 
 
 #: w4a8 launch choices (pairs per tile, columns per program, warps); block is the activation block
-W4A8_TILE = {"bm": 16, "bn": 128, "warps": 4, "align": "triton"}
+W4A8_TILE = {"bm": 16, "bn": 128, "warps": 4, "align": "triton", "decode": "ptx"}
 
 
 def mxfp4_moe_w4a8(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor,
                    gate_up_scale: torch.Tensor, down: torch.Tensor, down_scale: torch.Tensor, limit: float | None,
                    block: int = 128, *, out: torch.Tensor | None = None, bm: int | None = None,
-                   bn: int | None = None, warps: int | None = None) -> torch.Tensor:
+                   bn: int | None = None, warps: int | None = None, decode: str | None = None) -> torch.Tensor:
     """Triton w4a8 grouped MoE with :func:`mxfp4_moe_w4a8_ref`'s signature: ``x`` quantised to fp8 per token
     per ``block`` (``act_quant``), pairs grouped by expert, then per tile of one expert's pairs the gate+up
     fp8 GEMMs with the clamped SwiGLU and the fp8 quantisation of its output, then the down GEMM scaled by
@@ -551,15 +568,16 @@ def mxfp4_moe_w4a8(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, ga
         hq = torch.empty(t * k, i, dtype=torch.float8_e4m3fn, device=x.device)
         hs = torch.empty(t * k, triton.cdiv(i, block), dtype=torch.float32, device=x.device)
         hw = fp8_hw_cast(capability(x.device))
+        ptx = (decode or W4A8_TILE["decode"]) == "ptx" and not interpreting()  # no inline PTX in the interpreter
         u8 = torch.uint8
         gu, gus = gate_up.contiguous().view(u8), gate_up_scale.contiguous().view(u8)
         dn, dns = down.contiguous().view(u8), down_scale.contiguous().view(u8)
         _w4a8_up_kernel[(meta.shape[0], triton.cdiv(i, bn))](
             xq, xs, order, meta, gu, gus, hq if hw else hq.view(u8), hs, h, i, float(limit or 0.0), K_TOP=k, BM=bm,
-            BN=bn, ABLOCK=block, QG=bn // block, HAS_LIMIT=limit is not None, HW_CAST=hw, num_warps=nw)
+            BN=bn, ABLOCK=block, QG=bn // block, HAS_LIMIT=limit is not None, HW_CAST=hw, PTX=ptx, num_warps=nw)
         _w4a8_down_kernel[(meta.shape[0], triton.cdiv(h, bn))](
             hq, hs, order, meta, weights.float().contiguous().view(-1), dn, dns, y, h, i, BM=bm, BN=bn, ABLOCK=block,
-            num_warps=nw)
+            PTX=ptx, num_warps=nw)
     res = y.view(t, k, h).sum(dim=1).to(x.dtype)
     if out is not None:
         out.copy_(res)
