@@ -57,9 +57,9 @@ def variant(name: str, b: int) -> sparse_mla.SparseConfig | None:
     """The config a named variant uses at batch ``b`` (None: the library's default, :func:`sparse_config`)."""
     if name == "default":
         return None
-    if ARGS.smoke:
-        return sparse_mla.SparseConfig(16, 16, 2, 1, prefetch="st2" not in name)
     spec = VARIANTS[name]
+    if ARGS.smoke:  # interpreter-sized tiles, the variant's code path
+        return sparse_mla.SparseConfig(16, 16, 2, 1, prefetch=spec.get("prefetch", True), xchg=spec.get("xchg", False))
     bt, bh = spec["block_t"], spec.get("block_h", 64)
     n = _split(b * triton.cdiv(HEADS, bh), bt, spec.get("waves", 1.0))
     return sparse_mla.SparseConfig(bh, bt, n, spec.get("num_warps", 8), spec.get("num_stages", 1),
@@ -94,7 +94,7 @@ VARIANTS: dict[str, dict] = {  # in the order they are timed (a run short of tim
     "bt64-st2-eager": {"block_t": 64, "prefetch": False, "num_stages": 2, "lazy": False},
     "bt32-pf": {"block_t": 32},
 }
-NAMES = ["default", "bt32-np"] if ARGS.smoke else ["default", *VARIANTS]
+NAMES = ["default", "x64"] if ARGS.smoke else ["default", *VARIANTS]
 if os.environ.get("SPARSE_MLA_OLD"):
     NAMES.insert(1, "old")
 if ARGS.variants:
