@@ -87,6 +87,7 @@ VARIANTS: dict[str, dict] = {  # in the order they are timed (a run short of tim
     "x32": {"block_t": 32, "prefetch": False, "xchg": True},
     "x32-pf": {"block_t": 32, "xchg": True},
     "x64-x2": {"block_t": 64, "prefetch": False, "xchg": True, "waves": 2.0},
+    "x64-bf16": {"block_t": 64, "prefetch": False, "xchg": True, "part_bf16": True},
     "bt64-st2-x2": {"block_t": 64, "prefetch": False, "num_stages": 2, "waves": 2.0},
     "bt32-st2": {"block_t": 32, "prefetch": False, "num_stages": 2},
     "bt64-np": {"block_t": 64, "prefetch": False},
