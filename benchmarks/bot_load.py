@@ -191,7 +191,9 @@ class Service:
 
     def start(self) -> float:
         t0 = time.perf_counter()
-        env = dict(os.environ, DRIFT_AUDIT_WEBHOOK_SECRET=SECRET, PYTHONPATH=str(ROOT))
+        # The repo first, then whatever import path the environment has (the dependencies may live there).
+        path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+        env = dict(os.environ, DRIFT_AUDIT_WEBHOOK_SECRET=SECRET, PYTHONPATH=path)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "bot.cli", "serve", "--settings", str(self.settings), "--port", str(self.port),
              "--workers", str(self.workers)],
@@ -200,9 +202,17 @@ class Service:
             stdout=self.log,
             stderr=self.log,
         )
+        deadline = time.monotonic() + 120
         while True:
+            late = self.proc.poll() is None and time.monotonic() > deadline
+            if late:
+                self.proc.kill()
+                self.proc.wait()
             if self.proc.poll() is not None:
-                raise RuntimeError(f"service exited with {self.proc.returncode}; see {self.log.name}")
+                self.log.flush()
+                tail = Path(self.log.name).read_bytes()[-3000:].decode(errors="replace")
+                what = "did not answer /healthz within 120 s" if late else f"exited with {self.proc.returncode}"
+                raise RuntimeError(f"service {what}; see {self.log.name}; its end:\n{tail}")
             try:
                 if httpx.get(self.url + "/healthz", timeout=1).status_code == 200:
                     return time.perf_counter() - t0

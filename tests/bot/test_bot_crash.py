@@ -45,26 +45,41 @@ class ServiceProcess:
         )
         self.proc: subprocess.Popen | None = None
         self.url = f"http://127.0.0.1:{self.port}"
+        self.log = tmp_path / "service.log"  # every start appends to it
+
+    def log_tail(self, limit: int = 4000) -> str:
+        return self.log.read_bytes()[-limit:].decode(errors="replace") if self.log.exists() else "(no log)"
 
     def start(self) -> None:
-        env = dict(os.environ, DRIFT_AUDIT_WEBHOOK_SECRET=SECRET, PYTHONPATH=str(ROOT))
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "bot.cli", "serve", "--settings", str(self.settings), "--port", str(self.port)],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-        )
+        # The repo goes first on the import path; whatever the environment already has there (a
+        # ``pip install --target`` of the dependencies, say) stays after it.
+        path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+        env = dict(os.environ, DRIFT_AUDIT_WEBHOOK_SECRET=SECRET, PYTHONPATH=path)
+        # The service's output goes to a file, never to an unread pipe that would block it once full.
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "bot.cli", "serve", "--settings", str(self.settings), "--port", str(self.port)],
+                cwd=ROOT,
+                env=env,
+                stdout=log,
+                stderr=log,
+            )
 
         def up() -> bool:
             if self.proc.poll() is not None:
-                raise AssertionError(self.proc.stderr.read().decode()[-2000:])
+                raise AssertionError(f"the service exited with {self.proc.returncode} at start; "
+                                     f"{self.log}:\n{self.log_tail()}")
             try:
                 return httpx.get(self.url + "/healthz", timeout=1).status_code == 200
             except httpx.HTTPError:
                 return False
 
-        wait_for(up, timeout=30, interval=0.1)
+        try:
+            wait_for(up, timeout=60, interval=0.1)  # a loaded machine (many test workers) starts it slowly
+        except AssertionError as exc:
+            if "at start" in str(exc):
+                raise
+            raise AssertionError(f"{exc}; the service did not answer /healthz; {self.log}:\n{self.log_tail()}") from None
 
     def kill9(self) -> None:
         os.kill(self.proc.pid, signal.SIGKILL)

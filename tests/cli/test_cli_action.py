@@ -3,12 +3,15 @@ and its YAML through zizmor."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import jsonschema
@@ -22,10 +25,26 @@ SCHEMA = json.loads((ROOT / "tests/checks/sarif-schema-2.1.0.json").read_text())
 CONFIG = PINNED_CONFIG
 
 
+@functools.cache
+def tool_dir() -> Path:
+    """Where the step finds ``drift-audit``: beside this interpreter, where the action's ``pip install`` (or
+    an editable install of this checkout) puts the console script; where the package is only on the import
+    path (a GPU image runs the suite that way), a stand-in script that runs this checkout's ``bot.cli``."""
+    here = Path(sys.executable).parent
+    if (here / "drift-audit").exists():
+        return here
+    shim = Path(tempfile.mkdtemp(prefix="drift-audit-tool-"))
+    script = shim / "drift-audit"
+    script.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} -m bot.cli "$@"\n')
+    script.chmod(0o755)
+    return shim
+
+
 def action_env(tmp_path: Path, **inputs: str) -> dict[str, str]:
     """The environment Actions gives the step: its inputs, the summary and output files, the tool on PATH."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GITHUB_", "DRIFT_AUDIT_"))}
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env["PATH"] = os.pathsep.join(dict.fromkeys([str(tool_dir()), str(Path(sys.executable).parent), env.get("PATH", "")]))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
     env.update({"GITHUB_STEP_SUMMARY": str(tmp_path / "summary.md"), "GITHUB_OUTPUT": str(tmp_path / "output"),
                 "GITHUB_SERVER_URL": "https://github.com", "GITHUB_REPOSITORY": "o/r",
                 "RUNNER_TEMP": str(tmp_path / "runner-temp")})
