@@ -204,9 +204,9 @@ class MLA(nn.Module):
         # rope sees B*S rows of heads, each with its own cos/sin row: positions may differ per sequence
         r = c.qk_rope_head_dim
         cs, sn = cos.reshape(b * s, r // 2), sin.reshape(b * s, r // 2)
-        kv, k_pe = kv_a.split([c.kv_lora_rank, r], dim=-1)
-        kv = self.kv_a_layernorm(kv)
-        k_pe = self.ops.rope(k_pe.reshape(b * s, 1, r), cs, sn).view(b, s, r)
+        # the normalised latent and the rotated rope key, side by side (one op: RMSNorm | RoPE)
+        norm = self.kv_a_layernorm
+        kv, k_pe = self.ops.rmsnorm_rope(kv_a, norm.weight, norm.eps, cs, sn).split([c.kv_lora_rank, r], dim=-1)
 
         if not cache.latent:
             q_pe = self.ops.rope(q_pe.reshape(b * s, nh, r), cs, sn).view(b, s, nh, r)

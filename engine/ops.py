@@ -15,6 +15,7 @@ from dataclasses import dataclass
 # op -> (kernels module, reference name). The Triton entry point is the reference name without "_ref".
 OPS: dict[str, tuple[str, str]] = {
     "rmsnorm": ("kernels.rmsnorm", "rmsnorm_ref"),
+    "rmsnorm_rope": ("kernels.rmsnorm", "rmsnorm_rope_ref"),
     "linear": ("kernels.gemv", "linear_ref"),
     "silu_mul_linear": ("kernels.gemv", "silu_mul_linear_ref"),
     "rope": ("kernels.rope", "rope_ref"),

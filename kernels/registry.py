@@ -7,6 +7,7 @@ import importlib
 OPS: dict[str, str] = {
     "rmsnorm": "kernels.rmsnorm",
     "rmsnorm_residual": "kernels.rmsnorm:SPEC_RESIDUAL",
+    "rmsnorm_rope": "kernels.rmsnorm:SPEC_ROPE",
     "act_quant": "kernels.fp8_quant",
     "act_quant_ue8m0": "kernels.fp8_quant:SPEC_UE8M0",
     "act_dequant": "kernels.fp8_quant:SPEC_DEQUANT",

@@ -87,6 +87,67 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.T
     return out if residual is None else (out, h_out)
 
 
+# --- the latent of MLA: RMSNorm of the first C values, RoPE of the rest, one launch -------------------------
+
+def rmsnorm_rope_ref(x: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor
+                     ) -> torch.Tensor:
+    """``x[..., C + R]`` (kv_a's output: the latent, then the rope key) → ``[norm(x[..., :C]) | rope(x[..., C:])]``
+    in ``x.dtype``, contiguous; ``cos``/``sin`` are ``[rows, R/2]``, one row per row of ``x``."""
+    from kernels.rope import rope_ref
+
+    c = weight.shape[0]
+    lat = rmsnorm_ref(x[..., :c], weight, eps)
+    pe = x[..., c:]
+    rot = rope_ref(pe.reshape(-1, pe.shape[-1]), cos, sin).view(pe.shape)
+    return torch.cat([lat, rot], dim=-1)
+
+
+@triton.jit
+def _rmsnorm_rope_kernel(
+    x_ptr, w_ptr, cos_ptr, sin_ptr, o_ptr, stride_x, stride_c, stride_s, stride_o, eps,
+    C: tl.constexpr, C_P2: tl.constexpr, R: tl.constexpr, EXACT: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, C_P2)
+    ok = cols < C
+    x = tl.load(x_ptr + row * stride_x + cols, mask=ok, other=0.0).to(tl.float32)
+    rstd = 1.0 / tl.sqrt_rn(tl.sum(x * x, axis=0) / C + eps)
+    w = tl.load(w_ptr + cols, mask=ok, other=0.0).to(tl.float32)
+    tl.store(o_ptr + row * stride_o + cols, cast_rne(x * rstd * w, o_ptr.dtype.element_ty, EXACT), mask=ok)
+    d = tl.arange(0, R)
+    pe = tl.load(x_ptr + row * stride_x + C + d).to(tl.float32)
+    x0, x1 = tl.split(tl.reshape(pe, [R // 2, 2]))
+    j = tl.arange(0, R // 2)
+    c = tl.load(cos_ptr + row * stride_c + j)
+    s = tl.load(sin_ptr + row * stride_s + j)
+    y = tl.reshape(tl.join(x0 * c - x1 * s, x0 * s + x1 * c), [R])
+    tl.store(o_ptr + row * stride_o + C + d, cast_rne(y, o_ptr.dtype.element_ty, EXACT))
+
+
+def rmsnorm_rope(x: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor
+                 ) -> torch.Tensor:
+    """Triton :func:`rmsnorm_rope_ref`: one program per row (rope width a power of two; else the reference)."""
+    c = weight.shape[0]
+    r = x.shape[-1] - c
+    if r < 2 or r & (r - 1) or cos.shape[-1] != r // 2:
+        return rmsnorm_rope_ref(x, weight, eps, cos, sin)
+    x2 = as_rows(x)
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    o2 = out.view(-1, x.shape[-1])
+    cs, sn = cos.float(), sin.float()
+    if cs.stride(-1) != 1 or sn.stride(-1) != 1:
+        cs, sn = cs.contiguous(), sn.contiguous()
+    if cs.shape[0] != x2.shape[0] or sn.shape != cs.shape:
+        raise ValueError(f"rmsnorm_rope: cos/sin need one row per row of x ({x2.shape[0]}), got {tuple(cs.shape)}")
+    if x2.shape[0]:
+        cap = capability(x.device)
+        _rmsnorm_rope_kernel[(x2.shape[0],)](
+            x2, weight, cs, sn, o2, x2.stride(0), cs.stride(0), sn.stride(0), o2.stride(0), eps,
+            C=c, C_P2=next_pow2(c), R=r, EXACT=interpreting(), num_warps=4 if cap is not None else 1,
+        )
+    return out
+
+
 # --- parity ------------------------------------------------------------------------------------------
 
 def _inputs(case: Case, device: torch.device, gen: torch.Generator) -> dict:
@@ -145,4 +206,27 @@ SPEC_RESIDUAL = ParitySpec(
     op="rmsnorm_residual", make_inputs=_inputs, reference=rmsnorm_ref, kernel=_run, cases=_cases(True),
     checks=_CHECKS + [Check("bit_exact", 0, "h = x + residual is one fp32 add rounded once: exact", output=1, name="h")],
     description="fused residual add + RMSNorm; returns (out, h)",
+)
+
+
+def _rope_inputs(case: Case, device: torch.device, gen: torch.Generator) -> dict:
+    from kernels.rope import yarn_freqs
+
+    rows, c, r = case.params["rcr"]
+    x = torch.randn(rows, c + r + 8, generator=gen, device=device).to(case.dtype)[:, : c + r]  # a strided slice
+    w = (1 + 0.1 * torch.randn(c, generator=gen, device=device)).to(case.dtype)
+    cos, sin = yarn_freqs(r, 4096, 10000.0, 40.0, 4096, 32, 1)
+    pos = torch.randint(0, 4096, (rows,), generator=gen, device=device)
+    return {"x": x, "weight": w, "eps": 1e-6, "cos": cos.to(device)[pos], "sin": sin.to(device)[pos]}
+
+
+SPEC_ROPE = ParitySpec(
+    op="rmsnorm_rope", make_inputs=_rope_inputs, reference=rmsnorm_rope_ref,
+    kernel=lambda out, **inp: out[0].copy_(rmsnorm_rope(**inp)),
+    cases=[Case("3x(32+8)", {"rcr": (3, 32, 8)}), Case("2x(512+64) fp32", {"rcr": (2, 512, 64)}, dtype=torch.float32),
+           Case("5x(512+64)", {"rcr": (5, 512, 64)}), Case("128x(512+64)", {"rcr": (128, 512, 64)}, devices=_GPU)],
+    checks=[Check("allclose", 1.0, _BF16_WHY, opts={"atol": 1 / 64, "rtol": 2**-7}, dtypes=(torch.bfloat16,)),
+            Check("allclose", 1.0, "fp32 math: summation order, rsqrt and FMA contraction",
+                  opts={"atol": 1e-5, "rtol": 1e-5}, dtypes=(torch.float32,))],
+    description="MLA latent: RMSNorm of the kv_lora part and interleaved RoPE of the rope key, one launch",
 )

@@ -15,7 +15,7 @@ from kernels.harness import format_table, run_spec
 from kernels.registry import load_spec
 
 
-@pytest.mark.parametrize("op", ["linear", "silu_mul_linear", "paged_kv_write"])
+@pytest.mark.parametrize("op", ["linear", "silu_mul_linear", "paged_kv_write", "rmsnorm_rope"])
 def test_new_kernel_specs_pass(op, kernel_device):
     rows = run_spec(load_spec(op), kernel_device)
     assert rows and all(r.passed for r in rows), format_table(rows)
