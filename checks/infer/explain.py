@@ -20,7 +20,9 @@ from checks.config import Fact, Rule
 from checks.model import Finding, Location
 
 _TOKEN = re.compile(r'"(?:[^"\\\n]|\\.)*"|\'(?:[^\'\\\n]|\\.)*\'|[A-Za-z_][\w]*(?:(?:::|\.)[A-Za-z_]\w*)*')
-_SAME_SET = re.compile(r"^'(?P<key>.*)' is in (?P<have>.*) but missing from (?P<lack>.*)$", re.S)
+# The rule kind's wording: the key, or the name as written and the key it is compared as.
+_SAME_SET = re.compile(r"^'(?:(?P<written>.*?)' \(compared as ')?(?P<key>.*?)'\)? is in (?P<have>.*) but missing from "
+                       r"(?P<lack>.*)$", re.S)
 _ONLY = re.compile(r"^'(?P<key>.*)' is in (?P<have>\S+) but not in (?P<lack>\S+)$", re.S)
 _DIFFERS = re.compile(r"^'(?P<key>.*)' differs: (?P<a>\S+) has (?P<va>.*) \((?P<wa>[^()]*:\d+)\), "
                       r"(?P<b>\S+) has (?P<vb>.*) \((?P<wb>[^()]*:\d+)\)$", re.S)
@@ -178,7 +180,7 @@ class Explainer:
                 raw = ""
                 key = loc.note.split(" has '", 1)[1][:-1] if " has '" in loc.note else ""
                 fact = self.facts.get(fid)
-                if key:
+                if key:  # the key, or already the name as written
                     raw = raw_name(self.readers[side], fact, "key", key, loc.path, loc.line)
                     return replace(loc, note=f"{self.label(fid)} lists {_quote(raw or key)} here")
                 value = loc.note.split(": ", 1)[1]
@@ -201,13 +203,14 @@ class Explainer:
             sides = []
             for fid in have:
                 rows = [r for r in self.fact_rows(fid, side) if r.key == key]
-                mine = raw_name(reader, self.facts.get(fid), "key", key, rows[0].path, rows[0].line) if rows else ""
+                mine = (raw_name(reader, self.facts.get(fid), "key", key, rows[0].path, rows[0].line)
+                        or getattr(rows[0], "written", "")) if rows else ""  # quotes kept: a string reads as one
                 at = f"{rows[0].path}:{rows[0].line}" if rows else ""
                 if mine and raw and mine != raw:
                     at += f", as {_quote(mine)}"
                 raw = raw or mine
                 sides.append(f"{self.label(fid)}" + (f" ({at})" if at else ""))
-            name = _quote(raw or key)
+            name = _quote(raw or m.group("written") or key)
             missing = []
             for fid in lack:
                 w = self.where(fid, side)

@@ -330,10 +330,11 @@ def _sentinel(family: Family, name: str) -> bool:
 
 def related_in_one_file(fa: Family, fb: Family) -> bool:
     """Families of one file relate only as switches against switches, definitions against the table that
-    lists them, or sibling prefix groups (``kernel_mul_mm_*``, ``kernel_mul_mm_id_*``); never two views of one
-    literal (a dict's keys and values)."""
-    if fa.kind == fb.kind and fa.kind in _SIBLINGS:
-        return fa.label != fb.label
+    lists them, or a prefix group and the sibling carved out of it (``kernel_mul_mm_*``, ``kernel_mul_mm_id_*``;
+    not two nested groups that merely look alike, ``kernel_mul_mm_iq2_*`` and ``kernel_mul_mm_iq3_*``); never
+    two views of one literal (a dict's keys and values)."""
+    if fa.kind == fb.kind and fa.kind in _SIBLINGS:  # only a group and the sibling carved out of it
+        return bool(fb.label) and (fb.label in fa.not_labels or fa.label in fb.not_labels)
     return fa.ctx != fb.ctx and (fa.kind in _USES or fb.kind in _USES)
 
 

@@ -45,3 +45,17 @@ def test_a_kernel_instantiated_for_mul_mm_but_not_for_mul_mm_id_is_caught(tmp_pa
                           "(src/ggml-metal.metal:"), msg
     assert "missing from kernels named kernel_mul_mm_id_*" in msg
     assert 'there "kernel_mul_mm_f32_f32" is written "kernel_mul_mm_id_f32_f32"' in msg
+
+
+def test_nested_kernel_groups_that_merely_look_alike_are_not_a_rule(tmp_path):
+    # kernel_mul_mm_iq2_* and kernel_mul_mm_iq3_* share names by chance (s, xxs): a new iq3 variant is no drift.
+    iq = ["iq2_s", "iq2_xs", "iq2_xxs", "iq3_s", "iq3_xxs"]
+    r = GitRepo(tmp_path / "metal")
+    types = TYPES + iq
+    body = "".join(f'template [[host_name("kernel_mul_mm_{t}_{o}")]] kernel mul_mm_t kernel_mul_mm<block_{t}>;\n'
+                   for t in types for o in ("f32", "f16"))
+    base = r.commit_files({"src/ggml-metal.metal": body}, "mm kernels")
+    grown = body + "".join(f'template [[host_name("kernel_mul_mm_iq3_m_{o}")]] kernel mul_mm_t kernel_mul_mm<x>;\n'
+                           for o in ("f32", "f16"))
+    head = r.commit_files({"src/ggml-metal.metal": grown}, "iq3_m kernels")
+    assert audit(r.path, base, head).findings == []
