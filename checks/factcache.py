@@ -25,7 +25,7 @@ from typing import Any
 
 from checks.facts import Count, Row
 
-VERSION = 1  # bump when the row encoding or extraction semantics change
+VERSION = 2  # bump when the row encoding or extraction semantics change
 
 
 def cache_root(setting: str = "") -> Path | None:
@@ -124,7 +124,8 @@ class FactCache:
 
     def store(self, signature: str, blob: str, fact: str, rows: list[Row], problem: str | None) -> None:
         data = {"fact": fact, "problem": problem,
-                "rows": [[r.key, {k: _encode(v) for k, v in r.values.items()}, r.path, r.line] for r in rows]}
+                "rows": [[r.key, {k: _encode(v) for k, v in r.values.items()}, r.path, r.line, r.written]
+                         for r in rows]}
         with self._lock:
             self._pending.append((self.key(signature), blob, json.dumps(data)))
 
@@ -145,7 +146,8 @@ class FactCache:
 
 def _rows(data: dict) -> tuple[list[Row], str | None]:
     fact = data["fact"]
-    rows = [Row(fact, key, {k: _decode(v) for k, v in values.items()}, path, line) for key, values, path, line in data["rows"]]
+    rows = [Row(fact, key, {k: _decode(v) for k, v in values.items()}, path, line, written=written)
+            for key, values, path, line, written in data["rows"]]
     return rows, data["problem"]
 
 

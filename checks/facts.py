@@ -92,6 +92,7 @@ class Row:
     path: str
     line: int  # 1-based
     nodes: dict[str, ts.Node | None] = field(default_factory=dict, compare=False, repr=False)
+    written: str = field(default="", compare=False)  # the key as the source spells it, where sub/case changed it
 
     def get(self, name: str) -> Any:
         return self.key if name == "key" else self.values.get(name)
@@ -552,12 +553,12 @@ _work_limits: Limits = _DEFAULT_LIMITS
 PARALLEL_MIN_BYTES = 1_000_000  # below this a pool costs more than it saves
 
 
-def _parse_one(i: int) -> tuple[int, list[tuple[list[tuple[str, dict, str, int]], str | None]]]:
+def _parse_one(i: int) -> tuple[int, list[tuple[list[tuple[str, dict, str, int, str]], str | None]]]:
     path, blob, compiled = _work[i]
     out = []
     for c in compiled:
         rows, problem = _guarded(c, path, _work_data.get(blob, b""), blob, _work_limits)
-        out.append(([(r.key, r.values, r.path, r.line) for r in rows], problem))
+        out.append(([(r.key, r.values, r.path, r.line, r.written) for r in rows], problem))
     return i, out
 
 
@@ -603,7 +604,7 @@ def parse_parallel(facts: list[Fact], tree: Any, data: dict[str, bytes], limits:
             for i, results in pool.imap_unordered(_parse_one, range(len(work)), chunksize=2):
                 path, blob, compiled = work[i]
                 for c, (raw_rows, problem) in zip(compiled, results):
-                    rows = [Row(c.fact.id, k, v, p, line) for k, v, p, line in raw_rows]
+                    rows = [Row(c.fact.id, k, v, p, line, written=w) for k, v, p, line, w in raw_rows]
                     with _rows_lock:
                         _rows_cache[(c.signature, path, blob)] = (rows, problem)
                     if limits.cache is not None:
@@ -948,7 +949,12 @@ def _finish(c: _Compiled, row: Row) -> Row | None:
                 value = value.upper() if how == "upper" else value.lower()
         return value
 
+    raw = row.key.strip() if isinstance(row.key, str) else row.key
     row.key = clean("key", row.key)
+    if isinstance(raw, str) and raw != row.key:
+        plain = _unquote(raw) if fin.unquote and raw[-1:] in _QUOTES else raw
+        if plain != row.key:  # only what a reviewer would not recognise: case or sub rewrote it
+            row.written = plain
     if row.values:
         row.values = {k: clean(k, v) for k, v in row.values.items()}
     for new, src, counted in fin.matches:

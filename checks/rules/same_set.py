@@ -72,8 +72,10 @@ def evaluate(rule: Rule, rows: Rows) -> list[Finding]:
         if not missing:
             continue
         present = ", ".join(label for label, _, _ in have)
-        detail = f"'{key}' is in {present} but missing from {', '.join(missing)}"
-        locations = [loc(rs[0], f"{label} has '{key}'") for label, _, rs in have]
+        written = next((rs[0].written for _, _, rs in have if rs[0].written), "")
+        name = f"'{written}' (compared as '{key}')" if written else f"'{key}'"
+        detail = f"{name} is in {present} but missing from {', '.join(missing)}"
+        locations = [loc(rs[0], f"{label} has '{rs[0].written or key}'") for label, _, rs in have]
         out.append(finding(rule, detail, locations, [key], missing=missing))
     return out
 

@@ -58,6 +58,20 @@ def test_same_set_reports_missing_keys_with_exceptions_and_per_file():
     assert run("same-set", {"enum": enum, "names": names}, exceptions={"names": ["TASK_C"]}) == []
 
 
+def test_same_set_names_a_key_as_the_source_writes_it_where_case_rewrote_it():
+    kinds = Fact("kinds", "python", ["*.py"], query="(class_definition body: (block (expression_statement "
+                 "(assignment left: (identifier) @key))))", options={"case": "lower"})
+    table = Fact("table", "regex", ["*.cc"], regex=r'register\("(?P<key>\w+)"\)', options={"case": "lower"})
+    k = rows(kinds, ("k.py", "class Kind:\n    kSizeP = 1\n    RopeQ = 2\n"))
+    t = rows(table, ("t.cc", 'register("ropeq");\n'))
+    assert [(r.key, r.written) for r in k] == [("ksizep", "kSizeP"), ("ropeq", "RopeQ")]
+    assert t[0].written == ""  # already as compared: nothing to add
+    (f,) = run("same-set", {"kinds": k, "table": t})
+    assert f.message.startswith("'kSizeP' (compared as 'ksizep') is in kinds but missing from table")
+    assert f.locations[0].note == "kinds has 'kSizeP'"
+    assert run("same-set", {"kinds": k, "table": t})[0].fingerprint == f.fingerprint  # identity: normalised key
+
+
 def test_join_equal_self_join_and_two_facts():
     returns = Fact(
         "ret", "cpp", ["*.cc"],
