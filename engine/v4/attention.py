@@ -54,9 +54,8 @@ class Attention(nn.Module):
         mask = (kp >= 0) & (kp <= qp) & (kp > qp - c.sliding_window)  # [B, S, W+S]
         if self.compressor is not None:
             n_visible = (step.pos + 1) // self.rate
-            # only entries some query can see: top-k then ranks exactly HF's candidates, ties included
-            # (relu scores of exactly 0 tie, and topk breaks ties by position in what it is given)
-            entries = self.compressor(x, step, cache.compressor)[:, : int(n_visible.max())]  # [B, E, D]
+            # every entry slot of the cache (a static shape); those past a query's n_visible are masked
+            entries = self.compressor(x, step, cache.compressor)  # [B, E, D]
             e = entries.shape[1]
             if self.compressor.indexer is not None:
                 idx = self.compressor.indexer(x, q_lat, step, cache.indexer, n_visible)

@@ -6,6 +6,11 @@ for the lightning indexer's keys. A compressor cache holds the projections of th
 next entries still need (a ring of one window, two for the overlapping CSA windows) and the entries
 emitted so far. Rows of a batch advance independently: each call brings positions ``pos[b, s] = start_b + s``
 and a ``valid`` mask, and only valid tokens are written, so ragged prompts share one prefill.
+
+Every buffer has a fixed capacity and every write has a static shape: a write that must not land goes to
+a trash slot (one extra row past the readable ones) instead of being filtered out on the host. No call
+synchronises with the host, so a decode step can be captured as a CUDA graph; entries that do not exist
+yet are masked by position (``n_visible``), never sliced off.
 """
 
 from __future__ import annotations
@@ -20,16 +25,22 @@ def _last_writes(pos: torch.Tensor, valid: torch.Tensor, ring: int) -> torch.Ten
     return valid & (pos > last - ring)
 
 
+def _rows_of(pos: torch.Tensor) -> torch.Tensor:
+    return torch.arange(pos.shape[0], device=pos.device).unsqueeze(1).expand_as(pos)
+
+
 class KVPool:
     """A layer's 584-byte FP8 pool (:mod:`kernels.kv584`): the window's keys in rows ``b·W + slot``, then the
-    compressed entries in rows ``B·W + b·E + e``. Decode attends over it by row index."""
+    compressed entries in rows ``B·W + b·E + e``, then one trash row that writes which must not land go
+    to. Decode attends over it by row index."""
 
     def __init__(self, batch: int, window: int, entries: int, pack, device):
         from kernels.kv584 import new_pool
 
         self.window, self.entries, self.batch = window, entries, batch
-        self.rows = new_pool(batch * (window + entries), 1, device)
-        self.pack = pack  # the kv584_store op (torch reference or Triton)
+        self.trash = batch * (window + entries)
+        self.rows = new_pool(self.trash + 1, 1, device)
+        self.pack = pack  # the kv584_store op (Triton, or the sync-free torch store)
 
     def write(self, rows: torch.Tensor, kv: torch.Tensor) -> None:
         if rows.numel():
@@ -41,16 +52,24 @@ class KVPool:
     def entry_rows(self, b: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
         return self.batch * self.window + b * self.entries + e
 
+    def reset(self) -> None:
+        self.rows.zero_()
+
 
 class WindowCache:
     """The last ``window`` keys of each row, ``keys[B, window, D]`` with their positions (-1: empty); with a
-    :class:`KVPool`, also packed into it."""
+    :class:`KVPool`, also packed into it. Slot ``window`` of the buffers is the trash slot."""
 
     def __init__(self, batch: int, window: int, dim: int, dtype: torch.dtype, device, pool: KVPool | None = None):
         self.window = window
-        self.keys = torch.zeros(batch, window, dim, dtype=dtype, device=device)
-        self.pos = torch.full((batch, window), -1, dtype=torch.long, device=device)
+        self._keys = torch.zeros(batch, window + 1, dim, dtype=dtype, device=device)
+        self._pos = torch.full((batch, window + 1), -1, dtype=torch.long, device=device)
+        self.keys, self.pos = self._keys[:, :window], self._pos[:, :window]
         self.pool = pool
+
+    def reset(self) -> None:
+        self._keys.zero_()
+        self._pos.fill_(-1)
 
     def extend(self, kv: torch.Tensor, pos: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys this chunk's queries may see (``[B, window + S, D]``, the cached window then the chunk) and
@@ -58,12 +77,13 @@ class WindowCache:
         keys = torch.cat([self.keys, kv.to(self.keys.dtype)], dim=1)
         kpos = torch.cat([self.pos, torch.where(valid, pos, torch.full_like(pos, -1))], dim=1)
         w = _last_writes(pos, valid, self.window)
-        b, s = w.nonzero(as_tuple=True)
-        slot = pos[b, s] % self.window
-        self.keys[b, slot] = kv[b, s].to(self.keys.dtype)
-        self.pos[b, slot] = pos[b, s]
+        b = _rows_of(pos)
+        slot = torch.where(w, pos % self.window, self.window)
+        self._keys[b, slot] = kv.to(self._keys.dtype)
+        self._pos[b, slot] = pos
         if self.pool is not None:
-            self.pool.write(self.pool.window_rows(b, slot), kv[b, s])
+            rows = torch.where(w, self.pool.window_rows(b, slot), self.pool.trash)
+            self.pool.write(rows, kv)
         return keys, kpos
 
     def pool_rows(self, q_pos: torch.Tensor) -> torch.Tensor:
@@ -81,48 +101,68 @@ class CompressorCache:
 
     ``rate`` source tokens make one entry; with ``overlap`` (CSA) entry ``w`` also mixes the first half of
     window ``w-1``'s projections, so the ring keeps two windows. ``proj`` is the projection width (twice
-    the entry width with overlap)."""
+    the entry width with overlap). ``entries[B, max_len // rate + 1, dim]`` has a fixed capacity; entry
+    ``w`` exists once position ``(w + 1)·rate - 1`` was seen."""
 
     def __init__(self, batch: int, rate: int, overlap: bool, proj: int, dim: int, max_len: int,
                  dtype: torch.dtype, device, pool: KVPool | None = None):
         self.rate, self.overlap, self.dim = rate, overlap, dim
         self.pool = pool
         self.ring = rate * (2 if overlap else 1)
-        self.kv = torch.zeros(batch, self.ring, proj, dtype=dtype, device=device)
-        self.gate = torch.zeros(batch, self.ring, proj, dtype=torch.float32, device=device)
-        self.src_pos = torch.full((batch, self.ring), -1, dtype=torch.long, device=device)
-        self.entries = torch.zeros(batch, max_len // rate + 1, dim, dtype=dtype, device=device)
+        self.capacity = max_len // rate + 1
+        self._kv = torch.zeros(batch, self.ring + 1, proj, dtype=dtype, device=device)
+        self._gate = torch.zeros(batch, self.ring + 1, proj, dtype=torch.float32, device=device)
+        self._src_pos = torch.full((batch, self.ring + 1), -1, dtype=torch.long, device=device)
+        self._entries = torch.zeros(batch, self.capacity + 1, dim, dtype=dtype, device=device)
+        self.kv, self.gate = self._kv[:, : self.ring], self._gate[:, : self.ring]
+        self.src_pos, self.entries = self._src_pos[:, : self.ring], self._entries[:, : self.capacity]
+
+    def reset(self) -> None:
+        self._kv.zero_()
+        self._gate.zero_()
+        self._src_pos.fill_(-1)
+        self._entries.zero_()
 
     def windows(self, kv: torch.Tensor, gate: torch.Tensor, pos: torch.Tensor, valid: torch.Tensor):
-        """The source windows this chunk completes: ``(rows, entry_ids, kv[n, L, proj], gate[n, L, proj],
-        src_ok[n, L])`` with ``L`` = one window, or two (previous then current) with overlap. Then the
-        chunk's projections enter the ring."""
+        """The source windows this chunk may complete, ``ceil(S / rate)`` candidates per row: ``(rows,
+        entry_ids, kv[n, L, proj], gate[n, L, proj], src_ok[n, L], done[n])`` with ``L`` = one window, or two
+        (previous then current) with overlap; ``done`` marks the candidates whose window really completes
+        here. Then the chunk's projections enter the ring."""
         m = self.rate
-        done = valid & ((pos + 1) % m == 0)
-        b, s = done.nonzero(as_tuple=True)
-        w = pos[b, s] // m
+        bsz, s = pos.shape
+        start = pos[:, 0]
+        n_c = -(-s // m)
+        s_c = ((m - 1 - start) % m).unsqueeze(1) + m * torch.arange(n_c, device=pos.device)  # [B, n_c]
+        in_chunk_c = s_c < s
+        s_cl = s_c.clamp(max=s - 1)
+        done = (in_chunk_c & valid.gather(1, s_cl)).reshape(-1)
+        b = torch.arange(bsz, device=pos.device).unsqueeze(1).expand(bsz, n_c).reshape(-1)
+        w = ((start.unsqueeze(1) + s_cl) // m).reshape(-1)
         first = w * m - (m if self.overlap else 0)
         t = first.unsqueeze(1) + torch.arange(self.ring if self.overlap else m, device=pos.device)  # positions
-        start = pos[:, 0][b].unsqueeze(1)
-        in_chunk = t >= start
-        ci = (t - start).clamp(min=0, max=pos.shape[1] - 1)
+        st = start[b].unsqueeze(1)
+        in_chunk = t >= st
+        ci = (t - st).clamp(min=0, max=s - 1)
         ri = t.remainder(self.ring)
         bb = b.unsqueeze(1).expand_as(t)
         src_kv = torch.where(in_chunk.unsqueeze(-1), kv[bb, ci].to(self.kv.dtype), self.kv[bb, ri])
         src_gate = torch.where(in_chunk.unsqueeze(-1), gate[bb, ci].float(), self.gate[bb, ri])
         ok = (t >= 0) & torch.where(in_chunk, valid[bb, ci], self.src_pos[bb, ri] == t)
         wr = _last_writes(pos, valid, self.ring)
-        wb, ws = wr.nonzero(as_tuple=True)
-        slot = pos[wb, ws] % self.ring
-        self.kv[wb, slot] = kv[wb, ws].to(self.kv.dtype)
-        self.gate[wb, slot] = gate[wb, ws].float()
-        self.src_pos[wb, slot] = pos[wb, ws]
-        return b, w, src_kv, src_gate, ok
+        wb = _rows_of(pos)
+        slot = torch.where(wr, pos % self.ring, self.ring)
+        self._kv[wb, slot] = kv.to(self._kv.dtype)
+        self._gate[wb, slot] = gate.float()
+        self._src_pos[wb, slot] = pos
+        return b, w, src_kv, src_gate, ok, done
 
-    def store(self, rows: torch.Tensor, entry_ids: torch.Tensor, entries: torch.Tensor) -> None:
-        self.entries[rows, entry_ids] = entries.to(self.entries.dtype)
+    def store(self, rows: torch.Tensor, entry_ids: torch.Tensor, entries: torch.Tensor, done: torch.Tensor) -> None:
+        """Entries ``entries[n, dim]`` for ``(rows, entry_ids)`` where ``done`` (the others go to the trash)."""
+        ids = torch.where(done, entry_ids.clamp(max=self.capacity - 1), self.capacity)
+        self._entries[rows, ids] = entries.to(self._entries.dtype)
         if self.pool is not None:
-            self.pool.write(self.pool.entry_rows(rows, entry_ids), entries)
+            prow = torch.where(done, self.pool.entry_rows(rows, ids), self.pool.trash)
+            self.pool.write(prow, entries)
 
 
 class LayerCache:
@@ -132,6 +172,12 @@ class LayerCache:
     def __init__(self, window: WindowCache, compressor: CompressorCache | None = None,
                  indexer: CompressorCache | None = None, pool: KVPool | None = None):
         self.window, self.compressor, self.indexer, self.pool = window, compressor, indexer, pool
+
+    def reset(self) -> None:
+        """Empty every buffer in place (a captured graph keeps pointing at the same storage)."""
+        for part in (self.window, self.compressor, self.indexer, self.pool):
+            if part is not None:
+                part.reset()
 
     def decode_rows(self, q_pos: torch.Tensor, chosen: torch.Tensor | None) -> torch.Tensor:
         """Pool rows one decode query per sequence attends to: its window, then the chosen entries

@@ -45,23 +45,25 @@ class _Pool(nn.Module):
         self.rate, self.dim, self.overlap = rate, dim, overlap
 
     def pool(self, x: torch.Tensor, step: Step, cache: CompressorCache) -> torch.Tensor:
-        """Emit the entries this chunk completes into ``cache``; returns every entry ``[B, E, dim]``."""
-        rows, ids, kv, gate, ok = cache.windows(self.kv_proj(x), self.gate_proj(x), step.pos, step.valid)
-        if rows.numel():
-            m, d = self.rate, self.dim
-            bias = self.position_bias
-            if self.overlap:  # previous window's first half, then this window's second half
-                kv = torch.cat([kv[:, :m, :d], kv[:, m:, d:]], dim=1)
-                gate = torch.cat([gate[:, :m, :d] + bias[:, :d], gate[:, m:, d:] + bias[:, d:]], dim=1)
-            else:
-                gate = gate + bias
-            gate = gate.masked_fill(~ok.unsqueeze(-1), float("-inf"))
-            kv = kv.masked_fill(~ok.unsqueeze(-1), 0.0)
-            pooled = (kv * gate.softmax(dim=1).to(kv.dtype)).sum(dim=1)
-            cos, sin = step.tables["compress"]
-            first = ids * m
-            entries = rope_tail(self.kv_norm(pooled), cos[first], sin[first])
-            cache.store(rows, ids, entries)
+        """Emit the entries this chunk completes into ``cache``; returns every entry slot ``[B, E, dim]``
+        (the cache's capacity: slots not yet emitted are masked by the readers, by position)."""
+        rows, ids, kv, gate, ok, done = cache.windows(self.kv_proj(x), self.gate_proj(x), step.pos, step.valid)
+        m, d = self.rate, self.dim
+        bias = self.position_bias
+        if self.overlap:  # previous window's first half, then this window's second half
+            kv = torch.cat([kv[:, :m, :d], kv[:, m:, d:]], dim=1)
+            gate = torch.cat([gate[:, :m, :d] + bias[:, :d], gate[:, m:, d:] + bias[:, d:]], dim=1)
+        else:
+            gate = gate + bias
+        # a candidate that completes nothing may have no valid source at all: it is pooled (to NaN) and
+        # stored in the cache's trash slot, so nothing waits on the host to filter it out
+        gate = gate.masked_fill(~ok.unsqueeze(-1), float("-inf"))
+        kv = kv.masked_fill(~ok.unsqueeze(-1), 0.0)
+        pooled = (kv * gate.softmax(dim=1).to(kv.dtype)).sum(dim=1)
+        cos, sin = step.tables["compress"]
+        first = (ids * m).clamp(max=cos.shape[0] - 1)
+        entries = rope_tail(self.kv_norm(pooled), cos[first], sin[first])
+        cache.store(rows, ids, entries, done)
         return cache.entries
 
 
@@ -86,7 +88,7 @@ class Indexer(_Pool):
                 n_visible: torch.Tensor) -> torch.Tensor:
         """Indices ``[B, S, k]`` of the chosen entries, ``-1`` where fewer are visible."""
         c = self.cfg
-        keys = self.pool(x, step, cache)[:, : int(n_visible.max())]  # what some query can see, as HF ranks
+        keys = self.pool(x, step, cache)  # every slot; those no query sees yet score -inf
         b, s, _ = x.shape
         cos, sin = step.rope["compress"]
         q = self.q_b_proj(q_lat).view(b, s, c.index_n_heads, c.index_head_dim)

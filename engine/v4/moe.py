@@ -1,7 +1,13 @@
 """V4's MoE block: hash-routed (a frozen ``tid2eid`` table picks the experts) or top-k routed
 (``sqrtsoftplus`` scores plus a selection bias), the routed experts with a clamped SwiGLU, and one
 shared expert with the same clamp. Routed experts are dense, or MXFP4 (packed e2m1 + UE8M0 per 32)
-when the loader keeps them quantised."""
+when the loader keeps them quantised.
+
+The torch references of the expert ops loop over the experts a batch uses, which the host must read. A
+decode-sized batch (at most :data:`STATIC_TOKENS` tokens) takes a static-shaped path instead that never
+synchronises (so a decode step can be captured as a CUDA graph): few (token, expert) pairs gather their
+experts' weights, more of them run every expert and keep the chosen ones. The Triton MXFP4 kernel is
+static-shaped already and serves every batch size."""
 
 from __future__ import annotations
 
@@ -13,6 +19,60 @@ from engine.v4.compressor import Step
 from engine.v4.config import V4Config
 from engine.v4.layers import Linear, param
 from engine.v4.ops import V4Ops
+
+STATIC_TOKENS = 256  # decode batches: the sync-free expert path (prefill chunks take the op's reference)
+_LUTS: dict[torch.device, torch.Tensor] = {}
+
+
+def _swiglu(h: torch.Tensor, limit: float | None) -> torch.Tensor:
+    gate, up = h.chunk(2, dim=-1)
+    if limit is not None:
+        gate, up = gate.clamp(max=limit), up.clamp(min=-limit, max=limit)
+    return F.silu(gate) * up
+
+
+def _dequant(w: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """:func:`kernels.mxfp4.mxfp4_dequant_ref` to fp32, its e2m1 table kept on the device (no host copy in a
+    captured step)."""
+    from kernels.mxfp4 import E2M1, GROUP, ue8m0_to_f32
+
+    lut = _LUTS.get(w.device)
+    if lut is None:
+        lut = _LUTS[w.device] = torch.tensor(E2M1, dtype=torch.float32, device=w.device)
+    u8 = w.contiguous().view(torch.uint8)
+    vals = torch.stack([lut[(u8 & 0xF).long()], lut[(u8 >> 4).long()]], dim=-1).flatten(-2)
+    return vals * ue8m0_to_f32(scale).repeat_interleave(GROUP, dim=-1)
+
+
+def _combine(y: torch.Tensor, weights: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``Σ_k w[t, k] · y[t, k]`` in fp32 (the routing weight applied in ``y``'s dtype, as the references do)."""
+    return (y * weights.to(y.dtype).unsqueeze(-1)).float().sum(dim=1).to(dtype)
+
+
+def experts_static(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor,
+                   down: torch.Tensor, limit: float | None, gate_up_scale: torch.Tensor | None = None,
+                   down_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """:func:`kernels.mxfp4.swiglu_moe_ref` (or, with scales, ``mxfp4_moe_ref``) with static shapes and no host
+    synchronisation. Dense experts compute in ``x.dtype``, MXFP4 ones dequantised to fp32, as the references."""
+    t, h = x.shape
+    e, k = gate_up.shape[0], ids.shape[1]
+    mx = gate_up_scale is not None
+    dt = torch.float32 if mx else x.dtype
+    xd = x.to(dt)
+    if t * k < e:  # gather the chosen experts' weights, one (token, expert) pair per batch entry
+        flat = ids.reshape(-1)
+        wgu = _dequant(gate_up[flat], gate_up_scale[flat]) if mx else gate_up[flat].to(dt)
+        wd = _dequant(down[flat], down_scale[flat]) if mx else down[flat].to(dt)
+        xs = xd.repeat_interleave(k, dim=0).unsqueeze(-1)  # [t*k, H, 1]
+        hh = _swiglu(torch.bmm(wgu, xs).squeeze(-1), limit)
+        y = torch.bmm(wd, hh.unsqueeze(-1)).squeeze(-1).view(t, k, h)
+    else:  # every expert on every token, then the chosen ones
+        wgu = _dequant(gate_up, gate_up_scale) if mx else gate_up.to(dt)
+        wd = _dequant(down, down_scale) if mx else down.to(dt)
+        hh = _swiglu(F.linear(xd, wgu.reshape(-1, h)).view(t, e, -1), limit)  # [t, E, I]
+        y_all = torch.bmm(hh.transpose(0, 1), wd.transpose(1, 2))  # [E, t, H]
+        y = y_all.transpose(0, 1)[torch.arange(t, device=x.device).unsqueeze(1), ids]  # [t, k, H]
+    return _combine(y, weights, x.dtype)
 
 
 class Router(nn.Module):
@@ -82,7 +142,13 @@ class MoE(nn.Module):
         if step.routes is not None:
             step.routes.append(ids.view(*shape[:-1], -1).clone())
         ex, limit = self.experts, self.cfg.swiglu_limit
-        if ex.mxfp4:
+        static = flat.shape[0] <= STATIC_TOKENS
+        if ex.mxfp4 and static and self.ops.backend_of("moe_mxfp4") != "triton":
+            y = experts_static(flat, weights, ids, ex.gate_up_proj, ex.down_proj, limit, ex.gate_up_proj_scale_inv,
+                               ex.down_proj_scale_inv)
+        elif not ex.mxfp4 and static and self.ops.backend_of("moe_dense") != "triton":
+            y = experts_static(flat, weights, ids, ex.gate_up_proj, ex.down_proj, limit)
+        elif ex.mxfp4:
             y = self.ops.moe_mxfp4(flat, weights, ids, ex.gate_up_proj, ex.gate_up_proj_scale_inv, ex.down_proj,
                                    ex.down_proj_scale_inv, limit)
         else:

@@ -3,13 +3,18 @@
 Like :mod:`engine.ops`: ``backend="torch"`` uses the torch reference beside each kernel in ``kernels/``
 (``<op>_ref``, the oracle); ``backend="triton"`` uses the Triton entry point of the same module (the name
 without ``_ref``). Ops with no Triton kernel yet keep their reference on the Triton backend and say so in
-:meth:`V4Ops.resolved`, so a decode comparison knows which parts it actually exercised.
+:meth:`V4Ops.resolved`, so a decode comparison knows which parts it actually exercised. A reference that
+filters on the host is replaced by a sync-free stand-in with the same results (:data:`SYNC_FREE`), and the
+MoE block picks a static-shaped expert path for decode batches (:mod:`engine.v4.moe`), so a decode step
+never waits on the host on either backend.
 """
 
 from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
+
+import torch
 
 OPS: dict[str, tuple[str, str]] = {
     "hc_pre": ("kernels.hc", "hc_pre_ref"),
@@ -25,6 +30,20 @@ OPS: dict[str, tuple[str, str]] = {
     "kv_pack": ("kernels.kv584", "kv584_store_ref"),
 }
 BACKENDS = ("torch", "triton")
+# torch references that filter on the host, and the sync-free stand-ins the engine calls instead (same
+# results on the inputs the engine gives them), so a decode step on the torch path can be graph-captured
+SYNC_FREE: dict[str, tuple[str, str]] = {
+    "kv_pack": ("engine.v4.ops", "kv584_store_rows"),
+}
+
+
+def kv584_store_rows(kv: torch.Tensor, pool: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """:func:`kernels.kv584.kv584_store_ref` for rows that are all real (>= 0): no boolean filter, so no host
+    read (the engine's pools send writes that must not land to a trash row instead of ``-1``)."""
+    from kernels.kv584 import TOKEN_BYTES, pack_ref
+
+    pool.view(-1, TOKEN_BYTES)[rows.long()] = pack_ref(kv)
+    return pool
 
 
 class V4Ops:
@@ -54,8 +73,16 @@ class V4Ops:
             if want == "triton" and hasattr(module, ref.removesuffix("_ref")):
                 fn = getattr(module, ref.removesuffix("_ref"))
                 self._used[op] = "triton"
+            elif op in SYNC_FREE:
+                mod, name = SYNC_FREE[op]
+                fn = getattr(importlib.import_module(mod), name)
             self._fns[op] = fn
         return fn
+
+    def backend_of(self, op: str) -> str:
+        """The backend that actually runs ``op`` (a Triton request falls back to torch where no kernel exists)."""
+        getattr(self, op)
+        return self._used[op]
 
     def resolved(self) -> dict[str, str]:
         """op → the backend that actually runs it."""
