@@ -205,6 +205,8 @@ def _fact_name(fid: str, taken: set[str]) -> str:
     """A fact's name in the written config, from what it reads: ``enum:OpKind@csrc/ops.h`` → ``enum_OpKind``."""
     kind, _, rest = fid.partition(":")
     ctx = rest.rsplit("@", 1)[0] if "@" in rest else rest
+    ctx, _, label = ctx.partition("[")  # case:f[GGML_OP_*] → case_f_GGML_OP; py-functions:<module>[apply_*] → …_apply
+    ctx = "_".join(x for x in (ctx.replace("<module>", ""), label.rstrip("]*")) if x)
     order = "_order" if fid.endswith("#order") else ""
     base = re.sub(r"\W+", "_", f"{kind}_{ctx}{order}" if ctx else fid).strip("_") or "fact"
     if base[0].isdigit():
