@@ -410,7 +410,7 @@ def roofline(args, device: torch.device, dtype: torch.dtype) -> list[str]:
                 lines.append(f"roofline torch {label} b{batch}: {type(exc).__name__}: {exc}".splitlines()[0])
         if isinstance(hf, Exception) or hf is None:
             cells["hf"] = "n/a"
-        elif over_budget(args):
+        elif over_budget(args) or (args.hf_batches and batch not in args.hf_batches):
             cells["hf"] = "skipped"
         else:
             try:
@@ -457,7 +457,7 @@ LINEAR_SHAPES = [("q|kv_a", 3648, 2048, torch.bfloat16), ("o_proj", 2048, 2048, 
                  ("shared gate|up", 5632, 2048, torch.bfloat16), ("shared down", 2048, 2816, torch.bfloat16),
                  ("dense gate|up", 21888, 2048, torch.bfloat16), ("dense down", 2048, 10944, torch.bfloat16),
                  ("router fp32", 64, 2048, torch.float32)]
-LINEAR_CONFIGS = [(16, 256, 4, 4), (32, 256, 4, 4), (16, 512, 4, 3), (64, 128, 4, 4), (32, 512, 8, 3), (4, 512, 4, 1),
+LINEAR_CONFIGS = [(16, 512, 4, 3), (32, 256, 4, 4), (16, 128, 4, 6), (64, 128, 4, 4), (32, 512, 8, 3), (4, 512, 4, 1),
                   (8, 256, 4, 1)]  # BLOCK_N < 16: the kernel without tensor cores
 
 
@@ -620,6 +620,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", action="store_true", help="roofline: torch.profiler breakdown of our decode step")
     p.add_argument("--profile-top", type=int, default=10, help="roofline: kernels listed per profile")
     p.add_argument("--profile-batches", default=None, help="roofline: batches to profile (default all)")
+    p.add_argument("--hf-batches", default=None, help="roofline: batches with the HF anchor (default all)")
     p.add_argument("--no-torch", action="store_true", help="roofline: skip the torch-backend anchors (eager, compile)")
     p.add_argument("--compile-modes", default="reduce-overhead,max-autotune", help="roofline: torch.compile modes")
     p.add_argument("--compile-batches", default=None, help="roofline: batches with compile anchors (default all)")
@@ -638,6 +639,7 @@ def main(argv: list[str] | None = None) -> int:
     args.roofline_batches = [int(b) for b in (args.roofline_batches or ("2" if args.quick else "1,8,32,128")).split(",")]
     args.compile_modes = args.compile_modes.split(",")
     args.profile_batches = [int(b) for b in args.profile_batches.split(",")] if args.profile_batches else []
+    args.hf_batches = [int(b) for b in args.hf_batches.split(",")] if args.hf_batches else []
     args.compile_batches = ([int(b) for b in args.compile_batches.split(",")] if args.compile_batches
                             else args.roofline_batches)
     args.configs = (args.configs or ("tiny" if args.quick else "tiny,small")).split(",")

@@ -112,17 +112,17 @@ def _gemv_vec_kernel(
 
 def gemv_config(n: int, k: int, elem: int, cap: tuple[int, int] | None) -> tuple[int, int, int, int]:
     """``(BLOCK_N, BLOCK_K, warps, stages)``: 16 output columns per program (each then streams ``16·K``
-    weights), 32 or 64 for wide projections; K steps of 8–16 KB of weight so a few stages keep ≥ 32 KB in
-    flight per program. ``BLOCK_N`` < 16 selects the tensor-core-free kernel (one row of ``x`` per program),
+    weights), 32 or 64 for wide projections; K steps of 8 KB of weight, 4 stages (≤ 64 KB of shared memory,
+    so three programs fit an SM). ``BLOCK_N`` < 16 selects the tensor-core-free kernel (one row of ``x`` per program),
     for outputs too narrow to give the SMs work in 16-column tiles."""
     if cap is None:
         return (16, 32, 1, 1) if n >= 16 else (4, 32, 1, 1)
     if n < 512:
         return 4, 512 // elem * 2, 4, 1
     block_n = 16 if n <= 8192 else 32 if n <= 16384 else 64
-    block_k = max(64, min(512, (16384 // (block_n * elem)) // 64 * 64))
+    block_k = max(64, min(512, (8192 // (block_n * elem)) // 64 * 64))  # 8 KB of weight per stage
     block_k = min(block_k, max(64, triton.next_power_of_2(k)))
-    return block_n, block_k, 4, 4 if elem <= 2 else 3
+    return block_n, block_k, 4, 4
 
 
 def _gemv(x2: torch.Tensor, weight: torch.Tensor, y: torch.Tensor, silu: bool,
