@@ -126,6 +126,7 @@ class Explainer:
         self.readers = {"head": _Reader(head), "base": _Reader(base)}
         self.trees = {"head": head, "base": base}
         self.rows: dict[tuple[str, str], list] = {}
+        self.last: tuple[str, str] | None = None  # (where it is missing, the name) of the last same-set finding
 
     def label(self, fid: str) -> str:
         return self.labels.get(fid) or fid
@@ -227,6 +228,7 @@ class Explainer:
                 held = (f"At the base {'these ' + str(n) + ' lists' if n > 2 else 'the two'} held the same "
                         f"{count}names, so the code keeps them in step.")
             target = _join([self.label(x) for x in lack])
+            self.last = (target, name)
             return (f"{name} is in {_join(sides)} but missing from {_join(missing)}. {held} "
                     f"Fix: add it to {target}{like}, or remove it from the others. {_fix(rule)}")
         if rule.kind == "table-equal":
@@ -318,7 +320,22 @@ def explain(findings: list[Finding], rules: list[Rule], facts: list[Fact], label
     if not any(f.source == "inferred" for f in findings):
         return findings
     ex = Explainer(rules, facts, labels, head, base)
-    return [ex(f) for f in findings]
+    out: list[Finding] = []
+    groups: dict[tuple, list[tuple[int, str]]] = {}
+    for f in findings:
+        ex.last = None
+        out.append(ex(f))
+        if ex.last is not None:
+            groups.setdefault((f.rule, f.status, ex.last[0]), []).append((len(out) - 1, ex.last[1]))
+    for (_, _, target), members in groups.items():
+        if len(members) < 2:
+            continue
+        names = [n for _, n in members]
+        shown = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
+        for i, _ in members:  # one drift, many names: each finding says so
+            out[i] = replace(out[i], message=out[i].message + f" One of {len(names)} names missing from {target} "
+                                                              f"together: {shown}.")
+    return out
 
 
 __all__ = ["explain", "raw_name"]

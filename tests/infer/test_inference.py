@@ -282,3 +282,12 @@ def test_an_order_rule_reads_a_name_like_a_bound_marker_alike_in_the_enum_and_th
     assert found.findings and all("in the same order" in f.message for f in found.findings), [
         f.message for f in found.findings]
     assert any("`GGML_OP_ELU` at include/ggml.h:5 and \"TANH\" at src/ggml.c:5" in f.message for f in found.findings)
+
+
+def test_names_missing_together_say_so_in_each_finding(repo):
+    r, base = repo
+    head = r.commit_files(engine.files(engine.OPS + ["rope", "topk"], registry=engine.OPS), "Add rope and topk")
+    new = audit(r.path, base, head).with_status("new")
+    assert len(new) == 2, [f.message for f in new]
+    assert all(f.message.endswith("One of 2 names missing from dict keys of KERNELS together: `OP_ROPE`, `OP_TOPK`.")
+               for f in new), [f.message for f in new]
