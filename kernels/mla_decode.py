@@ -161,7 +161,7 @@ def _mla_split_kernel(
     stride_qlb, stride_qlh, stride_qrb, stride_qrh,
     stride_kvp, stride_kvt, stride_pep, stride_pet, stride_btb,
     stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
-    fo_ptr, flse_ptr, cnt_ptr, stride_fob, stride_foh, stride_flb, stride_flh, NUM_HB, NUM_PAGES,
+    fo_ptr, flse_ptr, cnt_ptr, stride_fob, stride_foh, stride_flb, stride_flh, NUM_HB, NUM_PAGES, MAX_T,
     D_LAT: tl.constexpr, D_ROPE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     F32_DOT: tl.constexpr, IN_PAGE: tl.constexpr, PREC: tl.constexpr, FUSED: tl.constexpr, EXACT: tl.constexpr,
     PDL: tl.constexpr = False, PREFETCH: tl.constexpr = False, LINE: tl.constexpr = 64,
@@ -175,6 +175,7 @@ def _mla_split_kernel(
         n0 = tl.load(len_ptr + b).to(tl.int32)
         c0 = tl.cdiv(tl.cdiv(n0, NUM_SPLITS), BLOCK_N) * BLOCK_N
         tp = tl.minimum(split * c0 + tl.arange(0, BLOCK_N), tl.maximum(n0 - 1, 0))
+        tp = tl.minimum(tl.maximum(tp, 0), MAX_T - 1)  # inside the block table whatever the lengths say
         pg = tl.load(bt_ptr + b * stride_btb + tp // PAGE_SIZE)
         pg = tl.minimum(tl.maximum(pg, 0), NUM_PAGES - 1).to(tl.int64)
         sl = tp % PAGE_SIZE
@@ -311,7 +312,7 @@ def _schedule(len_ptr, B, BI: tl.constexpr, BLOCK_N: tl.constexpr):
 @triton.jit
 def _mla_persistent_kernel(
     ql_ptr, qr_ptr, kv_ptr, pe_ptr, bt_ptr, len_ptr, po_ptr, plse_ptr,
-    scale_log2, B, H, PAGE_SIZE, C, R, NUM_PAGES,
+    scale_log2, B, H, PAGE_SIZE, C, R, NUM_PAGES, MAX_T,
     stride_qlb, stride_qlh, stride_qrb, stride_qrh,
     stride_kvp, stride_kvt, stride_pep, stride_pet, stride_btb,
     stride_pos, stride_poh, stride_pls,
@@ -336,11 +337,10 @@ def _mla_persistent_kernel(
         gp = (p * total0) // NUM_PROGS
         bp = tl.minimum(tl.sum((ends0 <= gp).to(tl.int32), 0), B - 1)
         jp = gp - tl.sum(tl.where(bi0 == bp, ends0 - tiles0, 0), 0)
-        tp = jp * BLOCK_N + tl.arange(0, BLOCK_N)
-        pg = tl.load(bt_ptr + bp * stride_btb + tl.maximum(tp, 0) // PAGE_SIZE, mask=tp < NUM_PAGES * PAGE_SIZE,
-                     other=0)
+        tp = tl.minimum(tl.maximum(jp * BLOCK_N + tl.arange(0, BLOCK_N), 0), MAX_T - 1)
+        pg = tl.load(bt_ptr + bp * stride_btb + tp // PAGE_SIZE)
         pg = tl.minimum(tl.maximum(pg, 0), NUM_PAGES - 1).to(tl.int64)
-        sl = tl.maximum(tp, 0) % PAGE_SIZE
+        sl = tp % PAGE_SIZE
         lines = tl.minimum(tl.arange(0, D_LAT // LINE) * LINE, C - 1)
         l2_prefetch(kv_ptr + (pg * stride_kvp + sl * stride_kvt)[:, None] + lines[None, :])
         l2_prefetch(pe_ptr + pg * stride_pep + sl * stride_pet)
@@ -498,6 +498,7 @@ def _decode(q_lat, q_pe, kv, pe, block_table, seq_lens, page_size, capacity, sca
         kv.stride(0), kv.stride(1), pe.stride(0), pe.stride(1), block_table.stride(0),
         part_o.stride(0), part_o.stride(1), part_o.stride(2), part_lse.stride(0), part_lse.stride(1),
         o, lse, counters, o.stride(0), o.stride(1), lse.stride(0), lse.stride(1), n_hb, kv.shape[0],
+        block_table.shape[1] * page_size,
         D_LAT=d_lat, D_ROPE=d_rope, BLOCK_H=config.block_h, BLOCK_N=config.block_n, F32_DOT=cap is None,
         IN_PAGE=page_size % config.block_n == 0, PREC=dot_precision(q_lat.dtype), FUSED=fused,
         EXACT=interpreting(), PDL=pdl, PREFETCH=pdl and config.prefetch, LINE=128 // kv.element_size(),
@@ -531,7 +532,7 @@ def _decode_persistent(q_lat, q_pe, kv, pe, block_table, seq_lens, page_size, sc
     launch = {"launch_pdl": True} if pdl else {}
     _mla_persistent_kernel[(progs, n_hb)](
         q_lat, q_pe, kv, pe, block_table, seq_lens, part_o, part_lse,
-        scale * _LOG2E, b_sz, h, page_size, c, r, kv.shape[0],
+        scale * _LOG2E, b_sz, h, page_size, c, r, kv.shape[0], block_table.shape[1] * page_size,
         q_lat.stride(0), q_lat.stride(1), q_pe.stride(0), q_pe.stride(1),
         kv.stride(0), kv.stride(1), pe.stride(0), pe.stride(1), block_table.stride(0),
         part_o.stride(0), part_o.stride(1), part_lse.stride(0),
