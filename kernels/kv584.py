@@ -138,7 +138,7 @@ def unpack_row(row_ptr, row16_ptr, HW_CAST: tl.constexpr, NOPE: tl.constexpr = N
     e = tl.load(row_ptr + SOFF + c // 64, mask=is_nope, other=127).to(tl.int32)
     nope = v * ((e & 0xFF) << 23).to(tl.float32, bitcast=True)
     r16 = tl.load(row16_ptr + NOPE // 2 + (c - NOPE), mask=c >= NOPE, other=0)
-    rope = r16.to(tl.bfloat16, bitcast=True).to(tl.float32)
+    rope = (r16.to(tl.int32) << 16).to(tl.float32, bitcast=True)  # bf16 widened by its bits (subnormals too)
     return tl.where(is_nope, nope, rope)
 
 
@@ -256,8 +256,8 @@ def _load_rows_kernel(pool64_ptr, slot_ptr, o_ptr, n, ROWS: tl.constexpr, HW_CAS
     j = tl.arange(0, 16)
     h = tl.arange(0, 4)
     rw = tl.load(pool64_ptr + base[:, None] + NT * 8 + j[None, :], mask=ok[:, None], other=0)  # [R, 16]
-    r16 = ((rw[:, :, None] >> (h * 16).to(tl.int64)[None, None, :]) & 0xFFFF).to(tl.int16)
-    rope = r16.to(tl.bfloat16, bitcast=True).to(tl.float32)
+    r32 = (((rw[:, :, None] >> (h * 16).to(tl.int64)[None, None, :]) & 0xFFFF) << 16).to(tl.int32)
+    rope = r32.to(tl.float32, bitcast=True)  # bf16 widened by its bits (subnormals too)
     tl.store(orow[:, None, None] + NOPE + j[None, :, None] * 4 + h[None, None, :], rope, mask=live[:, None, None])
 
 
