@@ -34,23 +34,37 @@ class ServiceProcess:
         key = tmp_path / "app.pem"
         key.write_text(state.private_key)
         self.db = tmp_path / "jobs.db"
-        self.port = _free_port()
         self.settings = tmp_path / "bot.toml"
-        self.settings.write_text(
+        self._settings_text = (
             f'app_id = {state.app_id}\nprivate_key_file = "{key}"\ngithub_url = "{stub_url}"\n'
             f'db = "{self.db}"\nmirrors = "{tmp_path / "mirrors"}"\nlease_seconds = 1.5\nretry_backoff = 0.1\n'
             f"seconds_between_requests = 0\nseconds_between_writes = 0\nhttp_backoff = 0.01\nworkers = 1\n"
-            f'public_url = "http://127.0.0.1:{self.port}"\n'
             + "".join(f"{k} = {v}\n" for k, v in extra.items())
         )
+        self._use_port(_free_port())
         self.proc: subprocess.Popen | None = None
-        self.url = f"http://127.0.0.1:{self.port}"
         self.log = tmp_path / "service.log"  # every start appends to it
+
+    def _use_port(self, port: int) -> None:
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
+        self.settings.write_text(self._settings_text + f'public_url = "{self.url}"\n')
 
     def log_tail(self, limit: int = 4000) -> str:
         return self.log.read_bytes()[-limit:].decode(errors="replace") if self.log.exists() else "(no log)"
 
     def start(self) -> None:
+        for _ in range(3):
+            try:
+                return self._start()
+            except AssertionError as exc:
+                # Another process (parallel test workers) took the free port between its probe and the bind.
+                if self.proc is None or self.proc.poll() is None or "address already in use" not in str(exc).lower():
+                    raise
+                self._use_port(_free_port())
+        self._start()
+
+    def _start(self) -> None:
         # The repo goes first on the import path; whatever the environment already has there (a
         # ``pip install --target`` of the dependencies, say) stays after it.
         path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
