@@ -48,10 +48,11 @@ class Attention(nn.Module):
         kv = rope_tail(self.kv_norm(self.kv_proj(x)), cos, sin)
 
         keys, kpos = cache.window.extend(kv, step.pos, step.valid)
-        chosen = None
+        chosen = idx = None
         qp = step.pos.unsqueeze(-1)
         kp = kpos.unsqueeze(1)
         mask = (kp >= 0) & (kp <= qp) & (kp > qp - c.sliding_window)  # [B, S, W+S]
+        pooled = s == 1 and cache.pool is not None  # decode reads the 584-byte FP8 pool by row index
         if self.compressor is not None:
             n_visible = (step.pos + 1) // self.rate
             # every entry slot of the cache (a static shape); those past a query's n_visible are masked
@@ -59,16 +60,19 @@ class Attention(nn.Module):
             e = entries.shape[1]
             if self.compressor.indexer is not None:
                 idx = self.compressor.indexer(x, q_lat, step, cache.indexer, n_visible)
+            if idx is not None and not pooled:
                 chosen = torch.zeros(b, s, e + 1, dtype=torch.bool, device=x.device)
                 chosen.scatter_(-1, torch.where(idx >= 0, idx, e), True)
                 chosen = chosen[..., :e]
-            else:
+            elif idx is None:
                 chosen = torch.arange(e, device=x.device).view(1, 1, e) < n_visible.unsqueeze(-1)
-            keys = torch.cat([keys, entries.to(keys.dtype)], dim=1)
-            mask = torch.cat([mask, chosen], dim=-1)
-        if s == 1 and cache.pool is not None:  # decode reads the 584-byte FP8 pool by row index
+            if not pooled:
+                keys = torch.cat([keys, entries.to(keys.dtype)], dim=1)
+                mask = torch.cat([mask, chosen], dim=-1)
+        if pooled:
+            # CSA: the indexer's picks (k rows, not one per entry slot); HCA: every entry slot, masked
             sel = chosen[:, 0] if chosen is not None else None
-            rows = cache.decode_rows(step.pos[:, 0], sel).to(torch.int32)
+            rows = cache.decode_rows(step.pos[:, 0], sel, idx[:, 0] if idx is not None else None).to(torch.int32)
             o = self.ops.sparse_decode(q[:, 0], cache.pool.rows, rows, self.sinks, d ** -0.5).unsqueeze(1)
         else:
             o = self.ops.attention(q, keys, mask, self.sinks, d ** -0.5)  # [B, S, H, D]

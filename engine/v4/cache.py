@@ -179,11 +179,18 @@ class LayerCache:
             if part is not None:
                 part.reset()
 
-    def decode_rows(self, q_pos: torch.Tensor, chosen: torch.Tensor | None) -> torch.Tensor:
+    def decode_rows(self, q_pos: torch.Tensor, chosen: torch.Tensor | None,
+                    picks: torch.Tensor | None = None) -> torch.Tensor:
         """Pool rows one decode query per sequence attends to: its window, then the chosen entries
-        (``chosen[B, E]``), ``-1`` for none."""
+        (``chosen[B, E]`` a mask over entry slots, or ``picks[B, k]`` entry ids with ``-1`` for none), ``-1``
+        for none."""
         rows = self.window.pool_rows(q_pos)
-        if chosen is None or self.pool is None:
+        if self.pool is None:
+            return rows
+        if picks is not None:
+            b = torch.arange(picks.shape[0], device=picks.device).unsqueeze(1)
+            return torch.cat([rows, torch.where(picks >= 0, self.pool.entry_rows(b, picks), -1)], dim=1)
+        if chosen is None:
             return rows
         b = torch.arange(chosen.shape[0], device=chosen.device).unsqueeze(1)
         e = torch.arange(chosen.shape[1], device=chosen.device).unsqueeze(0)
