@@ -24,7 +24,8 @@ LANG_GLOBS = {
     "cuda": ["**/*.cu", "**/*.cuh"],
 }
 _NOT_VENDORED = [f"!**/{d}/**" for d in ("third_party", "3rdparty", "vendor", "vendors", "external", "extern", "deps",
-                                           "node_modules", "build", "dist", "test", "tests", "example", "examples")]
+                                           "node_modules", "build", "dist", "test", "tests", "example", "examples", "benchmark",
+                                           "benchmarks")]
 _NOT_VENDORED += ["!**/test_*.py", "!**/*_test.py"]
 
 

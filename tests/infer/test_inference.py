@@ -291,3 +291,16 @@ def test_names_missing_together_say_so_in_each_finding(repo):
     assert len(new) == 2, [f.message for f in new]
     assert all(f.message.endswith("One of 2 names missing from dict keys of KERNELS together: `OP_ROPE`, `OP_TOPK`.")
                for f in new), [f.message for f in new]
+
+
+def test_benchmark_scripts_copying_a_table_header_are_no_rule(tmp_path):
+    # Benchmarks, like tests and examples, copy tables on purpose: one script gaining a column is no drift.
+    r = GitRepo(tmp_path / "bench")
+    cols = ["name", "shape", "time_us", "gbps", "speedup"]
+    files = {f"benchmarks/bench_{k}.py": f"headers = {cols!r}\n" for k in ("a", "b", "c")}
+    base = r.commit_files(files, "three benchmarks")
+    head = r.commit_files({"benchmarks/bench_a.py": f"headers = {cols + ['pct_peak_bw']!r}\n"}, "a new column")
+    assert audit(r.path, base, head).findings == []
+    from checks.infer.families import source_files
+
+    assert source_files(Tree(str(r.path), head)) == []
