@@ -26,7 +26,7 @@ import tree_sitter as ts
 from checks import syntax
 from checks.facts import read_blobs
 
-VERSION = 14  # bump when a pattern changes: cached rows of an older pattern set are not reused
+VERSION = 15  # bump when a pattern changes: cached rows of an older pattern set are not reused
 MAX_BYTES = 1_000_000  # generated tables and vendored amalgamations say nothing about the code's intent (ggml.c is 0.6 MB, by hand)
 MAX_CACHED = 60_000  # blobs kept in a repo's on-disk member cache before it is pruned to one tree
 
@@ -385,8 +385,44 @@ def _members(lang: str, data: bytes, offset: int) -> list[Member]:
         value = ""
         if kind.values and caps.get("value"):
             value = syntax.text(caps["value"][0])
+        elif kind.name == "case" and node.parent is not None and node.parent.type == "case_statement":
+            value = _case_body(node.parent, node)
         out.append((kind.name, ctx, _unquote(syntax.text(node).strip()), node.start_point[0] + 1 + offset, value))
     return out
+
+
+_BOOLS = ("true", "false")
+
+
+def _case_body(case: ts.Node, label: ts.Node) -> str:
+    """What a ``case`` does: "bool" (only returns true, false or a test), "fall" (nothing: falls through), else "".
+
+    A switch whose every case returns a constant is a predicate (``supports_reorder``): a list of features, where
+    two lists agreeing says less than a predicate agreeing with the dispatch it guards.
+    """
+    body = [c for c in case.named_children if c.id != label.id and c.type != "comment"]
+    if len(body) == 1 and body[0].type == "compound_statement":
+        body = [c for c in body[0].named_children if c.type != "comment"]
+    if not body:
+        return "fall"
+    for stmt in body:
+        kids = [c for c in stmt.named_children if c.type != "comment"]
+        if stmt.type != "return_statement" or len(kids) != 1 or not _condition(kids[0]):
+            return ""
+    return "bool"
+
+
+_TESTS = {"!", "==", "!=", "<", ">", "<=", ">=", "&&", "||"}
+
+
+def _condition(node: ts.Node) -> bool:
+    """``true``, ``false`` or a test (``!flag``, ``a == b``, ``x && y``): what a predicate returns."""
+    while node.type == "parenthesized_expression" and node.named_child_count == 1:
+        node = node.named_children[0]
+    if node.type in _BOOLS:
+        return True
+    op = node.child_by_field_name("operator")
+    return node.type in ("unary_expression", "binary_expression") and op is not None and op.type in _TESTS
 
 
 # --------------------------------------------------------------------------- a tree's members, cached

@@ -30,6 +30,7 @@ _USES = {"case", "py-functions", "py-methods"}
 _SIBLINGS = {k.name for k in KINDS if k.siblings}  # prefix groups of one file that may relate to each other
 _ORDERED = {"enum", "array", "list", "py-enum"}  # declarations whose order can carry meaning (indexed tables)
 CASE_CLASS_MIN = 8  # switches that agree with no declared list must share at least this many labels
+PREDICATE_CLASS_MIN = 16  # ... and twice as many when every one is a predicate (each case returns true or false)
 # Members a family may hold and its partner lack: sentinels, not names.
 SENTINEL = re.compile(
     r"(?i)(^|_)(count|begin|end|first|last|max|min|num|size|total|invalid|unknown|none|all|default)$|^(num|max|n)_"
@@ -287,6 +288,8 @@ def mine(families: list[Family], min_support: int, min_ratio: float = 0.5, max_r
             continue  # helper functions named alike in two modules is chance, not a registry
         if switches_only and (len(core) < 2 or len(core[0].names) < CASE_CLASS_MIN):
             continue  # a few switches agreeing is chance; many labels in exactly the same set is a belief
+        if switches_only and all(_predicate(f) for f in core) and len(core[0].names) < PREDICATE_CLASS_MIN:
+            continue  # feature predicates agreeing (two reorder paths supporting the same types) is history, not design
         if switches_only:
             supersets = []
         if len(core) < 2 and not supersets:
@@ -320,6 +323,12 @@ def mine(families: list[Family], min_support: int, min_ratio: float = 0.5, max_r
             out.append(Invariant("table-equal", tables[:2]))
     out.sort(key=lambda inv: (-inv.support, -inv.files, inv.core[0].id))
     return out[:max_rules]
+
+
+def _predicate(family: Family) -> bool:
+    """A switch whose every case returns true or false (or falls through to one that does)."""
+    kinds = {family.values.get(n, "") for n in family.names}
+    return family.kind == "case" and "bool" in kinds and kinds <= {"bool", "fall"}
 
 
 def _sentinel(family: Family, name: str) -> bool:

@@ -304,3 +304,27 @@ def test_benchmark_scripts_copying_a_table_header_are_no_rule(tmp_path):
     from checks.infer.families import source_files
 
     assert source_files(Tree(str(r.path), head)) == []
+
+
+def _predicate(fn: str, labels: list[str], test: str = "true") -> str:
+    cases = "".join(f"        case {x}:\n" for x in labels)
+    return f"bool {fn}(int t) {{\n    switch (t) {{\n{cases}            return {test};\n        default:\n" \
+           f"            return false;\n    }}\n}}\n"
+
+
+def test_two_feature_predicates_agreeing_is_no_rule_but_a_predicate_and_its_dispatch_is(tmp_path):
+    # supports_reorder_dmmv and supports_reorder_mmvq listing the same 8 types is history; supports_op listing the
+    # ops compute_forward dispatches is design.
+    types = [f"TYPE_Q{i}" for i in range(8)]
+    ops = [f"OP_{i}" for i in range(8)]
+    r = GitRepo(tmp_path / "backend")
+    files = {"src/reorder.cpp": _predicate("supports_reorder_dmmv", types)
+             + _predicate("supports_reorder_mmvq", types, "!prefer_dmmv && t != 0"),
+             "src/backend.cpp": _predicate("supports_op", ops) + _switch("compute_forward", ops)}
+    base = r.commit_files(files, "two reorder paths, one backend")
+    head = r.commit_files({"src/reorder.cpp": files["src/reorder.cpp"].replace("        case TYPE_Q7:\n", "", 1),
+                           "src/backend.cpp": files["src/backend.cpp"].replace("        case OP_7:\n", "", 1)},
+                          "Q7 dropped from dmmv reorder, OP_7 from supports_op")
+    new = audit(r.path, base, head).with_status("new")
+    assert [f.message.split(" is in ")[0] for f in new] == ["`OP_7`"], [f.message for f in new]
+    assert "compute_forward" in new[0].message and "supports_op" in new[0].message
