@@ -95,7 +95,7 @@ def _pool_step(g, x, m, lsum, acc):
 
 @triton.jit
 def _compress_words_kernel(kv_ptr, gate_ptr, w_ptr, cos_ptr, sin_ptr, slot_ptr, pool64_ptr, L, eps,
-                           BLOCK_L: tl.constexpr, HW_CAST: tl.constexpr, EXACT: tl.constexpr,
+                           BLOCK_L: tl.constexpr, HW_CAST: tl.constexpr, EXACT: tl.constexpr, EVICT: tl.constexpr,
                            NT: tl.constexpr = N_TILES, NOPE: tl.constexpr = NOPE_DIM):
     """One entry per program: the nope channels as ``[tile 8, word 8, byte 8]`` (tile 7 masked off), the rope
     channels as ``[word 16, pair 2, even/odd 2]``, so the packed row leaves as int64 words."""
@@ -140,7 +140,7 @@ def _compress_words_kernel(kv_ptr, gate_ptr, w_ptr, cos_ptr, sin_ptr, slot_ptr, 
     sn = tl.load(sin_ptr + pidx)
     rope = tl.reshape(tl.join(ye * cs - yo * sn, ye * sn + yo * cs), [16, 4])
     q, r, sw = pack_words(yn[None], rope[None], HW_CAST, EXACT)
-    store_words(pool64_ptr, slot, slot >= 0, q, r, sw)
+    store_words(pool64_ptr, slot, slot >= 0, q, r, sw, EVICT)
 
 
 @triton.jit
@@ -158,7 +158,8 @@ def _pool_elem(g, x, m, lsum, acc):
 @triton.jit
 def _compress_unrolled_kernel(kv_ptr, gate_ptr, w_ptr, cos_ptr, sin_ptr, slot_ptr, pool64_ptr, n, L, eps,
                               ENTRIES: tl.constexpr, UNROLL: tl.constexpr, HW_CAST: tl.constexpr,
-                              EXACT: tl.constexpr, NT: tl.constexpr = N_TILES, NOPE: tl.constexpr = NOPE_DIM):
+                              EXACT: tl.constexpr, EVICT: tl.constexpr, NT: tl.constexpr = N_TILES,
+                              NOPE: tl.constexpr = NOPE_DIM):
     """``ENTRIES`` entries per program; the window streams row by row (``UNROLL`` rows per loop trip, so their
     loads are in flight together) through a per-channel online softmax, with no reduction over the window."""
     eid = tl.program_id(0).to(tl.int64) * ENTRIES + tl.arange(0, ENTRIES)
@@ -203,7 +204,7 @@ def _compress_unrolled_kernel(kv_ptr, gate_ptr, w_ptr, cos_ptr, sin_ptr, slot_pt
     sn = tl.load(sin_ptr + pidx, mask=live[:, None, None], other=0.0)
     rope = tl.reshape(tl.join(ye * cs - yo * sn, ye * sn + yo * cs), [ENTRIES, 16, 4])
     q, r, sw = pack_words(yn, rope, HW_CAST, EXACT)
-    store_words(pool64_ptr, slot, slot >= 0, q, r, sw)
+    store_words(pool64_ptr, slot, slot >= 0, q, r, sw, EVICT)
 
 
 COMPRESS_IMPL = "row"  # the default kernel of compress_store
@@ -237,14 +238,14 @@ def compress_store(kv, gate, norm_weight, eps, cos, sin, pool, slots, *, impl: s
         ent = entries or COMPRESS_ENTRIES
         _compress_unrolled_kernel[(triton.cdiv(n, ent),)](*args, words, n, length, float(eps), ENTRIES=ent,
                                                           UNROLL=block_l or COMPRESS_BLOCK_L, HW_CAST=hw, EXACT=exact,
-                                                          num_warps=num_warps or COMPRESS_WARPS)
+                                                          EVICT="", num_warps=num_warps or COMPRESS_WARPS)
     elif words is None:
         _compress_kernel[(n,)](*args, flat, flat.view(torch.int16), length, float(eps),
                                BLOCK_L=block_l or (8 if exact else 4), HW_CAST=hw, EXACT=exact,
                                num_warps=num_warps or 4)
     else:
         _compress_words_kernel[(n,)](*args, words, length, float(eps), BLOCK_L=block_l or COMPRESS_BLOCK_L,
-                                     HW_CAST=hw, EXACT=exact, num_warps=num_warps or COMPRESS_WARPS)
+                                     HW_CAST=hw, EXACT=exact, EVICT="", num_warps=num_warps or COMPRESS_WARPS)
     return pool
 
 

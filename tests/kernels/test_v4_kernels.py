@@ -43,8 +43,9 @@ def test_584_byte_layout_byte_by_byte():
     torch.testing.assert_close(kv584.unpack_ref(row[None]), x, rtol=0, atol=0)
 
 
-STORE_VARIANTS = [{"impl": "row"}, {"impl": "words", "rows": 4, "num_warps": 2},
-                  {"impl": "words", "rows": 16, "num_warps": 8}]
+# test_parity runs the default (words, 4 rows, 2 warps); these are the other paths
+STORE_VARIANTS = [{"impl": "row"}, {"impl": "words", "rows": 16, "num_warps": 8},
+                  {"impl": "words", "rows": 8, "num_warps": 4, "evict": "evict_first"}]
 
 
 @pytest.mark.parametrize("device", DEVICES)
