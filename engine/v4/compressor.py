@@ -59,7 +59,10 @@ class _Pool(nn.Module):
         # stored in the cache's trash slot, so nothing waits on the host to filter it out
         gate = gate.masked_fill(~ok.unsqueeze(-1), float("-inf"))
         kv = kv.masked_fill(~ok.unsqueeze(-1), 0.0)
-        pooled = (kv * gate.softmax(dim=1).to(kv.dtype)).sum(dim=1)
+        # the softmax over the window's slots (dim 1) written out: torch's softmax over a non-last dim is one
+        # slow kernel on CUDA, and a decode step runs five of them
+        e = (gate - gate.amax(dim=1, keepdim=True)).exp()
+        pooled = (kv * (e / e.sum(dim=1, keepdim=True)).to(kv.dtype)).sum(dim=1)
         cos, sin = step.tables["compress"]
         first = (ids * m).clamp(max=cos.shape[0] - 1)
         entries = rope_tail(self.kv_norm(pooled), cos[first], sin[first])

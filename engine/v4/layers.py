@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.v4.config import V4Config
-from kernels.rope import rope_ref, yarn_freqs
+from kernels.rope import yarn_freqs
 
 FP8 = torch.float8_e4m3fn
 
@@ -87,6 +87,12 @@ def rope_tables(cfg: V4Config, kind: str, max_pos: int) -> tuple[torch.Tensor, t
 
 def rope_tail(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Interleaved rope on the trailing ``2·cos.shape[-1]`` channels of ``x`` (V4 lays heads out ``[nope | rope]``).
-    ``cos``/``sin`` must broadcast against ``x[..., :rope_dim/2]``."""
+    ``cos``/``sin`` must broadcast against ``x[..., :rope_dim/2]``. :func:`kernels.rope.rope_ref`'s math (fp32,
+    ``(x0·c − x1·s, x0·s + x1·c)`` per pair) as one complex product, so a decode step launches a few kernels
+    per rope instead of a dozen."""
     r = 2 * cos.shape[-1]
-    return torch.cat([x[..., :-r], rope_ref(x[..., -r:], cos, sin)], dim=-1)
+    tail = x[..., -r:].float()
+    rot = torch.view_as_complex(tail.reshape(*tail.shape[:-1], r // 2, 2)) * torch.complex(cos.float(), sin.float())
+    out = x.clone()
+    out[..., -r:] = torch.view_as_real(rot).flatten(-2)
+    return out

@@ -59,7 +59,9 @@ def experts_static(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, ga
     mx = gate_up_scale is not None
     dt = torch.float32 if mx else x.dtype
     xd = x.to(dt)
-    if t * k < e:  # gather the chosen experts' weights, one (token, expert) pair per batch entry
+    # gathering copies each pair's weights (read, write, read again): cheaper than reading every expert once
+    # only while 3·t·k < E
+    if 3 * t * k < e:  # gather the chosen experts' weights, one (token, expert) pair per batch entry
         flat = ids.reshape(-1)
         wgu = _dequant(gate_up[flat], gate_up_scale[flat]) if mx else gate_up[flat].to(dt)
         wd = _dequant(down[flat], down_scale[flat]) if mx else down[flat].to(dt)
