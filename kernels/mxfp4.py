@@ -381,24 +381,32 @@ def _e2m1_as_e4m3_ptx(b, R: tl.constexpr, C: tl.constexpr):
 @triton.jit
 def _w4a8_gemm(a_ptr, as_ptr, a_rows, a_stride, as_stride, rm, w_ptr, ws_ptr, wrow0, n, nm, K,
                BM: tl.constexpr, BN: tl.constexpr, ABLOCK: tl.constexpr, PTX: tl.constexpr):
-    """``acc[BM, BN] = Σ_g dot(a[:, g], w[n, g]ᵀ) · sa · sw`` over 32-wide K groups: fp8 activations
-    ``a[row, K]`` with one fp32 scale per ``ABLOCK``, packed MXFP4 weight rows ``wrow0 + n`` (K/2 bytes, K/32
-    UE8M0 scales). Every group's fp8 product is exact in the MMA; the scales apply in fp32 per group."""
+    """``acc[BM, BN] = Σ_blocks sa · Σ_g dot(a[:, g], w[n, g]ᵀ) · sw`` over 32-wide K groups g in activation
+    blocks of ``ABLOCK``: fp8 activations ``a[row, K]`` with one fp32 scale per block, packed MXFP4 weight
+    rows ``wrow0 + n`` (K/2 bytes, K/32 UE8M0 scales). Every group's fp8 product is exact in the MMA; the
+    weight scale applies in fp32 per group, the activation scale once per block."""
     acc = tl.zeros([BM, BN], dtype=tl.float32)
     c32 = tl.arange(0, 32)
     c16 = tl.arange(0, 16)
     wrow = (wrow0 + n).to(tl.int64)
-    for k0 in range(0, K, 32):
-        a = tl.load(a_ptr + a_rows[:, None] * a_stride + k0 + c32[None, :], mask=rm[:, None], other=0.0)
+    for k0 in range(0, K, ABLOCK):
         sa = tl.load(as_ptr + a_rows * as_stride + k0 // ABLOCK, mask=rm, other=0.0)
-        b = tl.load(w_ptr + wrow[:, None] * (K // 2) + k0 // 2 + c16[None, :], mask=nm[:, None], other=0)
-        sb = tl.load(ws_ptr + wrow * (K // 32) + k0 // 32, mask=nm, other=0).to(tl.int32) & 0xFF
-        if PTX:
-            w = _e2m1_as_e4m3_ptx(b, BN, 16)  # [BN, 32]
-        else:
-            w = _e2m1_as_e4m3(b.to(tl.int32) & 0xFF, BN, 16)
-        d = tl.dot(a, tl.trans(w))
-        acc += d * (sa[:, None] * (_ue8m0_f32(sb) * 64.0)[None, :])
+        blk = tl.zeros([BM, BN], dtype=tl.float32)
+        for g in tl.static_range(ABLOCK // 32):  # the weight scale per 32-K group, the activation's per block
+            kg = k0 + 32 * g
+            ka = (kg + c32) < K  # a block may run past K (K < ABLOCK)
+            kb = (kg // 2 + c16) < K // 2
+            a = tl.load(a_ptr + a_rows[:, None] * a_stride + kg + c32[None, :], mask=rm[:, None] & ka[None, :],
+                        other=0.0)
+            b = tl.load(w_ptr + wrow[:, None] * (K // 2) + kg // 2 + c16[None, :], mask=nm[:, None] & kb[None, :],
+                        other=0)
+            sb = tl.load(ws_ptr + wrow * (K // 32) + kg // 32, mask=nm & (wrow * 0 + kg < K), other=0).to(tl.int32) & 0xFF
+            if PTX:
+                w = _e2m1_as_e4m3_ptx(b, BN, 16)  # [BN, 32]
+            else:
+                w = _e2m1_as_e4m3(b.to(tl.int32) & 0xFF, BN, 16)
+            blk += tl.dot(a, tl.trans(w)) * (_ue8m0_f32(sb) * 64.0)[None, :]
+        acc += blk * sa[:, None]
     return acc
 
 

@@ -45,9 +45,10 @@ def test_dequant_variant_by_capability(monkeypatch):
 
 
 def test_hc_pre_design_by_capability(monkeypatch):
-    monkeypatch.setitem(hc.HC_PRE, "variant", "fused")
-    assert hc.hc_pre_variant((9, 0)) == "fused"
-    assert hc.hc_pre_variant(None) == "split"  # the interpreter runs programs one at a time: no waiting
+    for waiting in ("fused", "persist"):
+        monkeypatch.setitem(hc.HC_PRE, "variant", waiting)
+        assert hc.hc_pre_variant((9, 0)) == waiting
+        assert hc.hc_pre_variant(None) == "split"  # the interpreter runs programs one at a time: no waiting
     monkeypatch.setitem(hc.HC_PRE, "variant", "split")
     assert hc.hc_pre_variant((9, 0)) == "split"
 
@@ -163,16 +164,17 @@ def test_hc_pre_split_over_k_and_d_slices(device):
             torch.testing.assert_close(o, r, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("variant", ["fused", "persist"])
 @pytest.mark.parametrize("device", DEVICES)
-def test_hc_pre_fused_needs_a_gpu(device):
+def test_hc_pre_one_pass_designs_need_a_gpu(device, variant):
     inp = _hc_inputs(37, 4, 200, device, torch.bfloat16)
     if device == "cpu":
         with pytest.raises(ValueError, match="needs a GPU"):
-            hc.hc_pre(**inp, variant="fused")
+            hc.hc_pre(**inp, variant=variant)
         return
     ref = hc.hc_pre_ref(**inp)
     for tune in ({"bt": 32, "bd": 64, "warps": 4}, {"bt": 64, "bd": 32, "warps": 8}):  # partial blocks both ways
-        col, post, comb = hc.hc_pre(**inp, variant="fused", **tune)
+        col, post, comb = hc.hc_pre(**inp, variant=variant, **tune)
         torch.testing.assert_close(col, ref[0], rtol=2**-7, atol=1 / 64)
         torch.testing.assert_close(post, ref[1], rtol=1e-4, atol=1e-5)
         torch.testing.assert_close(comb, ref[2], rtol=1e-4, atol=1e-5)
