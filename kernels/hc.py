@@ -305,14 +305,15 @@ def _hc_fused_kernel(x_ptr, fn_ptr, base_ptr, scale_ptr, col_ptr, post_ptr, comb
 @triton.jit
 def _hc_persist_kernel(x_ptr, fn_ptr, base_ptr, scale_ptr, col_ptr, post_ptr, comb_ptr, acc_ptr, sync_ptr, pre_ptr,
                        T, D, S, n_items, G, iters, eps, norm_eps, N: tl.constexpr, NMIX: tl.constexpr,
-                       BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, SPLIT3: tl.constexpr, PREC: tl.constexpr):
+                       BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, SPLIT3: tl.constexpr, PREC: tl.constexpr,
+                       OVERLAP: tl.constexpr):
     """One HBM pass over x, nobody waiting on a critical path: G resident programs walk the items (token
     block, D slice) in order, item ``pid + j·G`` at step j. A step does the logits part of its item (slab
     load, MMAs, atomics into ``acc``, count-in; the block's last arrival runs the weights and Sinkhorn and
     raises the block's flag), then the collapse of the item it loaded a step earlier: by then that block is
     complete (every program did its step's logits part before waiting), and the slab is re-read from L2
-    (G slabs ago). Needs all G programs resident (the host sizes G by the compiled kernel's occupancy) and
-    a block's slices S ≤ G."""
+    (G slabs ago). ``OVERLAP``: that re-read is issued with the step's HBM load. Needs all G programs
+    resident (the host sizes G by the compiled kernel's occupancy) and a block's slices S ≤ G."""
     pid = tl.program_id(0)
     K = N * D
     r = tl.arange(0, N * BLOCK_D)
@@ -322,26 +323,38 @@ def _hc_persist_kernel(x_ptr, fn_ptr, base_ptr, scale_ptr, col_ptr, post_ptr, co
     nn = tl.arange(0, N * N)
     n_steps = tl.cdiv(n_items - pid, G)
     for j in range(0, n_steps + 1):
-        if j < n_steps:
-            i = pid + j * G
-            ks = i % S
-            tb = i // S
-            t = tb.to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
-            tm = t < T
-            kk = (r // BLOCK_D) * D + ks * BLOCK_D + r % BLOCK_D
-            km = (ks * BLOCK_D + r % BLOCK_D) < D
-            xv = tl.load(x_ptr + t[:, None] * K + kk[None, :], mask=tm[:, None] & km[None, :], other=0.0,
-                         eviction_policy="evict_last")
-            xf = xv.to(tl.float32)
-            ss = tl.sum(xf * xf, axis=1)
-            acc = tl.zeros([BLOCK_T, NMIX], dtype=tl.float32)
-            if SPLIT3:
-                acc = _fn_dot(xv, fn_ptr, kk, km, K, acc, N, NMIX, SPLIT3, PREC)
-            else:
-                acc = _fn_dot(xf, fn_ptr, kk, km, K, acc, N, NMIX, SPLIT3, PREC)
-            tl.atomic_add(acc_ptr + t[:, None] * (NMIX + 1) + mix_i[None, :], acc,
-                          mask=tm[:, None] & (mix_i[None, :] < n_mix), sem="relaxed")
-            tl.atomic_add(acc_ptr + t * (NMIX + 1) + NMIX, ss, mask=tm, sem="relaxed")
+        cur = j < n_steps
+        i = pid + tl.minimum(j, n_steps - 1) * G
+        ks = i % S
+        tb = i // S
+        t = tb.to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+        tm = (t < T) & cur
+        kk = (r // BLOCK_D) * D + ks * BLOCK_D + r % BLOCK_D
+        km = (ks * BLOCK_D + r % BLOCK_D) < D
+        ip = pid + tl.maximum(j - 1, 0) * G
+        ks2 = ip % S
+        tb2 = ip // S
+        t2 = tb2.to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+        tm2 = (t2 < T) & (j > 0)
+        d = ks2 * BLOCK_D + tl.arange(0, BLOCK_D)
+        dm = d < D
+        x2_ptrs = x_ptr + (t2[:, None, None] * N + jn[None, :, None]) * D + d[None, None, :]
+        x2_mask = tm2[:, None, None] & dm[None, None, :]
+        xv = tl.load(x_ptr + t[:, None] * K + kk[None, :], mask=tm[:, None] & km[None, :], other=0.0,
+                     eviction_policy="evict_last")
+        if OVERLAP:
+            xv2 = tl.load(x2_ptrs, mask=x2_mask, other=0.0, eviction_policy="evict_first")
+        xf = xv.to(tl.float32)
+        ss = tl.sum(xf * xf, axis=1)
+        acc = tl.zeros([BLOCK_T, NMIX], dtype=tl.float32)
+        if SPLIT3:
+            acc = _fn_dot(xv, fn_ptr, kk, km, K, acc, N, NMIX, SPLIT3, PREC)
+        else:
+            acc = _fn_dot(xf, fn_ptr, kk, km, K, acc, N, NMIX, SPLIT3, PREC)
+        tl.atomic_add(acc_ptr + t[:, None] * (NMIX + 1) + mix_i[None, :], acc,
+                      mask=tm[:, None] & (mix_i[None, :] < n_mix), sem="relaxed")
+        tl.atomic_add(acc_ptr + t * (NMIX + 1) + NMIX, ss, mask=tm, sem="relaxed")
+        if cur:
             _fence_gpu(tm.to(tl.int32))
             tl.debug_barrier()
             n_in = tl.atomic_add(sync_ptr + 2 * tb, 1, sem="acq_rel")
@@ -359,20 +372,13 @@ def _hc_persist_kernel(x_ptr, fn_ptr, base_ptr, scale_ptr, col_ptr, post_ptr, co
                 tl.debug_barrier()
                 tl.atomic_xchg(sync_ptr + 2 * tb + 1, 1, sem="release")
         if j > 0:
-            ip = pid + (j - 1) * G
-            ks2 = ip % S
-            tb2 = ip // S
-            t2 = tb2.to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
-            tm2 = t2 < T
             flag = tl.atomic_add(sync_ptr + 2 * tb2 + 1, 0, sem="acquire")
             while flag == 0:
                 flag = tl.atomic_add(sync_ptr + 2 * tb2 + 1, 0, sem="acquire")
             tl.debug_barrier()
             pre2 = tl.load(pre_ptr + t2[:, None] * N + jn[None, :], mask=tm2[:, None], other=0.0, cache_modifier=".cg")
-            d = ks2 * BLOCK_D + tl.arange(0, BLOCK_D)
-            dm = d < D
-            xv2 = tl.load(x_ptr + (t2[:, None, None] * N + jn[None, :, None]) * D + d[None, None, :],
-                          mask=tm2[:, None, None] & dm[None, None, :], other=0.0, eviction_policy="evict_first")
+            if not OVERLAP:
+                xv2 = tl.load(x2_ptrs, mask=x2_mask, other=0.0, eviction_policy="evict_first")
             c = tl.sum(xv2.to(tl.float32) * pre2[:, :, None], axis=1)
             tl.store(col_ptr + t2[:, None] * D + d[None, :], c.to(col_ptr.dtype.element_ty), mask=tm2[:, None] & dm[None, :])
 
@@ -425,7 +431,8 @@ def _hc_post_kernel(o_ptr, x_ptr, post_ptr, comb_ptr, y_ptr, D, N: tl.constexpr,
 #: hc_pre launch choices; the benchmark round picks them (``variant``: fused | split | v1)
 HC_PRE = {"variant": "split", "split": {"bt": 64, "bk": 64, "s": 4, "bt2": 16, "ds": 4, "bd": 128, "warps": 4,
                                         "warps2": 4},
-          "fused": {"bt": 64, "bd": 64, "warps": 8}, "persist": {"bt": 64, "bd": 64, "warps": 8, "per_sm": 2}}
+          "fused": {"bt": 64, "bd": 64, "warps": 8}, "persist": {"bt": 64, "bd": 64, "warps": 8, "per_sm": 2,
+                                                                          "overlap": True}}
 
 
 def hc_pre_variant(cap: tuple[int, int] | None) -> str:
@@ -510,7 +517,8 @@ def hc_pre(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.T
         acc = scratch[:t * (nmix + 1)]
         sync = scratch[t * (nmix + 1):].view(torch.int32)
         pre = torch.empty(t, n, dtype=torch.float32, device=x.device)
-        kw = dict(N=n, NMIX=nmix, BLOCK_T=bt, BLOCK_D=bd, SPLIT3=split3, PREC=prec, num_warps=p["warps"])
+        kw = dict(N=n, NMIX=nmix, BLOCK_T=bt, BLOCK_D=bd, SPLIT3=split3, PREC=prec, OVERLAP=bool(p["overlap"]),
+                  num_warps=p["warps"])
         args = (xc, fnc, bc, sc, col, post, comb, acc, sync, pre, t, d, n_s, n_items, 3, iters, eps, norm_eps)
         resident = _resident_programs(_hc_persist_kernel, args, kw, x.device)
         g = min(n_items, resident, p["per_sm"] * torch.cuda.get_device_properties(x.device).multi_processor_count)
