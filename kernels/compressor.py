@@ -207,16 +207,110 @@ def _compress_unrolled_kernel(kv_ptr, gate_ptr, w_ptr, cos_ptr, sin_ptr, slot_pt
     store_words(pool64_ptr, slot, slot >= 0, q, r, sw, EVICT)
 
 
-COMPRESS_IMPL = "row"  # the default kernel of compress_store
+@triton.jit
+def _window_tile(kv_ptr, gate_ptr, e, L, l0, col, tm, rcol, BLOCK_L: tl.constexpr):
+    """Rows ``l0 .. l0 + BLOCK_L`` of entry ``e``'s window: gates and sources, nope ``[BL, 8, 8, 8]`` (tile 7 masked)
+    and rope ``[BL, 16, 2, 2]``."""
+    rl = l0 + tl.arange(0, BLOCK_L)
+    lm = rl < L
+    base = (e * L + rl) * 512
+    b4 = base[:, None, None, None] + col[None]
+    m4 = lm[:, None, None, None] & tm[None]
+    g = tl.load(gate_ptr + b4, mask=m4, other=float("-inf")).to(tl.float32)
+    x = tl.load(kv_ptr + b4, mask=m4, other=0.0).to(tl.float32)
+    br = base[:, None, None, None] + rcol[None]
+    gr = tl.load(gate_ptr + br, mask=lm[:, None, None, None], other=float("-inf")).to(tl.float32)
+    xr = tl.load(kv_ptr + br, mask=lm[:, None, None, None], other=0.0).to(tl.float32)
+    return g, x, gr, xr
+
+
+@triton.jit
+def _finish(acc, lsum, ar, lr, wn, wr, e, cos_ptr, sin_ptr, slot_ptr, pool64_ptr, eps, tm, HW_CAST: tl.constexpr,
+            EXACT: tl.constexpr, EVICT: tl.constexpr):
+    """Pooled sums → RMSNorm → rope on the tail → packed and stored at entry ``e``'s slot."""
+    pooled = tl.where(tm, acc / lsum, 0.0)
+    pr = ar / lr
+    ss = tl.sum(tl.sum(tl.sum(pooled * pooled, axis=2), axis=1), axis=0)
+    ss += tl.sum(tl.sum(tl.sum(pr * pr, axis=2), axis=1), axis=0)
+    rstd = 1.0 / tl.sqrt_rn(ss / 512 + eps)
+    yn = pooled * rstd * wn
+    yr = pr * rstd * wr
+    ye, yo = tl.split(yr)  # [16, 2]: pair 2j + p
+    j = tl.arange(0, 16)
+    two = tl.arange(0, 2)
+    pidx = e * 32 + j[:, None] * 2 + two[None, :]
+    cs = tl.load(cos_ptr + pidx)
+    sn = tl.load(sin_ptr + pidx)
+    rope = tl.reshape(tl.join(ye * cs - yo * sn, ye * sn + yo * cs), [16, 4])
+    slot = tl.load(slot_ptr + e + tl.arange(0, 1)).to(tl.int64)  # [1]
+    q, r, sw = pack_words(yn[None], rope[None], HW_CAST, EXACT)
+    store_words(pool64_ptr, slot, slot >= 0, q, r, sw, EVICT)
+
+
+@triton.jit
+def _compress_pipe_kernel(kv_ptr, gate_ptr, w_ptr, cos_ptr, sin_ptr, slot_ptr, pool64_ptr, n, L, eps,
+                          BLOCK_L: tl.constexpr, WHOLE: tl.constexpr, STAGES: tl.constexpr, HW_CAST: tl.constexpr,
+                          EXACT: tl.constexpr, EVICT: tl.constexpr, NT: tl.constexpr = N_TILES,
+                          NOPE: tl.constexpr = NOPE_DIM):
+    """Software-pipelined loads (``tl.range(num_stages=STAGES)``: the next windows stream into shared memory
+    while one is reduced). ``WHOLE`` (the window fits one ``BLOCK_L`` tile): persistent programs stride over
+    the entries; else one program per entry pipelines its window's tiles."""
+    tile = tl.arange(0, 8)
+    wi = tl.arange(0, 8)
+    col = tile[:, None, None] * 64 + wi[None, :, None] * 8 + wi[None, None, :]  # [8, 8, 8]
+    tm = (tile < NT)[:, None, None]
+    j = tl.arange(0, 16)
+    two = tl.arange(0, 2)
+    rcol = NOPE + j[:, None, None] * 4 + two[None, :, None] * 2 + two[None, None, :]  # [16, 2, 2]
+    wn = tl.load(w_ptr + col, mask=tm, other=0.0).to(tl.float32)
+    wr = tl.load(w_ptr + rcol).to(tl.float32)
+    if WHOLE:
+        for e in tl.range(tl.program_id(0), n, tl.num_programs(0), num_stages=STAGES):
+            e64 = (tl.program_id(0) * 0 + e).to(tl.int64)  # a tensor under the interpreter too
+            g, x, gr, xr = _window_tile(kv_ptr, gate_ptr, e64, L, 0, col, tm, rcol, BLOCK_L)
+            m, lsum, acc = _pool_step(g, x, tl.full([8, 8, 8], float("-inf"), tl.float32),
+                                      tl.zeros([8, 8, 8], dtype=tl.float32), tl.zeros([8, 8, 8], dtype=tl.float32))
+            mr, lr, ar = _pool_step(gr, xr, tl.full([16, 2, 2], float("-inf"), tl.float32),
+                                    tl.zeros([16, 2, 2], dtype=tl.float32), tl.zeros([16, 2, 2], dtype=tl.float32))
+            _finish(acc, lsum, ar, lr, wn, wr, e64, cos_ptr, sin_ptr, slot_ptr, pool64_ptr, eps, tm, HW_CAST, EXACT,
+                    EVICT)
+    else:
+        e64 = tl.program_id(0).to(tl.int64)
+        m = tl.full([8, 8, 8], float("-inf"), tl.float32)
+        lsum = tl.zeros([8, 8, 8], dtype=tl.float32)
+        acc = tl.zeros([8, 8, 8], dtype=tl.float32)
+        mr = tl.full([16, 2, 2], float("-inf"), tl.float32)
+        lr = tl.zeros([16, 2, 2], dtype=tl.float32)
+        ar = tl.zeros([16, 2, 2], dtype=tl.float32)
+        for l0 in tl.range(0, L, BLOCK_L, num_stages=STAGES):
+            g, x, gr, xr = _window_tile(kv_ptr, gate_ptr, e64, L, l0, col, tm, rcol, BLOCK_L)
+            m, lsum, acc = _pool_step(g, x, m, lsum, acc)
+            mr, lr, ar = _pool_step(gr, xr, mr, lr, ar)
+        _finish(acc, lsum, ar, lr, wn, wr, e64, cos_ptr, sin_ptr, slot_ptr, pool64_ptr, eps, tm, HW_CAST, EXACT,
+                EVICT)
+
+
+COMPRESS_IMPL = "pipe"  # the default kernel of compress_store
 COMPRESS_WARPS = 4
 COMPRESS_BLOCK_L = 8
 COMPRESS_ENTRIES = 2
+COMPRESS_STAGES = 3
+COMPRESS_PROGRAMS_PER_SM = 2
+
+
+def _programs(device: torch.device) -> int:
+    """Persistent programs for the pipelined kernel: a few per SM (the interpreter: 2)."""
+    if device.type != "cuda" or interpreting():
+        return 2
+    return COMPRESS_PROGRAMS_PER_SM * torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def compress_store(kv, gate, norm_weight, eps, cos, sin, pool, slots, *, impl: str | None = None,
-                   block_l: int | None = None, num_warps: int | None = None,
-                   entries: int | None = None) -> torch.Tensor:
-    """Triton :func:`compress_store_ref`. ``impl``: ``"unrolled"``, ``entries`` per program streaming the
+                   block_l: int | None = None, num_warps: int | None = None, entries: int | None = None,
+                   stages: int | None = None, programs: int | None = None) -> torch.Tensor:
+    """Triton :func:`compress_store_ref`. ``impl``: ``"pipe"``, software-pipelined loads (``stages`` deep) with
+    ``programs`` persistent programs striding over the entries when the window fits ``block_l`` rows, else
+    one program per entry pipelining its window ``block_l`` rows at a time; ``"unrolled"``, ``entries`` per program streaming the
     window row by row through an elementwise online softmax; ``"words"``, one entry per program pooling
     ``block_l`` window rows at a time; both write rows as int64 words. ``"row"``: the byte-store kernel, one
     entry per program (also the path for a pool that is not 8-byte aligned). ``None``: :data:`COMPRESS_IMPL`."""
@@ -225,8 +319,8 @@ def compress_store(kv, gate, norm_weight, eps, cos, sin, pool, slots, *, impl: s
         raise ValueError(f"compress_store: kv/gate must be [n, L, {HEAD_DIM}] and cos/sin [n, {ROPE_DIM // 2}], got "
                          f"{tuple(kv.shape)}, {tuple(gate.shape)}, {tuple(cos.shape)}")
     impl = impl or COMPRESS_IMPL
-    if impl not in ("words", "row", "unrolled"):
-        raise ValueError(f"compress_store: impl must be 'words', 'unrolled' or 'row', got {impl!r}")
+    if impl not in ("words", "row", "unrolled", "pipe"):
+        raise ValueError(f"compress_store: impl must be 'pipe', 'words', 'unrolled' or 'row', got {impl!r}")
     flat = _flat(pool)
     if not n:
         return pool
@@ -234,7 +328,16 @@ def compress_store(kv, gate, norm_weight, eps, cos, sin, pool, slots, *, impl: s
             sin.float().contiguous(), slots.to(torch.int64).contiguous())
     hw, exact = fp8_hw_cast(capability(kv.device)), interpreting()
     words = _words(flat) if impl != "row" else None
-    if words is not None and impl == "unrolled":
+    if words is not None and impl == "pipe":
+        bl = block_l or COMPRESS_BLOCK_L
+        whole = bl >= length
+        if whole:
+            bl = max(1, triton.next_power_of_2(length))
+        grid = min(n, programs or _programs(kv.device)) if whole else n
+        _compress_pipe_kernel[(grid,)](*args, words, n, length, float(eps), BLOCK_L=bl, WHOLE=whole,
+                                       STAGES=stages or COMPRESS_STAGES, HW_CAST=hw, EXACT=exact, EVICT="",
+                                       num_warps=num_warps or COMPRESS_WARPS)
+    elif words is not None and impl == "unrolled":
         ent = entries or COMPRESS_ENTRIES
         _compress_unrolled_kernel[(triton.cdiv(n, ent),)](*args, words, n, length, float(eps), ENTRIES=ent,
                                                           UNROLL=block_l or COMPRESS_BLOCK_L, HW_CAST=hw, EXACT=exact,

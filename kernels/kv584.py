@@ -195,11 +195,10 @@ def store_words(pool64_ptr, slot, ok, q, r, sw, EVICT: tl.constexpr, WORDS: tl.c
 
 
 @triton.jit
-def _store_rows_kernel(kv_ptr, slot_ptr, pool64_ptr, n, stride_kv, ROWS: tl.constexpr, HW_CAST: tl.constexpr,
-                       EXACT: tl.constexpr, EVICT: tl.constexpr = "", NT: tl.constexpr = N_TILES,
-                       NOPE: tl.constexpr = NOPE_DIM):
-    """``ROWS`` tokens per program, each row written as 73 int64 words (584 = 8 · 73)."""
-    rid = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+def _store_block(kv_ptr, slot_ptr, pool64_ptr, n, stride_kv, blk, ROWS: tl.constexpr, HW_CAST: tl.constexpr,
+                 EXACT: tl.constexpr, EVICT: tl.constexpr, NT: tl.constexpr = N_TILES, NOPE: tl.constexpr = NOPE_DIM):
+    """Tokens ``blk * ROWS ..`` packed and written as 73 int64 words each (584 = 8 · 73)."""
+    rid = blk * ROWS + tl.arange(0, ROWS)
     live = rid < n
     slot = tl.load(slot_ptr + rid, mask=live, other=-1).to(tl.int64)
     tile = tl.arange(0, 8)
@@ -216,6 +215,20 @@ def _store_rows_kernel(kv_ptr, slot_ptr, pool64_ptr, n, stride_kv, ROWS: tl.cons
                    eviction_policy=EVICT).to(tl.float32)
     q, r, sw = pack_words(nope, rope, HW_CAST, EXACT)
     store_words(pool64_ptr, slot, slot >= 0, q, r, sw, EVICT)
+
+
+@triton.jit
+def _store_rows_kernel(kv_ptr, slot_ptr, pool64_ptr, n, stride_kv, ROWS: tl.constexpr, HW_CAST: tl.constexpr,
+                       EXACT: tl.constexpr, EVICT: tl.constexpr = "", STAGES: tl.constexpr = 0):
+    """``ROWS`` tokens per program; ``STAGES`` > 0: persistent programs stride over the blocks with their loads
+    software-pipelined ``STAGES`` deep."""
+    if STAGES == 0:
+        _store_block(kv_ptr, slot_ptr, pool64_ptr, n, stride_kv, tl.program_id(0).to(tl.int64), ROWS, HW_CAST,
+                     EXACT, EVICT)
+    else:
+        for b in tl.range(tl.program_id(0), tl.cdiv(n, ROWS), tl.num_programs(0), num_stages=STAGES):
+            _store_block(kv_ptr, slot_ptr, pool64_ptr, n, stride_kv, (tl.program_id(0) * 0 + b).to(tl.int64), ROWS,
+                         HW_CAST, EXACT, EVICT)
 
 
 @triton.jit
@@ -275,11 +288,13 @@ def _words(flat: torch.Tensor) -> torch.Tensor | None:
 
 
 def kv584_store(kv: torch.Tensor, pool: torch.Tensor, slots: torch.Tensor, *, impl: str | None = None,
-                rows: int | None = None, num_warps: int | None = None, evict: str = "") -> torch.Tensor:
+                rows: int | None = None, num_warps: int | None = None, evict: str = "", stages: int = 0,
+                programs: int | None = None) -> torch.Tensor:
     """Triton :func:`kv584_store_ref`. ``impl="words"``: ``rows`` tokens per program written as int64 words;
     ``"row"``: one program per token with byte stores (also the path for a pool whose storage is not 8-byte
     aligned). ``None``: :data:`STORE_IMPL`. ``evict``: the word kernel's L2 eviction hint ("" or
-    "evict_first", for a pool written once and read much later)."""
+    "evict_first", for a pool written once and read much later). ``stages`` > 0: ``programs`` persistent
+    programs (default 4 per SM) with loads pipelined that deep."""
     flat = _flat(pool)
     if kv.dim() != 2 or kv.shape[1] != HEAD_DIM or kv.stride(1) != 1 or slots.shape != (kv.shape[0],):
         raise ValueError(f"kv584: kv must be [N, {HEAD_DIM}] (unit stride) with slots [N], got "
@@ -298,9 +313,12 @@ def kv584_store(kv: torch.Tensor, pool: torch.Tensor, slots: torch.Tensor, *, im
                             num_warps=num_warps or 2)
     else:
         r = rows or STORE_ROWS
-        _store_rows_kernel[(triton.cdiv(n, r),)](kv, sl, words, n, kv.stride(0), ROWS=r, HW_CAST=hw,
-                                                 EXACT=interpreting(), EVICT=evict,
-                                                 num_warps=num_warps or STORE_WARPS)
+        grid = triton.cdiv(n, r)
+        if stages:
+            sms = torch.cuda.get_device_properties(kv.device).multi_processor_count if kv.is_cuda else 1
+            grid = min(grid, programs or 4 * sms)
+        _store_rows_kernel[(grid,)](kv, sl, words, n, kv.stride(0), ROWS=r, HW_CAST=hw, EXACT=interpreting(),
+                                    EVICT=evict, STAGES=stages, num_warps=num_warps or STORE_WARPS)
     return pool
 
 

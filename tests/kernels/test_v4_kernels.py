@@ -45,7 +45,8 @@ def test_584_byte_layout_byte_by_byte():
 
 # test_parity runs the default (words, 4 rows, 2 warps); these are the other paths
 STORE_VARIANTS = [{"impl": "row"}, {"impl": "words", "rows": 16, "num_warps": 8},
-                  {"impl": "words", "rows": 8, "num_warps": 4, "evict": "evict_first"}]
+                  {"impl": "words", "rows": 8, "num_warps": 4, "evict": "evict_first"},
+                  {"impl": "words", "rows": 4, "stages": 2, "programs": 3}]
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -139,9 +140,11 @@ def test_word_store_on_a_pool_not_8_byte_aligned_falls_back(device):
     assert torch.equal(rows, kv584.pack_ref(kv.cpu())) and buf[:2].eq(0).all()
 
 
+# test_parity runs the default (pipe: whole windows on persistent programs, HCA's tile by tile); these are the
+# other paths, and pipe with a window split over tiles and with one program for all entries
 COMPRESS_VARIANTS = [{"impl": "row"}, {"impl": "words", "block_l": 4},
                      {"impl": "unrolled", "entries": 2, "block_l": 4, "num_warps": 4},
-                     {"impl": "unrolled", "entries": 1, "block_l": 8, "num_warps": 2}]
+                     {"impl": "pipe", "block_l": 4, "stages": 2}, {"impl": "pipe", "programs": 1, "stages": 3}]
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -157,7 +160,7 @@ def test_compress_store_variants_pass_the_spec(variant, device):
     assert rows and all(r.passed for r in rows), format_table(rows)
 
 
-@pytest.mark.parametrize("impl", ["row", "words", "unrolled"])
+@pytest.mark.parametrize("impl", ["row", "words", "unrolled", "pipe"])
 def test_compress_store_skips_negative_slots_and_ragged_entry_blocks(impl, device):
     """5 entries (not a multiple of the entries per program), a window of 5 (not a multiple of the rows
     pooled per step), and slot -1: the other slots hold exactly what the reference writes, the rest is
