@@ -130,6 +130,8 @@ class CompressorCache:
         here. Then the chunk's projections enter the ring."""
         m = self.rate
         bsz, s = pos.shape
+        if s == 1:
+            return self._decode_window(kv, gate, pos, valid)
         start = pos[:, 0]
         n_c = -(-s // m)
         s_c = ((m - 1 - start) % m).unsqueeze(1) + m * torch.arange(n_c, device=pos.device)  # [B, n_c]
@@ -148,13 +150,31 @@ class CompressorCache:
         src_kv = torch.where(in_chunk.unsqueeze(-1), kv[bb, ci].to(self.kv.dtype), self.kv[bb, ri])
         src_gate = torch.where(in_chunk.unsqueeze(-1), gate[bb, ci].float(), self.gate[bb, ri])
         ok = (t >= 0) & torch.where(in_chunk, valid[bb, ci], self.src_pos[bb, ri] == t)
-        wr = _last_writes(pos, valid, self.ring)
+        self._write_ring(kv, gate, pos, _last_writes(pos, valid, self.ring))
+        return b, w, src_kv, src_gate, ok, done
+
+    def _write_ring(self, kv: torch.Tensor, gate: torch.Tensor, pos: torch.Tensor, keep: torch.Tensor) -> None:
         wb = _rows_of(pos)
-        slot = torch.where(wr, pos % self.ring, self.ring)
+        slot = torch.where(keep, pos % self.ring, self.ring)
         self._kv[wb, slot] = kv.to(self._kv.dtype)
         self._gate[wb, slot] = gate.float()
         self._src_pos[wb, slot] = pos
-        return b, w, src_kv, src_gate, ok, done
+
+    def _decode_window(self, kv: torch.Tensor, gate: torch.Tensor, pos: torch.Tensor, valid: torch.Tensor):
+        """:meth:`windows` for one token per row, in fewer steps: the token enters the ring first, and then the
+        window it may complete lies wholly in the ring (its slot held position ``pos - ring``, outside the
+        window)."""
+        m = self.rate
+        self._write_ring(kv, gate, pos, valid)
+        p = pos[:, 0]
+        done = valid[:, 0] & ((p + 1) % m == 0)
+        w = p // m
+        t = (w * m - (m if self.overlap else 0)).unsqueeze(1) + torch.arange(self.ring if self.overlap else m,
+                                                                            device=pos.device)
+        b = torch.arange(pos.shape[0], device=pos.device).unsqueeze(1)
+        ri = t.remainder(self.ring)
+        ok = (t >= 0) & (self.src_pos[b, ri] == t)
+        return b[:, 0], w, self.kv[b, ri], self.gate[b, ri], ok, done
 
     def store(self, rows: torch.Tensor, entry_ids: torch.Tensor, entries: torch.Tensor, done: torch.Tensor) -> None:
         """Entries ``entries[n, dim]`` for ``(rows, entry_ids)`` where ``done`` (the others go to the trash)."""
