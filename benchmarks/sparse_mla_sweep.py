@@ -59,12 +59,14 @@ def variant(name: str, b: int) -> sparse_mla.SparseConfig | None:
         return None
     spec = VARIANTS[name]
     if ARGS.smoke:  # interpreter-sized tiles, the variant's code path
-        return sparse_mla.SparseConfig(16, 16, 2, 1, prefetch=spec.get("prefetch", True), xchg=spec.get("xchg", False))
+        return sparse_mla.SparseConfig(16, 16, 2, 1, prefetch=spec.get("prefetch", True), xchg=spec.get("xchg", False),
+                                       fused_combine=spec.get("fused_combine", False))
     bt, bh = spec["block_t"], spec.get("block_h", 64)
     n = _split(b * triton.cdiv(HEADS, bh), bt, spec.get("waves", 1.0))
     return sparse_mla.SparseConfig(bh, bt, n, spec.get("num_warps", 8), spec.get("num_stages", 1),
                                    spec.get("prefetch", True), spec.get("part_bf16", False),
-                                   spec.get("lazy", True), spec.get("xchg", False))
+                                   spec.get("lazy", True), spec.get("xchg", False), spec.get("idx_prefetch", False),
+                                   spec.get("fused_combine", False))
 
 
 def decode_fn(name: str, b: int):
@@ -82,20 +84,18 @@ def decode_fn(name: str, b: int):
     return lambda **kw: sparse_mla.sparse_mla_decode(**kw, config=cfg)
 
 
+X64E = {"block_t": 64, "prefetch": False, "xchg": True, "lazy": False}
 VARIANTS: dict[str, dict] = {  # in the order they are timed (a run short of time drops the last)
-    "x64": {"block_t": 64, "prefetch": False, "xchg": True},
-    "x32": {"block_t": 32, "prefetch": False, "xchg": True},
-    "x32-pf": {"block_t": 32, "xchg": True},
-    "x64-x2": {"block_t": 64, "prefetch": False, "xchg": True, "waves": 2.0},
-    "x64-bf16": {"block_t": 64, "prefetch": False, "xchg": True, "part_bf16": True},
-    "bt64-st2-x2": {"block_t": 64, "prefetch": False, "num_stages": 2, "waves": 2.0},
-    "bt32-st2": {"block_t": 32, "prefetch": False, "num_stages": 2},
-    "bt64-np": {"block_t": 64, "prefetch": False},
-    "bt64-st2-bf16": {"block_t": 64, "prefetch": False, "num_stages": 2, "part_bf16": True},
+    "x64e-fu": {**X64E, "fused_combine": True},
+    "x64e-fu-bf16": {**X64E, "fused_combine": True, "part_bf16": True},
+    "x64e-ipf": {**X64E, "idx_prefetch": True},
+    "x32e": {**X64E, "block_t": 32},
+    "x64e-x2": {**X64E, "waves": 2.0},
     "bt64-st2-eager": {"block_t": 64, "prefetch": False, "num_stages": 2, "lazy": False},
-    "bt32-pf": {"block_t": 32},
+    "x64": {"block_t": 64, "prefetch": False, "xchg": True},
+    "bt64-st2": {"block_t": 64, "prefetch": False, "num_stages": 2},
 }
-NAMES = ["default", "x64"] if ARGS.smoke else ["default", *VARIANTS]
+NAMES = ["default", "x64e-fu"] if ARGS.smoke else ["default", *VARIANTS]
 if os.environ.get("SPARSE_MLA_OLD"):
     NAMES.insert(1, "old")
 if ARGS.variants:
@@ -116,6 +116,43 @@ def bench_ms(fn) -> float:
         fn()
         return (time.perf_counter() - t) * 1e3
     return triton.testing.do_bench(fn, warmup=5, rep=25, return_mode="median")
+
+
+_FLUSH: dict = {}
+
+
+def gpu_ms(fn, reps: int = 15) -> float:
+    """Device time alone: L2 flushed, then a spin kernel keeps the GPU busy while the host enqueues ``fn``
+    (do_bench's number also holds host time whenever the launch path is slower than its L2 flush)."""
+    if DEV == "cpu":
+        return bench_ms(fn)
+    if "buf" not in _FLUSH:
+        _FLUSH["buf"] = torch.empty(256 << 20, dtype=torch.uint8, device=DEV)
+    times = []
+    for _ in range(reps):
+        _FLUSH["buf"].zero_()
+        torch.cuda._sleep(1_000_000)
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e))
+    return sorted(times)[len(times) // 2]
+
+
+def host_us(fn, reps: int = 20) -> float:
+    """Host time of one call (the GPU kept busy by a spin kernel, so nothing waits on it)."""
+    if DEV == "cpu":
+        return float("nan")
+    torch.cuda.synchronize()
+    torch.cuda._sleep(20_000_000)
+    t = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    dt = (time.perf_counter() - t) / reps * 1e6
+    torch.cuda.synchronize()
+    return dt
 
 
 def make_pool(pages: int = PAGES) -> tuple[torch.Tensor, int]:
@@ -184,7 +221,9 @@ def sweep() -> None:
     batches = [2] if ARGS.smoke else [int(x) for x in ARGS.batches.split(",")]
     cases = {b: inputs(b, n, b) for b in batches}
     refs = {b: sparse_mla.sparse_mla_decode_ref(pool=pool, **cases[b]) for b in batches}
-    say(f"{'variant':<14} {'batch':>5} {'split':>5} {'us':>8} {'GB/s':>7} {'% copy':>7} {'gemm_diff':>10}")
+    say("us: do_bench (as benchmarks/v4_bench.py); gpu us: device time alone; host us: the call's host side")
+    say(f"{'variant':<14} {'batch':>5} {'split':>5} {'us':>8} {'% copy':>7} {'gpu us':>8} {'% copy':>7} "
+        f"{'host us':>8} {'gemm_diff':>10}")
     for name in NAMES:
         for b in batches:
             if time.perf_counter() - T0 > ARGS.budget:
@@ -200,14 +239,18 @@ def sweep() -> None:
                 ms = bench_ms(lambda inp=inp, out=out, fn=fn: fn(pool=pool, **inp, out=out))
                 nbytes = b * K * kv584.TOKEN_BYTES + 2 * inp["q"].numel() * 2 + inp["indices"].numel() * 4
                 g = nbytes / ms / 1e6
+                gms = gpu_ms(lambda inp=inp, out=out, fn=fn: fn(pool=pool, **inp, out=out))
+                hus = host_us(lambda inp=inp, out=out, fn=fn: fn(pool=pool, **inp, out=out))
+                gg = nbytes / gms / 1e6
                 ceil = RESULTS["ceiling_gbs"] or float("nan")
                 used = cfg or sparse_mla.sparse_config(b, HEADS, K, None if ARGS.smoke else (9, 0), True, SMS)
                 if name == "old":
                     used = sparse_mla.SparseConfig(16, 16, 0, 4)
                 RESULTS["rows"].append({"variant": name, "batch": b, "config": dataclasses.asdict(used), "ms": ms,
-                                        "gbs": g, "of_ceiling": g / ceil, "gemm_diff": diff})
-                say(f"{name:<14} {b:>5} {used.n_split:>5} {ms * 1e3:8.1f} {g:7.0f} {100 * g / ceil:6.1f}% "
-                    f"{diff:10.2e}")
+                                        "gbs": g, "of_ceiling": g / ceil, "gpu_ms": gms, "gpu_of_ceiling": gg / ceil,
+                                        "host_us": hus, "gemm_diff": diff})
+                say(f"{name:<14} {b:>5} {used.n_split:>5} {ms * 1e3:8.1f} {100 * g / ceil:6.1f}% {gms * 1e3:8.1f} "
+                    f"{100 * gg / ceil:6.1f}% {hus:8.1f} {diff:10.2e}")
                 save()
             except Exception as exc:  # one broken variant must not hide the others
                 RESULTS["errors"].append({"variant": name, "batch": b, "error": repr(exc)})

@@ -70,6 +70,8 @@ class SparseConfig:
     part_bf16: bool = False
     lazy: bool = True
     xchg: bool = False
+    idx_prefetch: bool = False
+    fused_combine: bool = False
 
 
 def sparse_config(batch: int, heads: int, k: int, cap: tuple[int, int] | None, low: bool = True,
@@ -90,7 +92,10 @@ def sparse_config(batch: int, heads: int, k: int, cap: tuple[int, int] | None, l
                             4, 1, False)
     bt = 64
     progs = max(1, batch * triton.cdiv(heads, bh))
-    return SparseConfig(bh, bt, max(1, min(num_sms // progs, triton.cdiv(k, 2 * bt))), 8, 2, False)
+    n_split = max(1, min(num_sms // progs, triton.cdiv(k, 2 * bt)))
+    if bh < 64:  # one warpgroup holds the accumulator; its score tile is not split, so nothing to exchange
+        return SparseConfig(bh, bt, n_split, 4, 2, False, lazy=False)
+    return SparseConfig(bh, bt, n_split, 8, 1, False, lazy=False, xchg=True)
 
 
 @triton.jit
@@ -100,8 +105,18 @@ def _gather(pool_ptr, pool16_ptr, pool64_ptr, idx_ptr, row, K, t0, hi, BLOCK_T: 
     (uint8), the rope (int16), each row's scale word (int64, byte j = tile j) and which slots are valid.
     Byte offsets are int32 unless the pool is 2 GiB or more (``WIDE``): half the registers for the next
     tile's addresses, which the pipelined loop keeps live."""
+    slot = _slots(idx_ptr, row, K, t0, hi, BLOCK_T)
+    return _rows(pool_ptr, pool16_ptr, pool64_ptr, slot, ROW, WIDE)
+
+
+@triton.jit
+def _slots(idx_ptr, row, K, t0, hi, BLOCK_T: tl.constexpr):
     t = t0 + tl.arange(0, BLOCK_T)
-    slot = tl.load(idx_ptr + row * K + t, mask=t < hi, other=-1)
+    return tl.load(idx_ptr + row * K + t, mask=t < hi, other=-1)
+
+
+@triton.jit
+def _rows(pool_ptr, pool16_ptr, pool64_ptr, slot, ROW: tl.constexpr, WIDE: tl.constexpr):
     if WIDE:
         slot = slot.to(tl.int64)
     ok = slot >= 0
@@ -161,10 +176,11 @@ def _store_part(ptr, x, hm, FIRST: tl.constexpr, N: tl.constexpr, EXACT: tl.cons
 
 @triton.jit
 def _sparse_decode_kernel(q_ptr, pool_ptr, pool16_ptr, pool64_ptr, idx_ptr, sink_ptr, o_ptr, lse_ptr, K, H,
-                          qk_scale, p_scr, m_scr, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, HW_CAST: tl.constexpr,
+                          qk_scale, p_scr, m_scr, fo_ptr, cnt_ptr, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, HW_CAST: tl.constexpr,
                           DT: tl.constexpr, PREC: tl.constexpr, LOW: tl.constexpr, QCAST: tl.constexpr,
                           EXACT: tl.constexpr, SPLIT: tl.constexpr, PREFETCH: tl.constexpr, LAZY: tl.constexpr,
-                          ROW: tl.constexpr, WIDE: tl.constexpr, XCHG: tl.constexpr):
+                          ROW: tl.constexpr, WIDE: tl.constexpr, XCHG: tl.constexpr, IDXPF: tl.constexpr,
+                          FUSED: tl.constexpr):
     """Online softmax (log2 domain) over this program's chunk of slots. Unsplit, it starts from the sink
     and writes the output; split, it writes its normalised partial and log-sum-exp for :func:`_combine`
     (the sink joins there, once)."""
@@ -198,8 +214,14 @@ def _sparse_decode_kernel(q_ptr, pool_ptr, pool16_ptr, pool64_ptr, idx_ptr, sink
     hi = tl.minimum(((sp + 1) * nt // tl.num_programs(1)) * BLOCK_T, K)
     if PREFETCH:
         n0, n1, n2, r, w, ok = _gather(pool_ptr, pool16_ptr, pool64_ptr, idx_ptr, row, K, lo, hi, BLOCK_T, ROW, WIDE)
+    if IDXPF:
+        nslot = _slots(idx_ptr, row, K, lo, hi, BLOCK_T)
     for t0 in range(lo, hi, BLOCK_T):
-        if PREFETCH:  # the next tile's loads go out before this tile's math (past hi: all masked, no traffic)
+        if IDXPF:  # only the next tile's slot numbers are loaded ahead (a few registers)
+            slot = nslot
+            nslot = _slots(idx_ptr, row, K, t0 + BLOCK_T, hi, BLOCK_T)
+            n0, n1, n2, r, w, ok = _rows(pool_ptr, pool16_ptr, pool64_ptr, slot, ROW, WIDE)
+        elif PREFETCH:  # the next tile's loads go out before this tile's math (past hi: all masked, no traffic)
             x0, x1, x2, xr, xw, xok = _gather(pool_ptr, pool16_ptr, pool64_ptr, idx_ptr, row, K, t0 + BLOCK_T, hi,
                                               BLOCK_T, ROW, WIDE)
         else:
@@ -226,7 +248,10 @@ def _sparse_decode_kernel(q_ptr, pool_ptr, pool16_ptr, pool64_ptr, idx_ptr, sink
             # p and its max reach the value dots through memory: then no data path runs from the score dot
             # to the value dots, and the compiler splits the score tile over both warpgroups (a chained
             # dot would make each warpgroup compute all of it)
-            m_use = tl.where(m_new - m > 8.0, m_new, m)  # per-row lazy rescale: p stays ≤ 256
+            if LAZY:
+                m_use = tl.where(m_new - m > 8.0, m_new, m)  # per-row lazy rescale: p stays ≤ 256
+            else:
+                m_use = m_new
             p = tl.exp2(s - m_use[:, None])
             lsum = lsum * tl.exp2(m - m_use) + tl.sum(p, axis=1)
             m = m_use
@@ -238,7 +263,15 @@ def _sparse_decode_kernel(q_ptr, pool_ptr, pool16_ptr, pool64_ptr, idx_ptr, sink
             tl.debug_barrier()
             m_ld = tl.load(m_at, cache_modifier=".cg")
             p = tl.load(p_at, cache_modifier=".cg")
-            if tl.max(m_ld - m_acc, axis=0) > 0.0:
+            if LAZY:
+                if tl.max(m_ld - m_acc, axis=0) > 0.0:
+                    alpha = tl.exp2(m_acc - m_ld)
+                    a0 = a0 * alpha[:, None]
+                    a1 = a1 * alpha[:, None]
+                    a2 = a2 * alpha[:, None]
+                    a3 = a3 * alpha[:, None]
+                    m_acc = m_ld
+            else:
                 alpha = tl.exp2(m_acc - m_ld)
                 a0 = a0 * alpha[:, None]
                 a1 = a1 * alpha[:, None]
@@ -287,83 +320,178 @@ def _sparse_decode_kernel(q_ptr, pool_ptr, pool16_ptr, pool64_ptr, idx_ptr, sink
     _store_part(orow, a1 * inv[:, None], hm, 256, 128, EXACT)
     _store_part(orow, a2 * inv[:, None], hm, 384, 64, EXACT)
     _store_part(orow, a3 * inv[:, None], hm, 448, 64, EXACT)
+    if SPLIT and FUSED:
+        # every thread's partial is stored before one thread counts this chunk in (release); the chunk that
+        # counts last (acquire) merges the row's partials while they are in L2, and resets the counter
+        tl.debug_barrier()
+        cnt = cnt_ptr + row * tl.num_programs(2) + tl.program_id(2)
+        done = tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
+        if done == tl.num_programs(1) - 1:
+            _merge(o_ptr, lse_ptr, sink_ptr, fo_ptr, row, h, hm, H, tl.num_programs(1), EXACT)
+            tl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")
 
 
 @triton.jit
-def _combine_kernel(part_ptr, lse_ptr, sink_ptr, o_ptr, H, n_split, BLOCK_H: tl.constexpr, EXACT: tl.constexpr):
-    """Merge a row's normalised partials by their log-sum-exps, with the sink (log2 domain); one program
-    per (row, head block)."""
-    row = tl.program_id(0).to(tl.int64)
-    h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
-    hm = h < H
+def _merge(part_ptr, lse_ptr, sink_ptr, o_ptr, row, h, hm, H, n_split, EXACT: tl.constexpr):
+    """Merge a row's normalised partials (for heads ``h``) by their log-sum-exps, with the sink (log2
+    domain). Loads bypass L1: in the fused merge other SMs wrote them."""
     c = tl.arange(0, 512)
     sink = tl.load(sink_ptr + h, mask=hm, other=0.0).to(tl.float32) * 1.4426950408889634
     mx = sink
     for sp in range(0, n_split):
-        mx = tl.maximum(mx, tl.load(lse_ptr + (row * n_split + sp) * H + h, mask=hm, other=-1e30))
+        mx = tl.maximum(mx, tl.load(lse_ptr + (row * n_split + sp) * H + h, mask=hm, other=-1e30,
+                                    cache_modifier=".cg"))
     total = tl.exp2(sink - mx)
-    acc = tl.zeros([BLOCK_H, 512], dtype=tl.float32)
+    acc = tl.zeros([h.shape[0], 512], dtype=tl.float32)
     for sp in range(0, n_split):
         base = (row * n_split + sp) * H + h
-        wt = tl.exp2(tl.load(lse_ptr + base, mask=hm, other=-1e30) - mx)
+        wt = tl.exp2(tl.load(lse_ptr + base, mask=hm, other=-1e30, cache_modifier=".cg") - mx)
         total += wt
-        acc += wt[:, None] * tl.load(part_ptr + base[:, None] * 512 + c[None, :], mask=hm[:, None],
-                                     other=0.0).to(tl.float32)
+        acc += wt[:, None] * tl.load(part_ptr + base[:, None] * 512 + c[None, :], mask=hm[:, None], other=0.0,
+                                     cache_modifier=".cg").to(tl.float32)
     out = acc / total[:, None]
     tl.store(o_ptr + (row * H + h[:, None]) * 512 + c[None, :], cast_rne(out, o_ptr.dtype.element_ty, EXACT),
              mask=hm[:, None])
 
 
+@triton.jit
+def _combine_kernel(part_ptr, lse_ptr, sink_ptr, o_ptr, H, n_split, BLOCK_H: tl.constexpr, EXACT: tl.constexpr):
+    """:func:`_merge`, one program per (row, head block)."""
+    row = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    _merge(part_ptr, lse_ptr, sink_ptr, o_ptr, row, h, h < H, H, n_split, EXACT)
+
+
 def sparse_mla_decode(q: torch.Tensor, pool: torch.Tensor, indices: torch.Tensor, sinks: torch.Tensor, scale: float,
                       *, out: torch.Tensor | None = None, config: SparseConfig | None = None) -> torch.Tensor:
     """Triton :func:`sparse_mla_decode_ref`: bf16 tensor-core dots over exactly dequantised keys (fp32 dots
-    for an fp32 q); ``config`` overrides :func:`sparse_config`."""
-    from kernels.kv584 import HEAD_DIM, TOKEN_BYTES, _flat
+    for an fp32 q); ``config`` overrides :func:`sparse_config`.
+
+    A decode step calls this once per layer, so the host side is kept short: the launch plan is cached
+    per shape, and the chunks' partials and the exchange scratch live in one per-device workspace reused
+    by every call (calls on one stream run in order; concurrent streams need their own process-level
+    serialisation, as for the other decode kernels' counters)."""
+    from kernels.kv584 import HEAD_DIM, TOKEN_BYTES
 
     b, h, d = q.shape
     if d != HEAD_DIM:
         raise ValueError(f"sparse_mla_decode: q must be [B, H, {HEAD_DIM}], got {tuple(q.shape)}")
     if indices.dim() != 2 or indices.shape[0] != b:
         raise ValueError(f"sparse_mla_decode: indices must be [{b}, K], got {tuple(indices.shape)}")
-    flat = _flat(pool)
+    if pool.dtype != torch.uint8 or pool.shape[-1] != TOKEN_BYTES:
+        raise ValueError(f"kv584: the pool must be uint8 [..., {TOKEN_BYTES}], got {pool.dtype} {tuple(pool.shape)}")
     o = out if out is not None else torch.empty_like(q)
-    cap = capability(q.device)
     k = indices.shape[1]
-    low = q.dtype != torch.float32
     if b == 0:
         return o
     if k == 0:
         return o.zero_()
-    cfg = config or sparse_config(b, h, k, cap, low, _num_sms(q.device) if cap else 132)
+    dev = q.device
+    plan = _plan(b, h, k, q.dtype, dev.type, dev.index, pool.numel() >= 2**31, config, interpreting())
+    grid, n_split, part_bf16, n_part, n_lse, n_p, n_m, args = plan
+    qc = q if q.is_contiguous() else q.contiguous()
+    idx = indices if indices.dtype == torch.int32 and indices.is_contiguous() else indices.to(torch.int32).contiguous()
+    sk = sinks if sinks.dtype == torch.float32 and sinks.is_contiguous() else sinks.float().contiguous()
+    pools = _pool_views(pool)
+    qk = float(scale) * LOG2E
+    if n_split == 1 and not n_p:
+        _sparse_decode_kernel[grid](qc, *pools, idx, sk, o, o, k, h, qk, sk, sk, o, idx, SPLIT=False, **args)
+        return o
+    part, lse, p_scr, m_scr = _workspace(dev, n_part, n_lse, n_p, n_m, part_bf16, args["LOW"])
+    if n_split == 1:
+        _sparse_decode_kernel[grid](qc, *pools, idx, sk, o, o, k, h, qk, p_scr, m_scr, o, idx, SPLIT=False, **args)
+        return o
+    cnt = _counters(dev, b * grid[2]) if args["FUSED"] else idx
+    _sparse_decode_kernel[grid](qc, *pools, idx, sk, part, lse, k, h, qk, p_scr, m_scr, o, cnt, SPLIT=True, **args)
+    if args["FUSED"]:
+        return o
+    _combine_kernel[(b, triton.cdiv(h, 8))](part, lse, sk, o, h, n_split, BLOCK_H=8, EXACT=args["EXACT"],
+                                            num_warps=4 if args["num_warps"] > 1 else 1)
+    return o
+
+
+@functools.lru_cache(maxsize=256)
+def _plan(b: int, h: int, k: int, dtype: torch.dtype, dev_type: str, dev_index: int | None, wide: bool,
+          config: SparseConfig | None, interp: bool) -> tuple:
+    """Grid, chunk count, workspace sizes and compile-time arguments of one launch shape."""
+    from kernels.kv584 import TOKEN_BYTES
+
+    dev = torch.device(dev_type, dev_index)
+    cap = capability(dev)
+    low = dtype != torch.float32
+    cfg = config or sparse_config(b, h, k, cap, low, _num_sms(dev) if cap else 132)
     bt = cfg.block_t
     n_split = max(1, min(cfg.n_split, triton.cdiv(k, bt)))
     hb = triton.cdiv(h, cfg.block_h)
-    qc, idx, sk = q.contiguous(), indices.to(torch.int32).contiguous(), sinks.float().contiguous()
-    f32 = interpreting() or not low  # fp32 dots: an fp32 q, and the interpreter (its bf16 dot is wrong)
+    f32 = interp or not low  # fp32 dots: an fp32 q, and the interpreter (its bf16 dot is wrong)
     args = dict(BLOCK_H=cfg.block_h, BLOCK_T=bt, HW_CAST=fp8_hw_cast(cap), DT=tl.float32 if f32 else tl.bfloat16,
-                PREC="ieee" if f32 else "tf32", LOW=low, QCAST=low and (q.dtype != torch.bfloat16 or f32),
-                EXACT=interpreting(), PREFETCH=cfg.prefetch, LAZY=cfg.lazy, ROW=TOKEN_BYTES, WIDE=flat.numel() >= 2**31,
-                num_warps=cfg.num_warps,
-                num_stages=cfg.num_stages)
-    pools = (flat, flat.view(torch.int16), flat.view(torch.int64))
-    qk = float(scale) * LOG2E
-    if cfg.xchg:
-        progs = b * n_split * hb
-        scr = (torch.empty(progs * cfg.block_h * bt, dtype=torch.bfloat16 if low else torch.float32, device=q.device),
-               torch.empty(progs * cfg.block_h, dtype=torch.float32, device=q.device))
-    else:
-        scr = (sk, sk)
-    args["XCHG"] = cfg.xchg
-    if n_split == 1:
-        _sparse_decode_kernel[(b, 1, hb)](qc, *pools, idx, sk, o, o, k, h, qk, *scr, SPLIT=False, **args)
-        return o
-    part = torch.empty(b, n_split, h, HEAD_DIM, dtype=torch.bfloat16 if cfg.part_bf16 else torch.float32,
-                       device=q.device)
-    lse = torch.empty(b, n_split, h, dtype=torch.float32, device=q.device)
-    _sparse_decode_kernel[(b, n_split, hb)](qc, *pools, idx, sk, part, lse, k, h, qk, *scr, SPLIT=True, **args)
-    _combine_kernel[(b, triton.cdiv(h, 8))](part, lse, sk, o, h, n_split, BLOCK_H=8, EXACT=interpreting(),
-                                            num_warps=4 if cap else 1)
-    return o
+                PREC="ieee" if f32 else "tf32", LOW=low, QCAST=low and (dtype != torch.bfloat16 or f32),
+                EXACT=interp, PREFETCH=cfg.prefetch, LAZY=cfg.lazy, ROW=TOKEN_BYTES, WIDE=wide, XCHG=cfg.xchg,
+                IDXPF=cfg.idx_prefetch and not cfg.prefetch, FUSED=cfg.fused_combine and n_split > 1,
+                num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    progs = b * n_split * hb
+    n_part, n_lse = (b * n_split * h * 512, b * n_split * h) if n_split > 1 else (0, 0)
+    n_p, n_m = (progs * cfg.block_h * bt, progs * cfg.block_h) if cfg.xchg else (0, 0)
+    return (b, n_split, hb), n_split, cfg.part_bf16, n_part, n_lse, n_p, n_m, args
+
+
+_WORKSPACE: dict[torch.device, torch.Tensor] = {}
+_WS_VIEWS: dict[tuple, tuple[torch.Tensor, ...]] = {}
+_POOL_VIEWS: dict[tuple, tuple[torch.Tensor, ...]] = {}
+
+
+def _workspace(dev: torch.device, n_part: int, n_lse: int, n_p: int, n_m: int, part_bf16: bool,
+               low: bool) -> tuple[torch.Tensor, ...]:
+    """Views of one per-device buffer (grown on demand, views cached per size): partials, their
+    log-sum-exps, p's scratch (bf16 for a 16-bit q) and the maxima's, each 256-byte aligned."""
+    key = (dev, n_part, n_lse, n_p, n_m, part_bf16, low)
+    views = _WS_VIEWS.get(key)
+    if views is not None:
+        return views
+    sizes = [-(-max(n * w, 1) // 256) * 256 for n, w in
+             ((n_part, 2 if part_bf16 else 4), (n_lse, 4), (n_p, 2 if low else 4), (n_m, 4))]
+    total = sum(sizes)
+    buf = _WORKSPACE.get(dev)
+    if buf is None or buf.numel() < total:
+        buf = _WORKSPACE[dev] = torch.empty(max(total, 1 << 20), dtype=torch.uint8, device=dev)
+        for stale in [kk for kk in _WS_VIEWS if kk[0] == dev]:
+            del _WS_VIEWS[stale]
+    dts = (torch.bfloat16 if part_bf16 else torch.float32, torch.float32, torch.bfloat16 if low else torch.float32,
+           torch.float32)
+    out, at = [], 0
+    for n, dt in zip(sizes, dts):
+        out.append(buf[at:at + n].view(dt))
+        at += n
+    views = _WS_VIEWS[key] = tuple(out)
+    return views
+
+
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+
+
+def _counters(dev: torch.device, n: int) -> torch.Tensor:
+    """Arrival counters of the fused merge, one per (row, head block), zero between calls (the merging
+    program resets its own)."""
+    have = _COUNTERS.get(dev)
+    if have is None or have.numel() < n:
+        have = _COUNTERS[dev] = torch.zeros(max(n, 1024), dtype=torch.int32, device=dev)
+    return have
+
+
+def _pool_views(pool: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The pool as rows of bytes, of int16 and of int64 (the last two pools' views are kept: a decode step
+    asks for the same pool once per layer)."""
+    from kernels.kv584 import TOKEN_BYTES
+
+    key = (pool.data_ptr(), pool.numel(), pool.device)
+    views = _POOL_VIEWS.get(key)
+    if views is None:
+        flat = pool.view(-1, TOKEN_BYTES)
+        views = (flat, flat.view(torch.int16), flat.view(torch.int64))
+        if len(_POOL_VIEWS) >= 2:
+            _POOL_VIEWS.pop(next(iter(_POOL_VIEWS)))
+        _POOL_VIEWS[key] = views
+    return views
 
 
 @functools.cache

@@ -45,15 +45,38 @@ def test_chunk_count_does_not_change_the_result(n_split, device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("n_split", [1, 3])
-def test_probabilities_exchanged_through_memory_match(n_split, device):
+@pytest.mark.parametrize("n_split, lazy", [(1, True), (3, True), (3, False)])
+def test_probabilities_exchanged_through_memory_match(n_split, lazy, device):
     """``xchg``: p and its reference max reach the value dots through a per-program scratch (each row's
     lazy rescale decided on the score side); wide logits make rows rescale at different tiles."""
     inp = _case(2, 16, 70, device, seed=10 + n_split)
     inp["q"] = (inp["q"].float() * 40).to(inp["q"].dtype)
     ref = sparse_mla_decode_ref(**inp)
-    out = sparse_mla_decode(**inp, config=_cfg(device, n_split=n_split, xchg=True))
+    out = sparse_mla_decode(**inp, config=_cfg(device, n_split=n_split, xchg=True, lazy=lazy))
     assert gemm_diff(out, ref).value < 2e-5
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("xchg", [False, True])
+def test_fused_merge_by_the_last_chunk(xchg, device):
+    """``fused_combine``: the chunk that arrives last merges its row (counters reset for the next call)."""
+    inp = _case(3, 20, 70, device, seed=30)
+    ref = sparse_mla_decode_ref(**inp)
+    cfg = _cfg(device, n_split=3, xchg=xchg, fused_combine=True)
+    for _ in range(2):  # the second call finds the counters back at zero
+        assert gemm_diff(sparse_mla_decode(**inp, config=cfg), ref).value < 2e-5
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_calls_of_other_shapes_between_share_the_workspace_safely(device):
+    """Partials and scratch live in one reused per-device buffer: a larger call grows it, a smaller one
+    reuses it, and each result stays its own."""
+    small, big = _case(1, 16, 40, device, seed=20), _case(3, 16, 90, device, seed=21)
+    cfg = _cfg(device, n_split=3, xchg=True)
+    refs = [sparse_mla_decode_ref(**small), sparse_mla_decode_ref(**big)]
+    outs = [sparse_mla_decode(**inp, config=cfg) for inp in (small, big, small)]
+    assert gemm_diff(outs[0], refs[0]).value < 2e-5 and gemm_diff(outs[1], refs[1]).value < 2e-5
+    assert torch.equal(outs[0], outs[2])
 
 
 @pytest.mark.parametrize("device", DEVICES)
