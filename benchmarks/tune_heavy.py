@@ -186,24 +186,24 @@ def _gemm_candidates(m: int) -> list[GemmConfig]:
 
 
 def _quick_gemm(m: int) -> list[GemmConfig]:
-    """The newest variants: programmatic dependent launch with the first weight K-blocks pulled into L2
-    before the wait (decode), the tile's dot as two column slices (prefill), deeper pipelines."""
-    def P(bm, bn, w, st, sk=1, fu=False, pdl=True, pf=4):
+    """The newest variants around the defaults. Decode: the defaults launch with programmatic dependent
+    launch (PDL); the first run also tried pulling 4 or all weight K-blocks into L2 before the wait and
+    fusing the split-K reduction (all slower), now split counts and tile widths under PDL and the default
+    without PDL. Prefill: the default's TMA-store epilogue with other groupings / depths, without warp
+    specialisation, and the plain-store epilogue (the previous default)."""
+    def P(bm, bn, w, st, sk=1, fu=False, pdl=True, pf=0):
         return GemmConfig(bm, bn, sk, 0, w, st, fused_reduce=fu, plain=True, pdl=pdl, prefetch=pf)
 
-    def W(bm, bn, st, sub=1, store=False):
-        return GemmConfig(bm, bn, 1, 8, 8, st, plain=True, tma=True, warp_spec=True, n_sub=sub, tma_store=store)
+    def W(bm, bn, st, g=8, ws=True, store=True):
+        return GemmConfig(bm, bn, 1, g, 8, st, plain=True, tma=True, warp_spec=ws, tma_store=store)
 
     if m > 64:
-        return [W(128, 128, 4, 2), W(128, 128, 4, store=True), W(128, 256, 3, 2), W(128, 128, 5),
-                W(128, 128, 5, store=True)]
-    if m == 1:
-        return [P(16, 128, 4, 4, 4, pf=0), P(16, 128, 4, 4, 4), P(16, 128, 4, 4, 4, True),
-                P(16, 128, 4, 4, 4, pf=14)]
+        return [W(128, 128, 4, store=False), W(128, 128, 4, g=16), W(128, 128, 4, g=4), W(128, 128, 3),
+                W(128, 128, 4, ws=False)]
     if m <= 16:
-        return [P(16, 128, 4, 4, 4, pf=0), P(16, 128, 4, 4, 4), P(16, 128, 4, 4, 4, True),
-                P(16, 128, 4, 4, 4, pf=14)]
-    return [P(64, 64, 4, 4, 2), P(64, 64, 4, 4, 2, True), P(64, 32, 4, 4), P(64, 64, 4, 4, 2, pf=14)]
+        return [P(16, 128, 4, 4, 4, pdl=False), P(16, 128, 4, 4, 8), P(16, 64, 4, 4, 4), P(16, 64, 4, 4, 8),
+                P(16, 128, 4, 6, 4), P(16, 256, 4, 4, 8)]
+    return [P(64, 64, 4, 4, 2, pdl=False), P(64, 64, 4, 4, 4), P(64, 128, 8, 4, 4), P(64, 128, 4, 4, 2)]
 
 
 def gemm_section(m: int, n: int, k: int, until: float) -> None:
@@ -282,13 +282,12 @@ def _mla_candidates(batch, ctx) -> list[DecodeConfig]:
         return [DecodeConfig(16, 64, 2, 4, 1), DecodeConfig(16, 32, 2, 4, 1, pdl=True, prefetch=True),
                 DecodeConfig(16, 32, 1, 4, 1, persistent=3)]
     if ARGS.quick:  # PDL (+ the first tile in L2 before the wait), and the balanced one-wave kernel
+        # the first H200 run: PDL ±0.2 %, the one-wave kernel at one program per SM 26 % slower (one CTA per
+        # SM hides no latency), 64-row head tiles spill; now three-deep pipelines and two programs per SM
         d = decode_config(batch, 16, ctx, CAP, SMS)
-        return [dataclasses.replace(d, pdl=True, prefetch=True),
-                DecodeConfig(16, 64, 1, 8, 2, persistent=SMS),
-                DecodeConfig(16, 64, 1, 8, 2, pdl=True, prefetch=True, persistent=SMS),
-                DecodeConfig(16, 32, 1, 4, 2, pdl=True, prefetch=True, persistent=2 * SMS),
-                DecodeConfig(16, 32, 1, 4, 2, pdl=True, prefetch=True, persistent=3 * SMS),
-                dataclasses.replace(d, pdl=True), DecodeConfig(64, 64, d.num_splits, 8, 2)]
+        return [DecodeConfig(16, 64, d.num_splits, 8, 3), DecodeConfig(16, 64, max(1, d.num_splits // 2), 8, 3),
+                DecodeConfig(16, 64, 1, 8, 2, persistent=2 * SMS), dataclasses.replace(d, pdl=True),
+                DecodeConfig(16, 64, d.num_splits, 4, 3)]
     if batch == 1:
         split_sets = {32: (16, 32, 64, 128), 64: (16, 32, 64)}
     elif ctx <= 8192:
@@ -353,10 +352,11 @@ def mla_section(batch: int, ctx: int, until: float, heads: int = 16) -> None:
 def _quant_candidates() -> list[dict]:
     if SMOKE:
         return [{"rows": 2, "groups": 2}, {"rows": 1, "groups": 2, "stream": True}]
-    return [{"rows": 2, "groups": 8, "warps": 4}, {"rows": 4, "groups": 8, "warps": 8},
-            {"rows": 1, "groups": 8, "warps": 2, "stream": True}, {"rows": 2, "groups": 8, "warps": 4, "stream": True},
-            {"rows": 1, "groups": 8, "warps": 1}, {"rows": 2, "groups": 8, "warps": 2},
-            {"rows": 4, "groups": 8, "warps": 4}, {"rows": 8, "groups": 8, "warps": 8, "stream": True}]
+    # the first H200 run: 2-8-row tiles and streaming stores slower, 1 warp per 1024 elements fastest
+    return [{"rows": 1, "groups": 8, "warps": 2}, {"rows": 1, "groups": 16, "warps": 1},
+            {"rows": 1, "groups": 4, "warps": 1}, {"rows": 2, "groups": 8, "warps": 1},
+            {"rows": 2, "groups": 4, "warps": 1}, {"rows": 1, "groups": 16, "warps": 2},
+            {"rows": 1, "groups": 8, "warps": 1, "stream": True}]
 
 
 def quant_section(rows: int, cols: int, until: float) -> None:
@@ -372,7 +372,7 @@ def quant_section(rows: int, cols: int, until: float) -> None:
     exact = torch.equal(q0[:head].view(torch.uint8), rq.view(torch.uint8)) and torch.equal(s0[:head], rs)
     out = []
     for tune in [None] + _quant_candidates():
-        label = "default rows1 g8 w2" if tune is None else (
+        label = "default" if tune is None else (
             f"rows{tune['rows']} g{tune['groups']} w{tune.get('warps', '-')}{' stream' if tune.get('stream') else ''}")
         if elapsed() > until:
             say(f"  act_quant {label}: skipped for time")
@@ -458,7 +458,8 @@ def profile_defaults() -> None:
         x = torch.randn(32768 if not SMOKE else 64, big, device=DEV).to(torch.bfloat16)
         act_quant(x)
         x = None
-    ms = ((1, 16, 64) if "gemm-decode" in kinds else ()) + ((4096 if not SMOKE else 128,) if "gemm-prefill" in kinds else ())
+    ms = ((1, 16, 64) if "gemm-decode" in kinds else ()) + ((4096 if not SMOKE else 128,) if "gemm-prefill" in kinds
+                                                            else ())
     for m in ms:
         a, a_s, bs = _operands(m, big, big)
         fp8_gemm(a, a_s, *bs[0])

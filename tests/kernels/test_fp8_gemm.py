@@ -95,6 +95,8 @@ def test_tile_choice_is_keyed_on_capability():
     assert 132 <= (7168 // dec.block_n) * dec.split_k <= 2 * 132  # one to two waves stream the weight
     mid = gemm_config(64, 7168, 7168, (9, 0), num_sms=132)
     assert mid.block_m == 64 and mid.split_k == 2  # all rows share one read of each weight tile
+    assert dec.pdl and mid.pdl and not pre.pdl and pre.tma_store  # PDL for decode shapes, TMA stores for prefill
+    assert not gemm_config(1, 7168, 7168, (8, 9)).pdl  # programmatic dependent launch is sm90+
 
 
 def test_general_kernel_config_is_still_honoured():
