@@ -207,8 +207,10 @@ def _sparse_decode_kernel(q_ptr, pool_ptr, pool16_ptr, pool64_ptr, idx_ptr, sink
     if XCHG:  # this program's exchange slots for p and its reference max
         pid = (row * tl.num_programs(1) + sp) * tl.num_programs(2) + tl.program_id(2)
         hh = tl.arange(0, BLOCK_H)
-        p_at = p_scr + pid * BLOCK_H * BLOCK_T + hh[:, None] * BLOCK_T + tl.arange(0, BLOCK_T)[None, :]
-        m_at = m_scr + pid * BLOCK_H + hh
+        # two buffers, alternating by tile: a tile's stores cannot overtake the reads of the tile before it
+        # (those precede the barrier between), so one barrier a tile suffices
+        p_at = p_scr + pid * 2 * BLOCK_H * BLOCK_T + hh[:, None] * BLOCK_T + tl.arange(0, BLOCK_T)[None, :]
+        m_at = m_scr + pid * 2 * BLOCK_H + hh
         m_acc = m
     lo = (sp * nt // tl.num_programs(1)) * BLOCK_T
     hi = tl.minimum(((sp + 1) * nt // tl.num_programs(1)) * BLOCK_T, K)
@@ -257,12 +259,12 @@ def _sparse_decode_kernel(q_ptr, pool_ptr, pool16_ptr, pool64_ptr, idx_ptr, sink
             m = m_use
             if LOW:
                 p = cast_rne(p, tl.bfloat16, EXACT)
-            tl.debug_barrier()  # every warp has read the previous tile's p (the loop's pipelining stops here)
-            tl.store(p_at, p.to(p_scr.dtype.element_ty))
-            tl.store(m_at, m_use)
-            tl.debug_barrier()
-            m_ld = tl.load(m_at, cache_modifier=".cg")
-            p = tl.load(p_at, cache_modifier=".cg")
+            par = (t0 // BLOCK_T) % 2
+            tl.store(p_at + par * (BLOCK_H * BLOCK_T), p.to(p_scr.dtype.element_ty))
+            tl.store(m_at + par * BLOCK_H, m_use)
+            tl.debug_barrier()  # every warp's stores before any warp's loads (the loop's pipelining stops here)
+            m_ld = tl.load(m_at + par * BLOCK_H, cache_modifier=".cg")
+            p = tl.load(p_at + par * (BLOCK_H * BLOCK_T), cache_modifier=".cg")
             if LAZY:
                 if tl.max(m_ld - m_acc, axis=0) > 0.0:
                     alpha = tl.exp2(m_acc - m_ld)
@@ -431,7 +433,7 @@ def _plan(b: int, h: int, k: int, dtype: torch.dtype, dev_type: str, dev_index: 
                 num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     progs = b * n_split * hb
     n_part, n_lse = (b * n_split * h * 512, b * n_split * h) if n_split > 1 else (0, 0)
-    n_p, n_m = (progs * cfg.block_h * bt, progs * cfg.block_h) if cfg.xchg else (0, 0)
+    n_p, n_m = (2 * progs * cfg.block_h * bt, 2 * progs * cfg.block_h) if cfg.xchg else (0, 0)
     return (b, n_split, hb), n_split, cfg.part_bf16, n_part, n_lse, n_p, n_m, args
 
 
