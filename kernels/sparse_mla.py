@@ -46,11 +46,17 @@ def sparse_mla_decode_ref(q: torch.Tensor, pool: torch.Tensor, indices: torch.Te
 #
 # One program per (row, chunk of its slots, block of heads). Every head of a row attends to the same slots
 # (one shared key/value head), so a program gathers and dequantises each tile of BLOCK_T slots once and
-# feeds it to all BLOCK_H heads' tensor-core dots (64 heads: the wgmma M). A row's 512 channels are kept as
-# four power-of-two parts that match the 584-byte row: nope tiles 0-3 (256 fp8 bytes), 4-5 (128), 6 (64)
-# and the rope (64 bf16), so every load is a full-width vector with no column mask, and the scale of each
-# 64-channel tile comes from one 8-byte word per row. The next tile's bytes are loaded before this tile's
-# dots (PREFETCH), so the gather of tile i+1 overlaps the math of tile i.
+# feeds it to all BLOCK_H heads' tensor-core dots (64 heads: the wgmma M; the 64 × 512 fp32 accumulator
+# takes 8 warps). A row's 512 channels are kept as four power-of-two parts that match the 584-byte row:
+# nope tiles 0-3 (256 fp8 bytes), 4-5 (128), 6 (64) and the rope (64 bf16), so every load is a full-width
+# vector with no column mask, and the scale of each 64-channel tile comes from one 8-byte word per row.
+#
+# With 8 warps the compiler gives a score dot that feeds a value dot to all warps along M, i.e. each of the
+# two warpgroups computes the whole 64 × BLOCK_T score tile (twice the score MMAs and softmax work). With
+# ``xchg`` the probabilities reach the value dots through a small per-program scratch in memory instead, so
+# the score tile is split over both warpgroups; the barrier this takes stops the compiler's load
+# pipelining, which is why the other paths (``num_stages`` > 1, or ``prefetch`` into registers) remain.
+# The variants are timed side by side by benchmarks/sparse_mla_sweep.py.
 
 LOG2E = 1.4426950408889634
 
