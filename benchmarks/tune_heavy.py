@@ -147,6 +147,8 @@ def _name(c: GemmConfig) -> str:
         s += f" split{c.split_k}{' fused' if c.fused_reduce else ''}"
     if c.n_sub > 1:
         s += f" sub{c.n_sub}"
+    if c.k_unroll > 1:
+        s += f" ku{c.k_unroll}"
     if c.tma_store:
         s += " tma-store"
     if c.pdl:
@@ -188,11 +190,12 @@ def _gemm_candidates(m: int) -> list[GemmConfig]:
 def _quick_gemm(m: int) -> list[GemmConfig]:
     """The newest variants around the defaults. Decode: the defaults launch with programmatic dependent
     launch (PDL); the first run also tried pulling 4 or all weight K-blocks into L2 before the wait and
-    fusing the split-K reduction (all slower), now split counts and tile widths under PDL and the default
+    fusing the split-K reduction (all slower), now split counts, tile widths, pipeline depths and two or
+    four K-blocks per loop trip (each weight row read 256/512 bytes at a time) under PDL, and the default
     without PDL. Prefill: the default's TMA-store epilogue with other groupings / depths, without warp
     specialisation, and the plain-store epilogue (the previous default)."""
-    def P(bm, bn, w, st, sk=1, fu=False, pdl=True, pf=0):
-        return GemmConfig(bm, bn, sk, 0, w, st, fused_reduce=fu, plain=True, pdl=pdl, prefetch=pf)
+    def P(bm, bn, w, st, sk=1, fu=False, pdl=True, pf=0, ku=1):
+        return GemmConfig(bm, bn, sk, 0, w, st, fused_reduce=fu, plain=True, pdl=pdl, prefetch=pf, k_unroll=ku)
 
     def W(bm, bn, st, g=8, ws=True, store=True):
         return GemmConfig(bm, bn, 1, g, 8, st, plain=True, tma=True, warp_spec=ws, tma_store=store)
@@ -202,8 +205,10 @@ def _quick_gemm(m: int) -> list[GemmConfig]:
                 W(128, 128, 4, ws=False)]
     if m <= 16:
         return [P(16, 128, 4, 4, 4, pdl=False), P(16, 128, 4, 4, 8), P(16, 64, 4, 4, 4), P(16, 64, 4, 4, 8),
-                P(16, 128, 4, 6, 4), P(16, 256, 4, 4, 8)]
-    return [P(64, 64, 4, 4, 2, pdl=False), P(64, 64, 4, 4, 4), P(64, 128, 8, 4, 4), P(64, 128, 4, 4, 2)]
+                P(16, 128, 4, 6, 4), P(16, 256, 4, 4, 8), P(16, 128, 4, 3, 4, ku=2), P(16, 128, 4, 3, 7, ku=2),
+                P(16, 64, 4, 4, 4, ku=2)]
+    return [P(64, 64, 4, 4, 2, pdl=False), P(64, 64, 4, 4, 4), P(64, 128, 8, 4, 4), P(64, 128, 4, 4, 2),
+            P(64, 64, 4, 3, 2, ku=2), P(64, 64, 4, 6, 2)]
 
 
 def gemm_section(m: int, n: int, k: int, until: float) -> None:

@@ -98,6 +98,7 @@ class GemmConfig:
     prefetch: int = 0  # with pdl: weight K-blocks per program pulled into L2 before waiting on the previous kernel
     n_sub: int = 1  # tma only: the tile's dot as n_sub column slices, so one slice's promotion overlaps the next's MMA
     tma_store: bool = False  # tma only, no split-K: the bf16 tile leaves through a TMA store (async, no masks)
+    k_unroll: int = 1  # plain only: K-blocks per loop trip (each row's weight read KU·128 bytes at a time)
 
 
 def gemm_config(m: int, n: int, k: int, capability: tuple[int, int] | None, num_sms: int = 132) -> GemmConfig:
@@ -267,7 +268,7 @@ def _fp8_gemm_plain_kernel(
     N: tl.constexpr, K: tl.constexpr, KB_PER_SPLIT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr, UPCAST: tl.constexpr, EXACT: tl.constexpr,
-    FUSED_REDUCE: tl.constexpr, PDL: tl.constexpr = False, PREFETCH: tl.constexpr = 0,
+    FUSED_REDUCE: tl.constexpr, PDL: tl.constexpr = False, PREFETCH: tl.constexpr = 0, KU: tl.constexpr = 1,
 ):
     """Contiguous operands with N and K compiled in: 32-bit offsets, a static K trip count and unmasked
     loads, and rows/columns past the edge wrapped (``% M``) rather than masked, so every load is plain.
@@ -308,6 +309,27 @@ def _fp8_gemm_plain_kernel(
             l2_prefetch(b_ptr + offs_n * K + tl.minimum(kb0 + j, k_blocks - 1) * BLOCK_K)
     pdl_prologue(PDL)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if KU > 1:  # K % BLOCK_K == 0 and KU divides every split's steps (the launcher checks)
+        for _ in range(steps // KU):
+            for u in tl.static_range(KU):
+                a = tl.load(a_ptrs + u * BLOCK_K)
+                b = tl.load(b_ptrs + u * BLOCK_K)
+                if UPCAST:
+                    part = tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16))
+                else:
+                    part = tl.dot(a, b)
+                if BLOCK_N <= BLOCK_K:
+                    acc += part * (tl.load(as_ptrs + u) * tl.load(bs_ptr + u))[:, None]
+                else:
+                    acc += part * tl.load(as_ptrs + u)[:, None] * tl.load(bs_ptrs + u)[None, :]
+            a_ptrs += KU * BLOCK_K
+            b_ptrs += KU * BLOCK_K
+            as_ptrs += KU
+            if BLOCK_N <= BLOCK_K:
+                bs_ptr += KU
+            else:
+                bs_ptrs += KU
+        steps = 0
     for i in range(steps):
         if K % BLOCK_K == 0:
             a = tl.load(a_ptrs)
@@ -537,6 +559,8 @@ def fp8_gemm(
             BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=BLOCK,
             SPLIT_K=split, GROUP_M=config.group_m, UPCAST=cap is not None and cap < (8, 9), EXACT=interpreting(),
             FUSED_REDUCE=fused, PDL=pdl, PREFETCH=min(config.prefetch, kb_per_split) if pdl else 0,
+            KU=config.k_unroll if k % BLOCK == 0 and n_kb % kb_per_split == 0 and kb_per_split % config.k_unroll == 0
+            else 1,
             num_warps=config.num_warps, num_stages=config.num_stages, **launch,
         )
     else:

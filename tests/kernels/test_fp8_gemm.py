@@ -184,7 +184,10 @@ def test_persistent_tma_kernel_matches_reference(mnk, cfg, device):
     GemmConfig(16, 64, 1, 2, 4, 1, plain=True, tma=True, tma_store=True),
     GemmConfig(16, 64, 2, 0, 4, 1, plain=True, pdl=True, prefetch=2),
     GemmConfig(16, 64, 2, 0, 4, 1, plain=True, pdl=True, prefetch=2, fused_reduce=True),
-], ids=lambda c: f"{c.block_n}-sub{c.n_sub}-store{int(c.tma_store)}-pdl{int(c.pdl)}-fused{int(c.fused_reduce)}")
+    GemmConfig(16, 64, 1, 0, 4, 1, plain=True, k_unroll=5),  # 5 K-blocks in one trip
+    GemmConfig(16, 64, 5, 0, 4, 1, plain=True, k_unroll=2),  # one K-block per split: falls back to single steps
+], ids=lambda c: f"{c.block_n}-sub{c.n_sub}-store{int(c.tma_store)}-pdl{int(c.pdl)}-fused{int(c.fused_reduce)}"
+                 f"-ku{c.k_unroll}-split{c.split_k}")
 def test_hopper_variants_match_the_plain_kernel(cfg, device):
     """Column slices (two accumulators), the TMA-store epilogue and the PDL launch (with the weight's first
     K-blocks prefetched into L2) change where work happens, never the sums: equal to the plain kernel."""
