@@ -78,6 +78,7 @@ class SparseConfig:
     xchg: bool = False
     idx_prefetch: bool = False
     fused_combine: bool = False
+    l2_prefetch: bool = False
 
 
 def sparse_config(batch: int, heads: int, k: int, cap: tuple[int, int] | None, low: bool = True,
@@ -113,6 +114,18 @@ def _gather(pool_ptr, pool16_ptr, pool64_ptr, idx_ptr, row, K, t0, hi, BLOCK_T: 
     tile's addresses, which the pipelined loop keeps live."""
     slot = _slots(idx_ptr, row, K, t0, hi, BLOCK_T)
     return _rows(pool_ptr, pool16_ptr, pool64_ptr, slot, ROW, WIDE)
+
+
+@triton.jit
+def _prefetch_rows(pool_ptr, idx_ptr, row, K, t0, hi, BLOCK_T: tl.constexpr, ROW: tl.constexpr):
+    """Ask L2 for the rows of the slots ``t0 .. t0+BLOCK_T``: one ``prefetch.global.L2`` every 80 bytes of
+    each row (so every 128-byte line it spans), nothing waits on them and no register holds the bytes."""
+    t = t0 + tl.arange(0, BLOCK_T)
+    slot = tl.load(idx_ptr + row * K + t, mask=t < hi, other=-1)
+    at = pool_ptr + (tl.maximum(slot, 0).to(tl.int64) * ROW)[:, None] + (tl.arange(0, 8) * 80)[None, :]
+    at = tl.where((slot >= 0)[:, None], at, pool_ptr)
+    return tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l",
+                                     [at.to(tl.int64, bitcast=True)], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -186,7 +199,7 @@ def _sparse_decode_kernel(q_ptr, pool_ptr, pool16_ptr, pool64_ptr, idx_ptr, sink
                           DT: tl.constexpr, PREC: tl.constexpr, LOW: tl.constexpr, QCAST: tl.constexpr,
                           EXACT: tl.constexpr, SPLIT: tl.constexpr, PREFETCH: tl.constexpr, LAZY: tl.constexpr,
                           ROW: tl.constexpr, WIDE: tl.constexpr, XCHG: tl.constexpr, IDXPF: tl.constexpr,
-                          FUSED: tl.constexpr):
+                          FUSED: tl.constexpr, L2PF: tl.constexpr):
     """Online softmax (log2 domain) over this program's chunk of slots. Unsplit, it starts from the sink
     and writes the output; split, it writes its normalised partial and log-sum-exp for :func:`_combine`
     (the sink joins there, once)."""
@@ -225,6 +238,8 @@ def _sparse_decode_kernel(q_ptr, pool_ptr, pool16_ptr, pool64_ptr, idx_ptr, sink
     if IDXPF:
         nslot = _slots(idx_ptr, row, K, lo, hi, BLOCK_T)
     for t0 in range(lo, hi, BLOCK_T):
+        if L2PF:
+            _prefetch_rows(pool_ptr, idx_ptr, row, K, t0 + BLOCK_T, hi, BLOCK_T, ROW)
         if IDXPF:  # only the next tile's slot numbers are loaded ahead (a few registers)
             slot = nslot
             nslot = _slots(idx_ptr, row, K, t0 + BLOCK_T, hi, BLOCK_T)
@@ -436,6 +451,7 @@ def _plan(b: int, h: int, k: int, dtype: torch.dtype, dev_type: str, dev_index: 
                 PREC="ieee" if f32 else "tf32", LOW=low, QCAST=low and (dtype != torch.bfloat16 or f32),
                 EXACT=interp, PREFETCH=cfg.prefetch, LAZY=cfg.lazy, ROW=TOKEN_BYTES, WIDE=wide, XCHG=cfg.xchg,
                 IDXPF=cfg.idx_prefetch and not cfg.prefetch, FUSED=cfg.fused_combine and n_split > 1,
+                L2PF=cfg.l2_prefetch and not interp,
                 num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     progs = b * n_split * hb
     n_part, n_lse = (b * n_split * h * 512, b * n_split * h) if n_split > 1 else (0, 0)

@@ -45,14 +45,15 @@ def test_chunk_count_does_not_change_the_result(n_split, device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("n_split, lazy", [(1, True), (3, True), (3, False)])
-def test_probabilities_exchanged_through_memory_match(n_split, lazy, device):
+@pytest.mark.parametrize("n_split, lazy, l2", [(1, True, False), (3, True, False), (3, False, False), (3, False, True)])
+def test_probabilities_exchanged_through_memory_match(n_split, lazy, l2, device):
     """``xchg``: p and its reference max reach the value dots through a per-program scratch (each row's
-    lazy rescale decided on the score side); wide logits make rows rescale at different tiles."""
+    lazy rescale decided on the score side); wide logits make rows rescale at different tiles. ``l2``:
+    the next tile's rows are prefetched into L2 (a hint; compiled only)."""
     inp = _case(2, 16, 70, device, seed=10 + n_split)
     inp["q"] = (inp["q"].float() * 40).to(inp["q"].dtype)
     ref = sparse_mla_decode_ref(**inp)
-    out = sparse_mla_decode(**inp, config=_cfg(device, n_split=n_split, xchg=True, lazy=lazy))
+    out = sparse_mla_decode(**inp, config=_cfg(device, n_split=n_split, xchg=True, lazy=lazy, l2_prefetch=l2))
     assert gemm_diff(out, ref).value < 2e-5
 
 
