@@ -529,7 +529,7 @@ def linear_section(args, device: torch.device) -> list[str]:
             x = torch.randn(m, k, device=device).to(torch.bfloat16)
             ref = F.linear(x.float(), ws[0].float())
             cells = [_time_linear("cuBLAS", lambda w, x=x: F.linear(x.to(w.dtype), w), ws, ref, nbytes, device),
-                     _time_linear(f"default{gemv_config(n, k, ws[0].element_size(), (9, 0))}",
+                     _time_linear(f"default{gemv_config(m, n, k, ws[0].element_size(), (9, 0))}",
                                   lambda w, x=x, o=out_dt: linear(x, w, o), ws, ref, nbytes, device)]
             cells += [_time_linear(str(cfg), lambda w, x=x, o=out_dt, cfg=cfg: linear(x, w, o, config=cfg), ws, ref,
                                    nbytes, device) for cfg in configs if m == 1 or cfg[0] >= 16]

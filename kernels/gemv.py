@@ -1,15 +1,17 @@
-"""Dense (16/32-bit) projection ``y = x Wᵀ`` for decode-sized batches: one weight stream, no library GEMM.
+"""Dense (16/32-bit) projection ``y = x Wᵀ`` at decode sizes: one weight stream, no library GEMM.
 
-At a few rows of ``x`` a projection is a read of its weight; cuBLAS picks small-M kernels that carry a fixed
-cost of a few µs each, which for the 2–12 MB projections of a decode step is as long as the read itself.
-:func:`linear` streams the weight through a 16-row ``tl.dot`` tile (rows past ``M`` are masked: the dot is
-free, the pipeline keeps many weight tiles in flight), one program per ``BLOCK_N`` output columns and all of
-``K``, fp32 accumulation, output in ``out_dtype`` (default ``x.dtype``). Above :data:`GEMV_MAX_M` rows the
-call goes to ``F.linear`` (cuBLAS), whose tensor-core tiles win there.
+At one row of ``x`` a projection is a read of its weight. :func:`linear` serves it with a kernel that needs no
+tensor cores: each program multiplies ``BLOCK_N`` weight rows by the row of ``x`` in ``BLOCK_K``-wide steps
+and sums along K at the end (fp32), output in ``out_dtype`` (default ``x.dtype``). Measured on H200 (graph
+replay, weights rotated past L2; ``benchmarks/engine_decode.py --sections linear``), 4 rows × 512 per step
+beat cuBLAS at M=1 on the small config's q|kv_a (5.9 vs 6.6 µs), o_proj (4.6 vs 6.1), shared down (6.1 vs
+7.3) and the dense gate|up (26.0 vs 26.8), and the fp32 router at M ≤ 16 (3.7–3.9 vs 6–10 µs); cuBLAS stays
+ahead above one row, so those calls go to ``F.linear``. A 16-row ``tl.dot`` variant (``config`` with
+``BLOCK_N`` ≥ 16) is kept for the sweep: it was slower than cuBLAS at M = 1–16 in every shape, and slower
+still inside the engine's step (32 calls 619 µs against ~290 µs predicted), so no default uses it.
 
-An fp32 weight (the router's) multiplies in full fp32 (``input_precision="ieee"``); a bf16 ``x`` against it is
-widened in registers, so ``linear(x, w_fp32)`` equals ``F.linear(x.float(), w)`` up to summation order
-without the widened copy of ``x``.
+An fp32 weight (the router's) multiplies in full fp32; a bf16 ``x`` against it is widened in registers, so
+``linear(x, w_fp32)`` equals ``F.linear(x.float(), w)`` up to summation order without the widened copy.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from kernels.arch import capability, interpreting
 from kernels.harness import Case, Check, ParitySpec
 from kernels.tiles import dot_precision
 
-GEMV_MAX_M = 16  # rows of x up to which the weight-streaming kernel serves the call (one 16-row tile)
+GEMV_MAX_M = 16  # most rows of x any weight-streaming variant takes (the dot variant's one 16-row tile)
 
 
 def linear_ref(x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -110,26 +112,25 @@ def _gemv_vec_kernel(
     tl.store(y_ptr + row * stride_ym + rn, cast_rne(y, y_ptr.dtype.element_ty, EXACT), mask=n_ok)
 
 
-def gemv_config(n: int, k: int, elem: int, cap: tuple[int, int] | None) -> tuple[int, int, int, int]:
-    """``(BLOCK_N, BLOCK_K, warps, stages)``: 16 output columns per program (each then streams ``16·K``
-    weights), 32 or 64 for wide projections; K steps of 8 KB of weight, 4 stages (≤ 64 KB of shared memory,
-    so three programs fit an SM). ``BLOCK_N`` < 16 selects the tensor-core-free kernel (one row of ``x`` per program),
-    for outputs too narrow to give the SMs work in 16-column tiles."""
+def gemv_config(m: int, n: int, k: int, elem: int, cap: tuple[int, int] | None
+                ) -> tuple[int, int, int, int] | None:
+    """``(BLOCK_N, BLOCK_K, warps, stages)`` for ``m`` rows, or None for cuBLAS (see the module docstring).
+    ``BLOCK_N`` < 16 is the tensor-core-free kernel (one row of ``x`` per program). Under the interpreter
+    every call of at most 16 rows takes a kernel, so the CPU suite runs both variants."""
     if cap is None:
-        return (16, 32, 1, 1) if n >= 16 else (4, 32, 1, 1)
-    if n < 512:
-        return 4, 512 // elem * 2, 4, 1
-    block_n = 16 if n <= 8192 else 32 if n <= 16384 else 64
-    block_k = max(64, min(512, (8192 // (block_n * elem)) // 64 * 64))  # 8 KB of weight per stage
-    block_k = min(block_k, max(64, triton.next_power_of_2(k)))
-    return block_n, block_k, 4, 4
+        if m > GEMV_MAX_M:
+            return None
+        return (16, 32, 1, 1) if n >= 16 and m > 1 else (4, 32, 1, 1)
+    if elem == 4:  # the fp32 router: 64 logits, 0.5 MB of weight
+        return (4, 256, 4, 1) if m <= GEMV_MAX_M else None
+    return (4, 512, 4, 1) if m == 1 else None
 
 
 def _gemv(x2: torch.Tensor, weight: torch.Tensor, y: torch.Tensor, silu: bool,
-          config: tuple[int, int, int, int] | None) -> None:
+          config: tuple[int, int, int, int]) -> None:
     m, (n, k) = x2.shape[0], weight.shape
     cap = capability(x2.device)
-    block_n, block_k, warps, stages = config or gemv_config(n, k, weight.element_size(), cap)
+    block_n, block_k, warps, stages = config
     if block_n < 16:
         _gemv_vec_kernel[(triton.cdiv(n, block_n), m)](
             x2, weight, y, m, n, k, x2.stride(0), weight.stride(0), y.stride(0),
@@ -143,6 +144,14 @@ def _gemv(x2: torch.Tensor, weight: torch.Tensor, y: torch.Tensor, silu: bool,
         F32_DOT=cap is None, PREC=dot_precision(weight.dtype), EXACT=interpreting(), num_warps=warps,
         num_stages=stages,
     )
+
+
+def _pick(config, m: int, n: int, k: int, weight: torch.Tensor) -> tuple[int, int, int, int] | None:
+    if m == 0 or weight.stride(1) != 1:
+        return None
+    if config is None:
+        return gemv_config(m, n, k, weight.element_size(), capability(weight.device))
+    return config if config[0] < 16 or m <= GEMV_MAX_M else None
 
 
 def _prepare(x: torch.Tensor, k: int, out_dtype, out: torch.Tensor | None, n: int):
@@ -162,15 +171,17 @@ def _prepare(x: torch.Tensor, k: int, out_dtype, out: torch.Tensor | None, n: in
 
 def linear(x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype | None = None, *,
            out: torch.Tensor | None = None, config: tuple[int, int, int, int] | None = None) -> torch.Tensor:
-    """Triton twin of :func:`linear_ref`: the weight-streaming kernel for at most :data:`GEMV_MAX_M` rows
-    (``config`` = ``(BLOCK_N, BLOCK_K, warps, stages)`` overrides :func:`gemv_config`), ``F.linear`` above."""
+    """Triton twin of :func:`linear_ref`: a weight-streaming kernel where :func:`gemv_config` picks one
+    (``config`` = ``(BLOCK_N, BLOCK_K, warps, stages)`` forces it; the dot variant takes at most
+    :data:`GEMV_MAX_M` rows), else ``F.linear``."""
     if weight.dim() != 2 or x.shape[-1] != weight.shape[1]:
         raise ValueError(f"linear: x [..., {weight.shape[-1] if weight.dim() == 2 else '?'}] against weight "
                          f"[N, K] expected, got {tuple(x.shape)} and {tuple(weight.shape)}")
     out_dtype = out_dtype or x.dtype
     n, k = weight.shape
     m = x.numel() // max(k, 1)
-    if m > GEMV_MAX_M or m == 0 or weight.stride(1) != 1:
+    config = _pick(config, m, n, k, weight)
+    if config is None:
         y = linear_ref(x, weight, out_dtype)
         return y if out is None else out.copy_(y)
     lead, x2, y = _prepare(x, k, out_dtype, out, n)
@@ -188,14 +199,15 @@ def silu_mul_linear_ref(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 def silu_mul_linear(x: torch.Tensor, weight: torch.Tensor, *, out: torch.Tensor | None = None,
                     config: tuple[int, int, int, int] | None = None) -> torch.Tensor:
-    """Triton :func:`silu_mul_linear_ref`: at decode sizes the SiLU·mul is computed as the weight-streaming
-    kernel loads its input (no intermediate tensor, one launch); above :data:`GEMV_MAX_M` rows the SiLU·mul
-    kernel, then ``F.linear``."""
+    """Triton :func:`silu_mul_linear_ref`: where :func:`gemv_config` picks the weight-streaming kernel (one
+    row), the SiLU·mul is computed as it loads its input (no intermediate tensor, one launch); otherwise the
+    SiLU·mul kernel, then ``F.linear``."""
     n, k = weight.shape
     if weight.dim() != 2 or x.shape[-1] != 2 * k:
         raise ValueError(f"silu_mul_linear: x [..., 2·{k}] against weight [N, {k}] expected, got {tuple(x.shape)}")
     m = x.numel() // max(2 * k, 1)
-    if m > GEMV_MAX_M or m == 0 or weight.stride(1) != 1:
+    config = _pick(config, m, n, k, weight)
+    if config is None:
         from kernels.silu_mul import silu_mul
 
         y = linear_ref(silu_mul(x), weight)
