@@ -285,14 +285,17 @@ def _mla_inputs(batch, ctx, heads, copies):
 def _mla_candidates(batch, ctx) -> list[DecodeConfig]:
     if SMOKE:
         return [DecodeConfig(16, 64, 2, 4, 1), DecodeConfig(16, 32, 2, 4, 1, pdl=True, prefetch=True),
-                DecodeConfig(16, 32, 1, 4, 1, persistent=3)]
+                DecodeConfig(16, 32, 1, 4, 1, persistent=3), DecodeConfig(16, 32, 2, 4, 1, transposed=True)]
     if ARGS.quick:  # PDL (+ the first tile in L2 before the wait), and the balanced one-wave kernel
         # the first H200 run: PDL ±0.2 %, the one-wave kernel at one program per SM 26 % slower (one CTA per
         # SM hides no latency), 64-row head tiles spill; now three-deep pipelines and two programs per SM
         d = decode_config(batch, 16, ctx, CAP, SMS)
         return [DecodeConfig(16, 64, d.num_splits, 8, 3), DecodeConfig(16, 64, max(1, d.num_splits // 2), 8, 3),
                 DecodeConfig(16, 64, 1, 8, 2, persistent=2 * SMS), dataclasses.replace(d, pdl=True),
-                DecodeConfig(16, 64, d.num_splits, 4, 3)]
+                DecodeConfig(16, 64, d.num_splits, 4, 3),
+                dataclasses.replace(d, transposed=True), dataclasses.replace(d, transposed=True, num_warps=4),
+                dataclasses.replace(d, transposed=True, num_stages=3),
+                dataclasses.replace(d, transposed=True, num_splits=max(1, d.num_splits // 2))]
     if batch == 1:
         split_sets = {32: (16, 32, 64, 128), 64: (16, 32, 64)}
     elif ctx <= 8192:
@@ -323,7 +326,7 @@ def mla_section(batch: int, ctx: int, until: float, heads: int = 16) -> None:
                  f"bn{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages} "
                  f"splits{cfg.num_splits}{' fused-merge' if cfg.fused_merge else ''}"
                  f"{' pdl' if cfg.pdl else ''}{'+pf' if cfg.prefetch else ''}"
-                 f"{f' persistent{cfg.persistent}' if cfg.persistent else ''}")
+                 f"{f' persistent{cfg.persistent}' if cfg.persistent else ''}{' transposed' if cfg.transposed else ''}")
         if elapsed() > until:
             say(f"  b={batch:3d} ctx={ctx:5d} {label}: skipped for time")
             continue

@@ -120,6 +120,7 @@ class DecodeConfig:
     pdl: bool = False  # sm90+: programmatic dependent launch of the split and merge kernels
     prefetch: bool = False  # with pdl: each split's first tile is pulled into L2 before the wait
     persistent: int = 0  # > 0: that many programs per head block walk all sequences' tiles in one balanced wave
+    transposed: bool = False  # tokens on the MMA's M side, heads on N (Sᵀ = K·Qᵀ): wgmma-shaped at 16 heads
 
 
 def decode_config(
@@ -164,7 +165,7 @@ def _mla_split_kernel(
     fo_ptr, flse_ptr, cnt_ptr, stride_fob, stride_foh, stride_flb, stride_flh, NUM_HB, NUM_PAGES, MAX_T,
     D_LAT: tl.constexpr, D_ROPE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     F32_DOT: tl.constexpr, IN_PAGE: tl.constexpr, PREC: tl.constexpr, FUSED: tl.constexpr, EXACT: tl.constexpr,
-    PDL: tl.constexpr = False, PREFETCH: tl.constexpr = False, LINE: tl.constexpr = 64,
+    PDL: tl.constexpr = False, PREFETCH: tl.constexpr = False, LINE: tl.constexpr = 64, TRANS: tl.constexpr = False,
 ):
     b = tl.program_id(0)
     split = tl.program_id(1)
@@ -204,7 +205,12 @@ def _mla_split_kernel(
 
     m_i = tl.full((BLOCK_H,), float("-inf"), dtype=tl.float32)
     l_i = tl.zeros((BLOCK_H,), dtype=tl.float32)
-    acc = tl.zeros((BLOCK_H, D_LAT), dtype=tl.float32)
+    if TRANS:
+        acc = tl.zeros((D_LAT, BLOCK_H), dtype=tl.float32)
+        q_lat_t = tl.trans(q_lat)
+        q_pe_t = tl.trans(q_pe)
+    else:
+        acc = tl.zeros((BLOCK_H, D_LAT), dtype=tl.float32)
     for t0 in range(start, end, BLOCK_N):
         t = t0 + tl.arange(0, BLOCK_N)
         t_ok = t < end
@@ -221,22 +227,41 @@ def _mla_split_kernel(
         if F32_DOT:
             kv = kv.to(tl.float32)
             k_pe = k_pe.to(tl.float32)
-        s = tl.dot(q_lat, tl.trans(kv), input_precision=PREC)
-        s = tl.dot(q_pe, tl.trans(k_pe), s, input_precision=PREC)
-        s = tl.where(t_ok[None, :], s * scale_log2, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        if F32_DOT:  # the same products, with p rounded as the tensor-core path rounds it
-            p_dot = p.to(ql_ptr.dtype.element_ty).to(tl.float32)
+        if TRANS:
+            # tokens as the MMA's M side and heads as its N: Sᵀ = K·Qᵀ, Oᵀ = Vᵀ·Pᵀ, so a 64-token tile feeds
+            # wgmma (M ≥ 64) even with 16 heads, both operands from shared memory
+            st = tl.dot(kv, q_lat_t, input_precision=PREC)
+            st = tl.dot(k_pe, q_pe_t, st, input_precision=PREC)
+            st = tl.where(t_ok[:, None], st * scale_log2, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(st, 0))
+            alpha = tl.exp2(m_i - m_new)
+            pt = tl.exp2(st - m_new[None, :])
+            l_i = l_i * alpha + tl.sum(pt, 0)
+            if F32_DOT:
+                pt_dot = pt.to(ql_ptr.dtype.element_ty).to(tl.float32)
+            else:
+                pt_dot = pt.to(kv.dtype)
+            acc = acc * alpha[None, :] + tl.dot(tl.trans(kv), pt_dot, input_precision=PREC)
         else:
-            p_dot = p.to(kv.dtype)
-        acc = acc * alpha[:, None] + tl.dot(p_dot, kv, input_precision=PREC)
+            s = tl.dot(q_lat, tl.trans(kv), input_precision=PREC)
+            s = tl.dot(q_pe, tl.trans(k_pe), s, input_precision=PREC)
+            s = tl.where(t_ok[None, :], s * scale_log2, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            if F32_DOT:  # the same products, with p rounded as the tensor-core path rounds it
+                p_dot = p.to(ql_ptr.dtype.element_ty).to(tl.float32)
+            else:
+                p_dot = p.to(kv.dtype)
+            acc = acc * alpha[:, None] + tl.dot(p_dot, kv, input_precision=PREC)
         m_i = m_new
 
     empty = l_i == 0.0
-    out = acc / tl.where(empty, 1.0, l_i)[:, None]
+    if TRANS:
+        out = tl.trans(acc) / tl.where(empty, 1.0, l_i)[:, None]
+    else:
+        out = acc / tl.where(empty, 1.0, l_i)[:, None]
     lse2 = tl.where(empty, float("-inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))
     o_ptrs = o_ptr + b * stride_ob + heads[:, None] * stride_oh + split * stride_os + d_lat[None, :]
     tl.store(o_ptrs, out, mask=h_ok[:, None] & c_ok[None, :])
@@ -502,7 +527,7 @@ def _decode(q_lat, q_pe, kv, pe, block_table, seq_lens, page_size, capacity, sca
         D_LAT=d_lat, D_ROPE=d_rope, BLOCK_H=config.block_h, BLOCK_N=config.block_n, F32_DOT=cap is None,
         IN_PAGE=page_size % config.block_n == 0, PREC=dot_precision(q_lat.dtype), FUSED=fused,
         EXACT=interpreting(), PDL=pdl, PREFETCH=pdl and config.prefetch, LINE=128 // kv.element_size(),
-        num_warps=config.num_warps, num_stages=config.num_stages, **launch,
+        TRANS=config.transposed, num_warps=config.num_warps, num_stages=config.num_stages, **launch,
     )
     if fused:
         return o, lse

@@ -161,3 +161,16 @@ def test_balanced_wave_on_the_engine_layout(device):
     out, lse = mla_decode(ql, qp, kv, pe, lens, 0.07, config=DecodeConfig(16, 32, 1, 4, 1, persistent=3))
     assert gemm_diff(out, ref_o).value < 1e-5
     assert float((lse - ref_lse).abs().max()) <= LSE_TOL[device]
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_transposed_tiles_match_the_reference(fused, device):
+    """Tokens on the MMA's M side (Sᵀ = K·Qᵀ, Oᵀ = Vᵀ·Pᵀ): the same attention, ragged lengths, two head
+    blocks, a partial last head block."""
+    for lens, heads in (([1, 70, 150], 5), ([97], 20), ([64, 128], 16)):
+        inp = paged_inputs(lens, heads, device, torch.Generator(device).manual_seed(heads))
+        ref_o, ref_lse = paged_mla_decode_ref(**inp)
+        cfg = DecodeConfig(16, 32, 2, 4, 1 if device == "cpu" else 2, fused_merge=fused, transposed=True)
+        out, lse = paged_mla_decode(**inp, config=cfg)
+        assert gemm_diff(out, ref_o).value < 1e-5
+        assert float((lse - ref_lse).abs().max()) <= LSE_TOL[device]
