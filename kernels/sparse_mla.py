@@ -195,14 +195,16 @@ def _store_part(ptr, x, hm, FIRST: tl.constexpr, N: tl.constexpr, EXACT: tl.cons
 
 @triton.jit
 def _sparse_decode_kernel(q_ptr, pool_ptr, pool16_ptr, pool64_ptr, idx_ptr, sink_ptr, o_ptr, lse_ptr, K, H,
-                          qk_scale, p_scr, m_scr, fo_ptr, cnt_ptr, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, HW_CAST: tl.constexpr,
-                          DT: tl.constexpr, PREC: tl.constexpr, LOW: tl.constexpr, QCAST: tl.constexpr,
+                          qk_scale, p_scr, m_scr, fo_ptr, cnt_ptr, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr,
+                          HW_CAST: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr, LOW: tl.constexpr, QCAST: tl.constexpr,
                           EXACT: tl.constexpr, SPLIT: tl.constexpr, PREFETCH: tl.constexpr, LAZY: tl.constexpr,
                           ROW: tl.constexpr, WIDE: tl.constexpr, XCHG: tl.constexpr, IDXPF: tl.constexpr,
                           FUSED: tl.constexpr, L2PF: tl.constexpr):
     """Online softmax (log2 domain) over this program's chunk of slots. Unsplit, it starts from the sink
-    and writes the output; split, it writes its normalised partial and log-sum-exp for :func:`_combine`
-    (the sink joins there, once)."""
+    and writes the output; split, it writes its normalised partial and log-sum-exp for :func:`_merge`
+    (the sink joins there, once), run by :func:`_combine_kernel` or, ``FUSED``, by the row's last chunk.
+    ``o_ptr``/``lse_ptr``: the output, or the partials and their log-sum-exps; ``fo_ptr``: the output of
+    the fused merge; ``cnt_ptr``: its arrival counters; ``p_scr``/``m_scr``: the exchange scratch."""
     row = tl.program_id(0).to(tl.int64)
     sp = tl.program_id(1)
     h = tl.program_id(2) * BLOCK_H + tl.arange(0, BLOCK_H)
