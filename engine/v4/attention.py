@@ -41,11 +41,11 @@ class Attention(nn.Module):
         c = self.cfg
         b, s, _ = x.shape
         nh, d = c.num_attention_heads, c.head_dim
-        cos, sin = step.rope[self.rope_kind]
+        rot = step.rope[self.rope_kind]
         q_lat = self.q_a_norm(self.q_a_proj(x))
         q = unit_rmsnorm(self.q_b_proj(q_lat).view(b, s, nh, d), c.rms_norm_eps)
-        q = rope_tail(q, cos.unsqueeze(2), sin.unsqueeze(2))
-        kv = rope_tail(self.kv_norm(self.kv_proj(x)), cos, sin)
+        q = rope_tail(q, rot.unsqueeze(2))
+        kv = rope_tail(self.kv_norm(self.kv_proj(x)), rot)
 
         keys, kpos = cache.window.extend(kv, step.pos, step.valid)
         chosen = idx = None
@@ -76,7 +76,7 @@ class Attention(nn.Module):
             o = self.ops.sparse_decode(q[:, 0], cache.pool.rows, rows, self.sinks, d ** -0.5).unsqueeze(1)
         else:
             o = self.ops.attention(q, keys, mask, self.sinks, d ** -0.5)  # [B, S, H, D]
-        o = rope_tail(o, cos.unsqueeze(2), -sin.unsqueeze(2))
+        o = rope_tail(o, rot.conj().unsqueeze(2))  # rotate back by the query's position
         g = c.o_groups
         w = self.o_a_proj.dense_weight(o.dtype).view(g, c.o_lora_rank, -1)
         grouped = torch.einsum("bsgk,grk->bsgr", o.reshape(b, s, g, -1), w)

@@ -27,8 +27,8 @@ class Step:
     tokens: torch.Tensor  # [B, S]
     pos: torch.Tensor  # [B, S]
     valid: torch.Tensor  # [B, S] bool
-    rope: dict[str, tuple[torch.Tensor, torch.Tensor]]  # kind -> (cos, sin) [B, S, r/2] at pos
-    tables: dict[str, tuple[torch.Tensor, torch.Tensor]]  # kind -> full (cos, sin) tables
+    rope: dict[str, torch.Tensor]  # kind -> cos + i·sin [B, S, r/2] at pos (complex64)
+    tables: dict[str, torch.Tensor]  # kind -> the full cos + i·sin table [max_pos, r/2]
     routes: list | None = None  # when a list, MoE layers append their chosen experts
 
 
@@ -63,9 +63,9 @@ class _Pool(nn.Module):
         # slow kernel on CUDA, and a decode step runs five of them
         e = (gate - gate.amax(dim=1, keepdim=True)).exp()
         pooled = (kv * (e / e.sum(dim=1, keepdim=True)).to(kv.dtype)).sum(dim=1)
-        cos, sin = step.tables["compress"]
-        first = (ids * m).clamp(max=cos.shape[0] - 1)
-        entries = rope_tail(self.kv_norm(pooled), cos[first], sin[first])
+        rot = step.tables["compress"]
+        first = (ids * m).clamp(max=rot.shape[0] - 1)
+        entries = rope_tail(self.kv_norm(pooled), rot[first])
         cache.store(rows, ids, entries, done)
         return cache.entries
 
@@ -93,9 +93,8 @@ class Indexer(_Pool):
         c = self.cfg
         keys = self.pool(x, step, cache)  # every slot; those no query sees yet score -inf
         b, s, _ = x.shape
-        cos, sin = step.rope["compress"]
         q = self.q_b_proj(q_lat).view(b, s, c.index_n_heads, c.index_head_dim)
-        q = rope_tail(q, cos.unsqueeze(2), sin.unsqueeze(2))
+        q = rope_tail(q, step.rope["compress"].unsqueeze(2))
         w = self.scorer.weights_proj(x).float() * c.index_n_heads ** -0.5
         return self.ops.indexer_topk(q, w, keys, n_visible, c.index_head_dim ** -0.5, c.index_topk)
 

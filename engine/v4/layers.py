@@ -71,6 +71,11 @@ def unit_rmsnorm(x: torch.Tensor, eps: float) -> torch.Tensor:
     return x * torch.rsqrt(x.float().square().mean(-1, keepdim=True) + eps).to(x.dtype)
 
 
+def rope_rot(cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """``cos + i·sin`` as complex64, what :func:`rope_tail` multiplies by (its conjugate rotates back)."""
+    return torch.complex(cos.float(), sin.float())
+
+
 def rope_tables(cfg: V4Config, kind: str, max_pos: int) -> tuple[torch.Tensor, torch.Tensor]:
     """fp32 ``(cos, sin)`` ``[max_pos, rope_dim/2]``. ``main``: plain rope at ``rope_theta`` (sliding layers);
     ``compress``: ``compress_rope_theta`` with YaRN when configured, unscaled in magnitude (CSA/HCA layers,
@@ -85,14 +90,14 @@ def rope_tables(cfg: V4Config, kind: str, max_pos: int) -> tuple[torch.Tensor, t
                       y.beta_fast, y.beta_slow)
 
 
-def rope_tail(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Interleaved rope on the trailing ``2·cos.shape[-1]`` channels of ``x`` (V4 lays heads out ``[nope | rope]``).
-    ``cos``/``sin`` must broadcast against ``x[..., :rope_dim/2]``. :func:`kernels.rope.rope_ref`'s math (fp32,
-    ``(x0·c − x1·s, x0·s + x1·c)`` per pair) as one complex product, so a decode step launches a few kernels
-    per rope instead of a dozen."""
-    r = 2 * cos.shape[-1]
+def rope_tail(x: torch.Tensor, rot: torch.Tensor) -> torch.Tensor:
+    """Interleaved rope on the trailing ``2·rot.shape[-1]`` channels of ``x`` (V4 lays heads out ``[nope | rope]``).
+    ``rot`` is ``cos + i·sin`` (complex64, see :func:`rope_rot`) broadcasting against ``x[..., :rope_dim/2]``.
+    :func:`kernels.rope.rope_ref`'s math (fp32, ``(x0·c − x1·s, x0·s + x1·c)`` per pair) as one complex
+    product, so a decode step launches a few kernels per rope instead of a dozen."""
+    r = 2 * rot.shape[-1]
     tail = x[..., -r:].float()
-    rot = torch.view_as_complex(tail.reshape(*tail.shape[:-1], r // 2, 2)) * torch.complex(cos.float(), sin.float())
+    rot = torch.view_as_complex(tail.reshape(*tail.shape[:-1], r // 2, 2)) * rot
     out = x.clone()
     out[..., -r:] = torch.view_as_real(rot).flatten(-2)
     return out

@@ -17,7 +17,7 @@ from engine.v4.cache import CompressorCache, KVPool, LayerCache, WindowCache
 from engine.v4.compressor import Step
 from engine.v4.config import CSA, SLIDING, V4Config
 from engine.v4.hyper import HyperConnection, HyperHead
-from engine.v4.layers import Linear, RMSNorm, rope_tables
+from engine.v4.layers import Linear, RMSNorm, rope_rot, rope_tables
 from engine.v4.moe import MoE
 from engine.v4.ops import V4Ops
 
@@ -59,6 +59,7 @@ class DeepseekV4(nn.Module):
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, dtype)
         self.max_positions = max_positions or cfg.max_position_embeddings
         self.tables: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.rot: dict[str, torch.Tensor] = {}  # cos + i·sin per kind, what the blocks rotate by
         self.caches: list[LayerCache] = []
 
     def init_rope(self, device) -> None:
@@ -67,6 +68,7 @@ class DeepseekV4(nn.Module):
         with torch.device("cpu"):
             tabs = {k: rope_tables(self.cfg, k, self.max_positions) for k in ("main", "compress")}
         self.tables = {k: (cos.to(device), sin.to(device)) for k, (cos, sin) in tabs.items()}
+        self.rot = {k: rope_rot(cos, sin) for k, (cos, sin) in self.tables.items()}
 
     @property
     def device(self) -> torch.device:
@@ -108,8 +110,8 @@ class DeepseekV4(nn.Module):
             valid = torch.ones_like(tokens, dtype=torch.bool)
         if not self.tables or self.tables["main"][0].device != tokens.device:
             self.init_rope(tokens.device)
-        rope = {k: (cos[pos], sin[pos]) for k, (cos, sin) in self.tables.items()}
-        step = Step(tokens=tokens, pos=pos, valid=valid, rope=rope, tables=self.tables, routes=routes)
+        rope = {k: rot[pos] for k, rot in self.rot.items()}
+        step = Step(tokens=tokens, pos=pos, valid=valid, rope=rope, tables=self.rot, routes=routes)
         x = self.model.embed_tokens(tokens)
         streams = x.unsqueeze(2).expand(-1, -1, self.cfg.hc_mult, -1).contiguous()
         for layer, cache in zip(self.model.layers, self.caches, strict=True):
