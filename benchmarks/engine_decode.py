@@ -424,10 +424,32 @@ def roofline(args, device: torch.device, dtype: torch.dtype) -> list[str]:
         print("# roofline row: " + "  ".join(rows[-1]), flush=True)
     if isinstance(hf, Exception):
         lines.append(f"roofline HF: not built: {type(hf).__name__}: {hf}".splitlines()[0])
+    if args.greedy_steps and not any(isinstance(forms.get(b, RuntimeError()), Exception) for b in ("triton", "torch")):
+        try:
+            lines.append(greedy_check(forms["triton"], forms["torch"], cfg, args, device, PagedDecoder))
+        except Exception as exc:
+            lines.append(f"greedy check: {type(exc).__name__}: {exc}".splitlines()[0])
     lines.append(table(rows, header))
     lines.append("(%) = tokens/s over the bound: batch / (MB/step over the copy ceiling). The torch backend's "
                  "expert loop (data-dependent shapes) runs eagerly inside the compiled step.")
     return lines
+
+
+def greedy_check(triton_model, torch_model, cfg, args, device, PagedDecoder) -> str:
+    """Greedy tokens of the Triton paged decoder (CUDA graph) against the torch backend (absorbed, dense cache),
+    4 prompts; a divergence is a near-tie when the torch backend's top-2 margin there is below 0.1."""
+    gen = torch.Generator().manual_seed(5)
+    prompts = torch.randint(2, cfg.vocab_size, (4, args.prompt_len), generator=gen).tolist()
+    n = args.greedy_steps
+    ref = generate(torch_model, prompts, n, mla="absorbed")
+    dec = PagedDecoder(triton_model)
+    out = dec.generate(prompts, n)
+    recs = [[GoldenRecord(i, g.prompt, g.tokens, g.margins) for i, g in enumerate(gs)] for gs in (ref, out)]
+    cmp = compare_records(*recs, near_tie=0.1)
+    per = ", ".join(f"{p.match_length}/{p.compared}" + ("" if p.status == "match" else
+                    f" {p.status}@{p.first_divergence} (torch margin {p.reference_margin:.3g})") for p in cmp.prompts)
+    return (f"greedy {args.dtype}: triton paged decoder ({'graph' if dec.graphed else 'eager'}) vs torch backend, "
+            f"{n} steps: {per} -> {'OK' if cmp.ok else 'BREAK'}")
 
 
 def profile_step(dec, nxt, lens, batch: int, step_us: float, nbytes: float, ceiling: float, top: int = 10) -> list[str]:
@@ -620,6 +642,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", action="store_true", help="roofline: torch.profiler breakdown of our decode step")
     p.add_argument("--profile-top", type=int, default=10, help="roofline: kernels listed per profile")
     p.add_argument("--profile-batches", default=None, help="roofline: batches to profile (default all)")
+    p.add_argument("--greedy-steps", type=int, default=0,
+                   help="roofline: greedy tokens, Triton paged decoder vs the torch backend, 4 prompts (0: skip)")
     p.add_argument("--hf-batches", default=None, help="roofline: batches with the HF anchor (default all)")
     p.add_argument("--no-torch", action="store_true", help="roofline: skip the torch-backend anchors (eager, compile)")
     p.add_argument("--compile-modes", default="reduce-overhead,max-autotune", help="roofline: torch.compile modes")
@@ -632,6 +656,7 @@ def main(argv: list[str] | None = None) -> int:
         if "triton" in args.backends:  # the table times the torch forms; the roofline runs the Triton decoder
             args.backends = "torch"
         args.no_compile = True  # inductor's CPU build takes minutes; the GPU run has the compile anchors
+        args.greedy_steps = args.greedy_steps or 2
     args.sections = args.sections.split(",")
     if args.smoke:
         args.sections += [x for x in ("linear", "moe") if x not in args.sections]
