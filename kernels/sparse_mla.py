@@ -78,7 +78,7 @@ class SparseConfig:
     xchg: bool = False
     idx_prefetch: bool = False
     fused_combine: bool = False
-    l2_prefetch: bool = False
+    l2_prefetch: int = 0  # tiles ahead (0: none)
 
 
 def sparse_config(batch: int, heads: int, k: int, cap: tuple[int, int] | None, low: bool = True,
@@ -239,9 +239,11 @@ def _sparse_decode_kernel(q_ptr, pool_ptr, pool16_ptr, pool64_ptr, idx_ptr, sink
         n0, n1, n2, r, w, ok = _gather(pool_ptr, pool16_ptr, pool64_ptr, idx_ptr, row, K, lo, hi, BLOCK_T, ROW, WIDE)
     if IDXPF:
         nslot = _slots(idx_ptr, row, K, lo, hi, BLOCK_T)
+    if L2PF > 1:
+        _prefetch_rows(pool_ptr, idx_ptr, row, K, lo + BLOCK_T, hi, BLOCK_T, ROW)
     for t0 in range(lo, hi, BLOCK_T):
-        if L2PF:
-            _prefetch_rows(pool_ptr, idx_ptr, row, K, t0 + BLOCK_T, hi, BLOCK_T, ROW)
+        if L2PF > 0:  # the rows L2PF tiles ahead
+            _prefetch_rows(pool_ptr, idx_ptr, row, K, t0 + L2PF * BLOCK_T, hi, BLOCK_T, ROW)
         if IDXPF:  # only the next tile's slot numbers are loaded ahead (a few registers)
             slot = nslot
             nslot = _slots(idx_ptr, row, K, t0 + BLOCK_T, hi, BLOCK_T)
@@ -453,7 +455,7 @@ def _plan(b: int, h: int, k: int, dtype: torch.dtype, dev_type: str, dev_index: 
                 PREC="ieee" if f32 else "tf32", LOW=low, QCAST=low and (dtype != torch.bfloat16 or f32),
                 EXACT=interp, PREFETCH=cfg.prefetch, LAZY=cfg.lazy, ROW=TOKEN_BYTES, WIDE=wide, XCHG=cfg.xchg,
                 IDXPF=cfg.idx_prefetch and not cfg.prefetch, FUSED=cfg.fused_combine and n_split > 1,
-                L2PF=cfg.l2_prefetch and not interp,
+                L2PF=0 if interp else min(int(cfg.l2_prefetch), 2),
                 num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     progs = b * n_split * hb
     n_part, n_lse = (b * n_split * h * 512, b * n_split * h) if n_split > 1 else (0, 0)

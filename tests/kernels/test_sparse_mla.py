@@ -45,7 +45,7 @@ def test_chunk_count_does_not_change_the_result(n_split, device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("n_split, lazy, l2", [(1, True, False), (3, True, False), (3, False, False), (3, False, True)])
+@pytest.mark.parametrize("n_split, lazy, l2", [(1, True, 0), (3, True, 0), (3, False, 0), (3, False, 1), (1, False, 2)])
 def test_probabilities_exchanged_through_memory_match(n_split, lazy, l2, device):
     """``xchg``: p and its reference max reach the value dots through a per-program scratch (each row's
     lazy rescale decided on the score side); wide logits make rows rescale at different tiles. ``l2``:
