@@ -116,3 +116,21 @@ def test_static_experts_equal_the_references(tokens, mxfp4):
         got = experts_static(x, w, ids, gu, dn, 1.0)
     assert ref.abs().max() > 0.1
     torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_rope_tail_is_rope_ref_on_the_tail():
+    """The complex-product rope equals :func:`kernels.rope.rope_ref` on the rope channels and leaves the
+    others as they were; its conjugate rotates back."""
+    from engine.v4.layers import rope_rot, rope_tail
+    from kernels.rope import rope_ref, yarn_freqs
+
+    g = torch.Generator().manual_seed(0)
+    cos, sin = yarn_freqs(16, 64, 10000.0)
+    pos = torch.randint(0, 64, (2, 5), generator=g)
+    x = torch.randn(2, 5, 3, 48, generator=g)
+    rot = rope_rot(cos, sin)[pos].unsqueeze(2)
+    y = rope_tail(x, rot)
+    assert torch.equal(y[..., :32], x[..., :32])
+    torch.testing.assert_close(y[..., 32:], rope_ref(x[..., 32:], cos[pos].unsqueeze(2), sin[pos].unsqueeze(2)),
+                               atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(rope_tail(y, rot.conj()), x, atol=1e-5, rtol=1e-5)
