@@ -414,7 +414,7 @@ def sparse_mla_decode(q: torch.Tensor, pool: torch.Tensor, indices: torch.Tensor
     if k == 0:
         return o.zero_()
     dev = q.device
-    plan = _plan(b, h, k, q.dtype, dev.type, dev.index, pool.numel() >= 2**31, config, interpreting())
+    plan = _plan(b, h, k, q.dtype, dev.type, dev.index, pool.numel() >= 2**31, config, _INTERP)
     grid, n_split, part_bf16, n_part, n_lse, n_p, n_m, args = plan
     qc = q if q.is_contiguous() else q.contiguous()
     idx = indices if indices.dtype == torch.int32 and indices.is_contiguous() else indices.to(torch.int32).contiguous()
@@ -432,7 +432,7 @@ def sparse_mla_decode(q: torch.Tensor, pool: torch.Tensor, indices: torch.Tensor
     _sparse_decode_kernel[grid](qc, *pools, idx, sk, part, lse, k, h, qk, p_scr, m_scr, o, cnt, SPLIT=True, **args)
     if args["FUSED"]:
         return o
-    _combine_kernel[(b, triton.cdiv(h, 8))](part, lse, sk, o, h, n_split, BLOCK_H=8, EXACT=args["EXACT"],
+    _combine_kernel[(b, -(-h // 8))](part, lse, sk, o, h, n_split, BLOCK_H=8, EXACT=args["EXACT"],
                                             num_warps=4 if args["num_warps"] > 1 else 1)
     return o
 
@@ -465,7 +465,8 @@ def _plan(b: int, h: int, k: int, dtype: torch.dtype, dev_type: str, dev_index: 
 
 _WORKSPACE: dict[torch.device, torch.Tensor] = {}
 _WS_VIEWS: dict[tuple, tuple[torch.Tensor, ...]] = {}
-_POOL_VIEWS: dict[tuple, tuple[torch.Tensor, ...]] = {}
+_POOL_VIEWS: dict[int, tuple[torch.Tensor, tuple[torch.Tensor, ...]]] = {}
+_INTERP = interpreting()  # fixed when the kernels were defined (triton.jit decides it then)
 
 
 def _workspace(dev: torch.device, n_part: int, n_lse: int, n_p: int, n_m: int, part_bf16: bool,
@@ -511,14 +512,14 @@ def _pool_views(pool: torch.Tensor) -> tuple[torch.Tensor, ...]:
     asks for the same pool once per layer)."""
     from kernels.kv584 import TOKEN_BYTES
 
-    key = (pool.data_ptr(), pool.numel(), pool.device)
-    views = _POOL_VIEWS.get(key)
-    if views is None:
-        flat = pool.view(-1, TOKEN_BYTES)
-        views = (flat, flat.view(torch.int16), flat.view(torch.int64))
-        if len(_POOL_VIEWS) >= 2:
-            _POOL_VIEWS.pop(next(iter(_POOL_VIEWS)))
-        _POOL_VIEWS[key] = views
+    hit = _POOL_VIEWS.get(id(pool))
+    if hit is not None and hit[0] is pool:  # the entry holds the pool: its id cannot be reused meanwhile
+        return hit[1]
+    flat = pool.view(-1, TOKEN_BYTES)
+    views = (flat, flat.view(torch.int16), flat.view(torch.int64))
+    if len(_POOL_VIEWS) >= 2:
+        _POOL_VIEWS.pop(next(iter(_POOL_VIEWS)))
+    _POOL_VIEWS[id(pool)] = (pool, views)
     return views
 
 
