@@ -75,8 +75,8 @@ class WindowCache:
         """Keys this chunk's queries may see (``[B, window + S, D]``, the cached window then the chunk) and
         their positions (-1 where empty or invalid); then the chunk's last valid keys enter the window."""
         keys = torch.cat([self.keys, kv.to(self.keys.dtype)], dim=1)
-        kpos = torch.cat([self.pos, torch.where(valid, pos, torch.full_like(pos, -1))], dim=1)
-        w = _last_writes(pos, valid, self.window)
+        kpos = torch.cat([self.pos, torch.where(valid, pos, -1)], dim=1)
+        w = valid if pos.shape[1] == 1 else _last_writes(pos, valid, self.window)
         b = _rows_of(pos)
         slot = torch.where(w, pos % self.window, self.window)
         self._keys[b, slot] = kv.to(self._keys.dtype)
