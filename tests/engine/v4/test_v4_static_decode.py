@@ -134,3 +134,18 @@ def test_rope_tail_is_rope_ref_on_the_tail():
     torch.testing.assert_close(y[..., 32:], rope_ref(x[..., 32:], cos[pos].unsqueeze(2), sin[pos].unsqueeze(2)),
                                atol=1e-6, rtol=1e-6)
     torch.testing.assert_close(rope_tail(y, rot.conj()), x, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_cuda_graph_decode_equals_eager_decode(v4_dir, v4_prompts, backend):
+    from engine.v4.generate import decoder_for
+    from engine.v4.loader import load_v4
+
+    model = load_v4(v4_dir, dtype=torch.float32, device="cuda", backend=backend)
+    eager = generate(model, v4_prompts, 16, graphs=False)
+    graphed = generate(model, v4_prompts, 16, graphs=True)
+    assert decoder_for(model, len(v4_prompts), max(map(len, v4_prompts)) + 16, graphs=True).graphed
+    for a, b in zip(eager, graphed, strict=True):
+        assert a.tokens == b.tokens
+        assert max(abs(x - y) for x, y in zip(a.margins, b.margins, strict=True)) < 1e-4
