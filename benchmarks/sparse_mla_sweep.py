@@ -66,7 +66,8 @@ def variant(name: str, b: int) -> sparse_mla.SparseConfig | None:
     return sparse_mla.SparseConfig(bh, bt, n, spec.get("num_warps", 8), spec.get("num_stages", 1),
                                    spec.get("prefetch", True), spec.get("part_bf16", False),
                                    spec.get("lazy", True), spec.get("xchg", False), spec.get("idx_prefetch", False),
-                                   spec.get("fused_combine", False), spec.get("l2_prefetch", 0))
+                                   spec.get("fused_combine", False), spec.get("l2_prefetch", 0),
+                                   spec.get("fast_launch", True))
 
 
 def decode_fn(name: str, b: int):
@@ -90,6 +91,7 @@ VARIANTS: dict[str, dict] = {  # in the order they are timed (a run short of tim
     "x64e-l2d2": {**X64E, "l2_prefetch": 2},
     "x64e-l2-fu": {**X64E, "l2_prefetch": 1, "fused_combine": True},
     "x64e-fu": {**X64E, "fused_combine": True},
+    "x64e-jit": {**X64E, "fast_launch": False},
     "x64e-fu-bf16": {**X64E, "fused_combine": True, "part_bf16": True},
     "x64e-ipf": {**X64E, "idx_prefetch": True},
     "x32e": {**X64E, "block_t": 32},

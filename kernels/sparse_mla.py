@@ -79,6 +79,7 @@ class SparseConfig:
     idx_prefetch: bool = False
     fused_combine: bool = False
     l2_prefetch: int = 0  # tiles ahead (0: none)
+    fast_launch: bool = True
 
 
 def sparse_config(batch: int, heads: int, k: int, cap: tuple[int, int] | None, low: bool = True,
@@ -415,26 +416,55 @@ def sparse_mla_decode(q: torch.Tensor, pool: torch.Tensor, indices: torch.Tensor
         return o.zero_()
     dev = q.device
     plan = _plan(b, h, k, q.dtype, dev.type, dev.index, pool.numel() >= 2**31, config, _INTERP)
-    grid, n_split, part_bf16, n_part, n_lse, n_p, n_m, args = plan
+    grid, n_split, part_bf16, n_part, n_lse, n_p, n_m, args, plan_key = plan
     qc = q if q.is_contiguous() else q.contiguous()
     idx = indices if indices.dtype == torch.int32 and indices.is_contiguous() else indices.to(torch.int32).contiguous()
     sk = sinks if sinks.dtype == torch.float32 and sinks.is_contiguous() else sinks.float().contiguous()
     pools = _pool_views(pool)
     qk = float(scale) * LOG2E
+    # a launch key for the compiled kernel: the shape (in the plan), the split, and the 16-byte alignment of
+    # the caller's tensors that Triton specialises on (the workspace's are always aligned)
+    fast = plan_key if args["FAST"] else None
+    if fast is not None:
+        al = (qc.data_ptr() | pools[0].data_ptr() | idx.data_ptr() | sk.data_ptr() | o.data_ptr()) & 15 == 0
     if n_split == 1 and not n_p:
-        _sparse_decode_kernel[grid](qc, *pools, idx, sk, o, o, k, h, qk, sk, sk, o, idx, SPLIT=False, **args)
+        _launch(_sparse_decode_kernel, fast and (fast, 0, al), grid, (qc, *pools, idx, sk, o, o, k, h, qk, sk, sk, o,
+                idx), args, SPLIT=False)
         return o
     part, lse, p_scr, m_scr = _workspace(dev, n_part, n_lse, n_p, n_m, part_bf16, args["LOW"])
     if n_split == 1:
-        _sparse_decode_kernel[grid](qc, *pools, idx, sk, o, o, k, h, qk, p_scr, m_scr, o, idx, SPLIT=False, **args)
+        _launch(_sparse_decode_kernel, fast and (fast, 1, al), grid, (qc, *pools, idx, sk, o, o, k, h, qk, p_scr,
+                m_scr, o, idx), args, SPLIT=False)
         return o
     cnt = _counters(dev, b * grid[2]) if args["FUSED"] else idx
-    _sparse_decode_kernel[grid](qc, *pools, idx, sk, part, lse, k, h, qk, p_scr, m_scr, o, cnt, SPLIT=True, **args)
+    _launch(_sparse_decode_kernel, fast and (fast, 2, al), grid, (qc, *pools, idx, sk, part, lse, k, h, qk, p_scr,
+            m_scr, o, cnt), args, SPLIT=True)
     if args["FUSED"]:
         return o
-    _combine_kernel[(b, -(-h // 8))](part, lse, sk, o, h, n_split, BLOCK_H=8, EXACT=args["EXACT"],
-                                            num_warps=4 if args["num_warps"] > 1 else 1)
+    _launch(_combine_kernel, fast and (fast, 3, al), (b, -(-h // 8), 1), (part, lse, sk, o, h, n_split),
+            {"num_warps": 4 if args["num_warps"] > 1 else 1}, BLOCK_H=8, EXACT=args["EXACT"])
     return o
+
+
+_COMPILED: dict[tuple, tuple] = {}
+_OPTIONS = ("num_warps", "num_stages")
+
+
+def _launch(fn, key, grid, pos: tuple, args: dict, **more) -> None:
+    """``fn[grid](*pos, **args, **more)``. With a ``key``, later launches under the same key go to the
+    compiled kernel directly, skipping Triton's per-call binding and specialisation (the key holds
+    everything that specialisation depends on: the launch plan, which kernel, the tensors' alignment)."""
+    if key:
+        hit = _COMPILED.get(key)
+        if hit is not None:
+            hit[0][grid](*pos, *hit[1])
+            return
+    kw = {n: v for n, v in args.items() if n != "FAST"}
+    kw.update(more)
+    compiled = fn[grid](*pos, **kw)
+    if key and compiled is not None and hasattr(compiled, "__getitem__"):
+        consts = tuple(kw[n] for n in fn.arg_names[len(pos):])
+        _COMPILED[key] = (compiled, consts)
 
 
 @functools.lru_cache(maxsize=256)
@@ -455,12 +485,13 @@ def _plan(b: int, h: int, k: int, dtype: torch.dtype, dev_type: str, dev_index: 
                 PREC="ieee" if f32 else "tf32", LOW=low, QCAST=low and (dtype != torch.bfloat16 or f32),
                 EXACT=interp, PREFETCH=cfg.prefetch, LAZY=cfg.lazy, ROW=TOKEN_BYTES, WIDE=wide, XCHG=cfg.xchg,
                 IDXPF=cfg.idx_prefetch and not cfg.prefetch, FUSED=cfg.fused_combine and n_split > 1,
-                L2PF=0 if interp else min(int(cfg.l2_prefetch), 2),
+                L2PF=0 if interp else min(int(cfg.l2_prefetch), 2), FAST=cfg.fast_launch and not interp,
                 num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     progs = b * n_split * hb
     n_part, n_lse = (b * n_split * h * 512, b * n_split * h) if n_split > 1 else (0, 0)
     n_p, n_m = (2 * progs * cfg.block_h * bt, 2 * progs * cfg.block_h) if cfg.xchg else (0, 0)
-    return (b, n_split, hb), n_split, cfg.part_bf16, n_part, n_lse, n_p, n_m, args
+    key = (b, h, k, dtype, dev_type, dev_index, wide, config, interp)  # what this plan was made from
+    return (b, n_split, hb), n_split, cfg.part_bf16, n_part, n_lse, n_p, n_m, args, key
 
 
 _WORKSPACE: dict[torch.device, torch.Tensor] = {}

@@ -170,3 +170,52 @@ def test_lazy_and_eager_rescaling_match_the_reference(lazy, device):
     assert (s.amax(-1) - s[..., :16].amax(-1)).max() > 8 / 1.4427  # a later tile really raises the max
     out = sparse_mla_decode(**inp, config=_cfg(device, n_split=1, lazy=lazy))
     assert gemm_diff(out, ref).value < 2e-5
+
+
+def test_fast_launch_reuses_the_compiled_kernel_with_its_constants(monkeypatch):
+    """After the first launch of a plan, later launches go to the compiled kernel with every argument in
+    signature order (constants included, as Triton's own launch passes them); a caller tensor of other
+    alignment is a different key (Triton specialises on it), so it is bound afresh."""
+    import kernels.sparse_mla as sm
+
+    calls: list[tuple] = []
+
+    class Compiled:
+        def __getitem__(self, grid):
+            return lambda *a: calls.append(("fast", grid, a))
+
+    class Jit:
+        def __init__(self, fn):
+            self.arg_names = fn.arg_names
+
+        def __getitem__(self, grid):
+            def run(*a, **kw):
+                calls.append(("jit", grid, a, kw))
+                return Compiled()
+            return run
+
+    monkeypatch.setattr(sm, "_sparse_decode_kernel", Jit(sm._sparse_decode_kernel))
+    monkeypatch.setattr(sm, "_combine_kernel", Jit(sm._combine_kernel))
+    monkeypatch.setattr(sm, "_INTERP", False)
+    monkeypatch.setattr(sm, "capability", lambda dev: (9, 0))
+    monkeypatch.setattr(sm, "_num_sms", lambda dev: 132)
+    monkeypatch.setattr(sm, "_COMPILED", {})
+    sm._plan.cache_clear()
+    try:
+        inp = _case(4, 64, 256, "cpu", seed=40)
+        cfg = SparseConfig(64, 64, 2, 8, 1, False, lazy=False, xchg=True)
+        for _ in range(3):
+            sparse_mla_decode(**inp, config=cfg)
+        kinds = [c[0] for c in calls]
+        assert kinds == ["jit", "jit", "fast", "fast", "fast", "fast"]  # split kernel + combine, then reused
+        jit_split, fast_split = calls[0], calls[2]
+        names = sm._sparse_decode_kernel.arg_names
+        assert len(fast_split[2]) == len(names)
+        consts = dict(zip(names[len(jit_split[2]):], fast_split[2][len(jit_split[2]):]))
+        assert consts == {n: jit_split[3][n] for n in consts} and consts["SPLIT"] is True
+        q = inp["q"]
+        odd = torch.empty(q.numel() + 8, dtype=q.dtype)[1:q.numel() + 1].view_as(q).copy_(q)  # 2-byte aligned
+        sparse_mla_decode(**{**inp, "q": odd}, config=cfg)
+        assert [c[0] for c in calls[6:]] == ["jit", "jit"]
+    finally:
+        sm._plan.cache_clear()
