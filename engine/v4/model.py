@@ -134,8 +134,9 @@ class DeepseekV4(nn.Module):
         return self.logits(h[torch.arange(h.shape[0], device=h.device), last])
 
     def set_qat(self, on: bool = True) -> None:
-        """QAT-faithful linears: fp8 weights multiply block-quantised fp8 activations (w8a8), as trained."""
+        """QAT-faithful linears and experts, as trained: fp8 weights multiply block-quantised fp8 activations
+        (w8a8), MXFP4 experts too (w4a8: ``kernels.mxfp4.mxfp4_moe_w4a8``, where the part has fp8 MMA)."""
         for m in self.modules():
-            if isinstance(m, Linear):
+            if isinstance(m, (Linear, MoE)):
                 m.qat = on
 

@@ -20,6 +20,7 @@ from engine.v4.config import V4Config
 from engine.v4.layers import Linear, param
 from engine.v4.ops import V4Ops
 
+QAT_BLOCK = 128  # activation block of the w4a8 experts (act_quant's, and the kernel's default)
 STATIC_TOKENS = 256  # decode batches: the sync-free expert path (prefill chunks take the op's reference)
 _LUTS: dict[torch.device, torch.Tensor] = {}
 
@@ -49,16 +50,26 @@ def _combine(y: torch.Tensor, weights: torch.Tensor, dtype: torch.dtype) -> torc
     return (y * weights.to(y.dtype).unsqueeze(-1)).float().sum(dim=1).to(dtype)
 
 
+def _act_qdq(x: torch.Tensor, block: int | None) -> torch.Tensor:
+    if block is None:
+        return x
+    from kernels.fp8_quant import act_dequant_ref, act_quant_ref
+
+    return act_dequant_ref(*act_quant_ref(x, block), block=block)
+
+
 def experts_static(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor,
                    down: torch.Tensor, limit: float | None, gate_up_scale: torch.Tensor | None = None,
-                   down_scale: torch.Tensor | None = None) -> torch.Tensor:
-    """:func:`kernels.mxfp4.swiglu_moe_ref` (or, with scales, ``mxfp4_moe_ref``) with static shapes and no host
-    synchronisation. Dense experts compute in ``x.dtype``, MXFP4 ones dequantised to fp32, as the references."""
+                   down_scale: torch.Tensor | None = None, act_block: int | None = None) -> torch.Tensor:
+    """:func:`kernels.mxfp4.swiglu_moe_ref` (or, with scales, ``mxfp4_moe_ref``; with ``act_block`` too,
+    ``mxfp4_moe_w4a8_ref``: both GEMMs' activations block-quantised to e4m3 first) with static shapes and no
+    host synchronisation. Dense experts compute in ``x.dtype``, MXFP4 ones dequantised to fp32, as the
+    references."""
     t, h = x.shape
     e, k = gate_up.shape[0], ids.shape[1]
     mx = gate_up_scale is not None
     dt = torch.float32 if mx else x.dtype
-    xd = x.to(dt)
+    xd = _act_qdq(x.to(dt), act_block)
     # gathering copies each pair's weights (read, write, read again): cheaper than reading every expert once
     # only while 3·t·k < E
     if 3 * t * k < e:  # gather the chosen experts' weights, one (token, expert) pair per batch entry
@@ -66,12 +77,12 @@ def experts_static(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, ga
         wgu = _dequant(gate_up[flat], gate_up_scale[flat]) if mx else gate_up[flat].to(dt)
         wd = _dequant(down[flat], down_scale[flat]) if mx else down[flat].to(dt)
         xs = xd.repeat_interleave(k, dim=0).unsqueeze(-1)  # [t*k, H, 1]
-        hh = _swiglu(torch.bmm(wgu, xs).squeeze(-1), limit)
+        hh = _act_qdq(_swiglu(torch.bmm(wgu, xs).squeeze(-1), limit), act_block)
         y = torch.bmm(wd, hh.unsqueeze(-1)).squeeze(-1).view(t, k, h)
     else:  # every expert on every token, then the chosen ones
         wgu = _dequant(gate_up, gate_up_scale) if mx else gate_up.to(dt)
         wd = _dequant(down, down_scale) if mx else down.to(dt)
-        hh = _swiglu(F.linear(xd, wgu.reshape(-1, h)).view(t, e, -1), limit)  # [t, E, I]
+        hh = _act_qdq(_swiglu(F.linear(xd, wgu.reshape(-1, h)).view(t, e, -1), limit), act_block)  # [t, E, I]
         y_all = torch.bmm(hh.transpose(0, 1), wd.transpose(1, 2))  # [E, t, H]
         y = y_all.transpose(0, 1)[torch.arange(t, device=x.device).unsqueeze(1), ids]  # [t, k, H]
     return _combine(y, weights, x.dtype)
@@ -127,6 +138,16 @@ class MoE(nn.Module):
         self.experts = Experts(cfg, dtype)
         self.shared_experts = SharedExpert(cfg, dtype)
         self.cfg, self.ops = cfg, ops
+        self.qat = False  # MXFP4 experts as w4a8 (fp8 activations), like the fp8 linears' qat
+
+    def _w4a8_triton(self, x: torch.Tensor) -> bool:
+        """The Triton w4a8 kernel runs where the backend asks for it and the part has fp8 MMA."""
+        if self.ops.backend_of("moe_mxfp4_qat") != "triton":
+            return False
+        from kernels.arch import capability
+        from kernels.mxfp4 import w4a8_select
+
+        return w4a8_select(capability(x.device))[0] is not None
 
     def route(self, x: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(weights[T, k], experts[T, k])`` for flat ``x[T, H]`` and its token ids."""
@@ -145,7 +166,18 @@ class MoE(nn.Module):
             step.routes.append(ids.view(*shape[:-1], -1).clone())
         ex, limit = self.experts, self.cfg.swiglu_limit
         static = flat.shape[0] <= STATIC_TOKENS
-        if ex.mxfp4 and static and self.ops.backend_of("moe_mxfp4") != "triton":
+        if ex.mxfp4 and self.qat:
+            if self._w4a8_triton(flat):
+                y = self.ops.moe_mxfp4_qat(flat, weights, ids, ex.gate_up_proj, ex.gate_up_proj_scale_inv,
+                                           ex.down_proj, ex.down_proj_scale_inv, limit)
+            elif static:
+                y = experts_static(flat, weights, ids, ex.gate_up_proj, ex.down_proj, limit,
+                                   ex.gate_up_proj_scale_inv, ex.down_proj_scale_inv, act_block=QAT_BLOCK)
+            else:
+                y = self.ops.reference("moe_mxfp4_qat")(flat, weights, ids, ex.gate_up_proj,
+                                                        ex.gate_up_proj_scale_inv, ex.down_proj,
+                                                        ex.down_proj_scale_inv, limit)
+        elif ex.mxfp4 and static and self.ops.backend_of("moe_mxfp4") != "triton":
             y = experts_static(flat, weights, ids, ex.gate_up_proj, ex.down_proj, limit, ex.gate_up_proj_scale_inv,
                                ex.down_proj_scale_inv)
         elif not ex.mxfp4 and static and self.ops.backend_of("moe_dense") != "triton":

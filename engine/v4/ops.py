@@ -24,6 +24,7 @@ OPS: dict[str, tuple[str, str]] = {
     "hash_route": ("kernels.hash_routing", "hash_route_ref"),
     "moe_dense": ("kernels.mxfp4", "swiglu_moe_ref"),
     "moe_mxfp4": ("kernels.mxfp4", "mxfp4_moe_ref"),
+    "moe_mxfp4_qat": ("kernels.mxfp4", "mxfp4_moe_w4a8_ref"),  # w4a8: fp8 activations, as QAT trained them
     "indexer_topk": ("kernels.indexer", "indexer_topk_ref"),
     "attention": ("kernels.sparse_mla", "sink_attention_ref"),
     "sparse_decode": ("kernels.sparse_mla", "sparse_mla_decode_ref"),
@@ -78,6 +79,11 @@ class V4Ops:
                 fn = getattr(importlib.import_module(mod), name)
             self._fns[op] = fn
         return fn
+
+    def reference(self, op: str) -> Callable:
+        """The torch reference of ``op`` whatever the backend (for a part the Triton kernel cannot run on)."""
+        module_name, ref = OPS[op]
+        return getattr(importlib.import_module(module_name), ref)
 
     def backend_of(self, op: str) -> str:
         """The backend that actually runs ``op`` (a Triton request falls back to torch where no kernel exists)."""

@@ -149,3 +149,34 @@ def test_cuda_graph_decode_equals_eager_decode(v4_dir, v4_prompts, backend):
     for a, b in zip(eager, graphed, strict=True):
         assert a.tokens == b.tokens
         assert max(abs(x - y) for x, y in zip(a.margins, b.margins, strict=True)) < 1e-4
+
+
+@pytest.mark.parametrize("tokens", [1, 9], ids=["gathered experts", "every expert"])
+def test_static_w4a8_experts_equal_the_reference(tokens):
+    from engine.v4.moe import experts_static
+    from kernels.mxfp4 import mxfp4_moe_w4a8_ref, mxfp4_quantize
+
+    g = torch.Generator().manual_seed(1)
+    e, k, h, i = 24, 3, 256, 128
+    x = torch.randn(tokens, h, generator=g)
+    ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(tokens)])
+    w = torch.rand(tokens, k, generator=g)
+    (gq, gs), (dq, ds) = mxfp4_quantize(torch.randn(e, 2 * i, h, generator=g) / 16), \
+        mxfp4_quantize(torch.randn(e, h, i, generator=g) / 11)
+    ref = mxfp4_moe_w4a8_ref(x, w, ids, gq, gs, dq, ds, 1.0)
+    plain = experts_static(x, w, ids, gq, dq, 1.0, gs, ds)
+    got = experts_static(x, w, ids, gq, dq, 1.0, gs, ds, act_block=128)
+    assert (plain - ref).abs().max() > 1e-4  # the fp8 activations matter
+    torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_qat_reaches_the_mxfp4_experts(tmp_path, v4_prompts):
+    from engine.v4.loader import load_v4
+    from engine.v4.tiny import write_tiny
+
+    model = load_v4(write_tiny(tmp_path / "mx", seed=0, mxfp4=True), dtype=torch.float32, mxfp4="keep")
+    plain = generate(model, v4_prompts, 2)
+    model.set_qat(True)
+    assert all(layer.mlp.qat for layer in model.model.layers)
+    qat = generate(model, v4_prompts, 2)
+    assert max(abs(a.margins[0] - b.margins[0]) for a, b in zip(plain, qat, strict=True)) > 1e-4
