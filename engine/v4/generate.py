@@ -20,6 +20,7 @@ from engine.v4.model import DeepseekV4
 
 GRAPH_MAX_BATCH = 256
 GRAPH_LEN_BUCKET = 256  # graphed decoders round their capacity up to this, so nearby lengths share a graph
+MAX_GRAPHS = 8  # captured decoders a model keeps
 
 
 def use_cuda_graph(device: torch.device, batch: int) -> bool:
@@ -138,9 +139,10 @@ def decoder_for(model: DeepseekV4, batch: int, max_len: int, kv: str = "dense",
     key = (batch, cap, kv, want)
     dec = pool.get(key)
     if dec is None:
-        if not want:  # eager decoders are cheap to make: keep one
-            for k in [k for k in pool if not k[3]]:
-                del pool[k]
+        # eager decoders are cheap to make: keep one; graphed ones up to MAX_GRAPHS (the oldest goes first)
+        same = [k for k in pool if k[3] == want]
+        for k in same[: max(0, len(same) - (MAX_GRAPHS - 1 if want else 0))]:
+            del pool[k]
         dec = pool[key] = V4Decoder(model, batch, cap, kv, graphs=want)
     return dec
 
