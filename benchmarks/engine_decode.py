@@ -374,8 +374,10 @@ def roofline(args, device: torch.device, dtype: torch.dtype) -> list[str]:
                 cells["ours"] = f"{rate:,.0f} ({100 * rate / bound:.0f}%)" + ("" if dec.graphed else " eager")
                 if args.profile and device.type == "cuda" and (not args.profile_batches or batch in args.profile_batches):
                     try:
-                        lines += profile_step(dec, nxt, lens, batch, 1e6 * batch / rate, nbytes, ceiling,
-                                              args.profile_top)
+                        prof = profile_step(dec, nxt, lens, batch, 1e6 * batch / rate, nbytes, ceiling,
+                                            args.profile_top)
+                        lines += prof
+                        print("\n".join(prof), flush=True)  # kept even if a later cell runs past a hard limit
                     except Exception as exc:  # the profile is a diagnosis, never the result
                         lines.append(f"profile b{batch}: {type(exc).__name__}: {exc}".splitlines()[0])
                 dec = None
@@ -424,7 +426,9 @@ def roofline(args, device: torch.device, dtype: torch.dtype) -> list[str]:
         print("# roofline row: " + "  ".join(rows[-1]), flush=True)
     if isinstance(hf, Exception):
         lines.append(f"roofline HF: not built: {type(hf).__name__}: {hf}".splitlines()[0])
-    if args.greedy_steps and not any(isinstance(forms.get(b, RuntimeError()), Exception) for b in ("triton", "torch")):
+    if args.greedy_steps and over_budget(args):
+        lines.append("greedy check: skipped (time budget)")
+    elif args.greedy_steps and not any(isinstance(forms.get(b, RuntimeError()), Exception) for b in ("triton", "torch")):
         try:
             lines.append(greedy_check(forms["triton"], forms["torch"], cfg, args, device, PagedDecoder))
         except Exception as exc:
