@@ -12,6 +12,8 @@ per (batch, capacity, kv layout) on the model, so repeated calls replay the grap
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from engine.generate import Generation, check_prompts
@@ -42,6 +44,7 @@ class V4Decoder:
         self._pos = torch.zeros(batch, 1, dtype=torch.long, device=dev)
         self._margin = torch.zeros(batch, dtype=torch.float32, device=dev)
         self._graph: torch.cuda.CUDAGraph | None = None
+        self.capture_error: str | None = None
         if graphs if graphs is not None else use_cuda_graph(dev, batch):
             self._capture()
 
@@ -68,9 +71,15 @@ class V4Decoder:
                 self._step()
         torch.cuda.current_stream(dev).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.inference_mode(), torch.cuda.graph(graph):
-            self._step()
-        self._graph = graph
+        try:
+            with torch.inference_mode(), torch.cuda.graph(graph):
+                self._step()
+            self._graph = graph
+        except RuntimeError as exc:  # an op that cannot be captured: decode eagerly, and say why
+            self.capture_error = f"{type(exc).__name__}: {exc}"
+            warnings.warn(f"V4 decode step not captured as a CUDA graph, decoding eagerly: {self.capture_error}",
+                          stacklevel=3)
+            torch.cuda.synchronize(dev)
         self.reset()
 
     @torch.inference_mode()
