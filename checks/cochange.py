@@ -115,7 +115,7 @@ def history(repo: str, head: str, limit: int = 1000, cache_dir: Path | None = No
     return out
 
 
-def pairs_for(hist: History, changed: list[str], min_support: int = 5, min_confidence: float = 0.9) -> list[Pair]:
+def pairs_for(hist: History, changed: list[str], min_support: int = 10, min_confidence: float = 0.9) -> list[Pair]:
     """Strong "A → B" rules for each changed A whose B this change leaves alone."""
     touched = set(changed)
     out: list[Pair] = []
@@ -145,7 +145,7 @@ def notes(
     *,
     exists: set[str] | None = None,
     limit: int = 1000,
-    min_support: int = 5,
+    min_support: int = 10,
     min_confidence: float = 0.9,
     severity: str = "warning",
     cache_dir: Path | None = None,

@@ -103,7 +103,7 @@ class Settings:
     infer_severity: str = "warning"
     cochange: bool | None = None  # "likely missed" notes; None: follows infer
     cochange_commits: int = 1000  # history window
-    cochange_min_support: int = 5  # past commits that changed both files
+    cochange_min_support: int = 10  # past commits that changed both files (5 was noise in every replayed repo)
     cochange_min_confidence: float = 0.9  # share of A's commits that also changed B
     cochange_severity: str = "warning"  # "error" lets a missed co-change fail the check
 

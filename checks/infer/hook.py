@@ -112,7 +112,7 @@ def _cochange(checkout: Checkout, config: Config, changes: ChangeSet, base_sha: 
         return cochange.notes(
             checkout.repo, base_sha, changes, exists=exists,
             limit=getattr(s, "cochange_commits", 1000),
-            min_support=getattr(s, "cochange_min_support", 5),
+            min_support=getattr(s, "cochange_min_support", 10),
             min_confidence=getattr(s, "cochange_min_confidence", 0.9),
             severity=getattr(s, "cochange_severity", "warning"),
             cache_dir=cache_dir,

@@ -12,7 +12,7 @@ from checks.workspace import checkout
 from tests.gitrepo import GitRepo
 
 
-def coupled_repo(path, n=5):
+def coupled_repo(path, n=10):
     r = GitRepo(path)
     r.commit_files({"kernels/attn.cu": "// v0\n", "kernels/attn.py": "V = 0\n", "README.md": "x\n"}, "Initial")
     shas = []
@@ -34,8 +34,8 @@ def test_changing_one_side_of_a_strong_pair_gives_a_warning_with_past_commits(tm
     assert len(notes) == 1, [f.message for f in found.findings]
     n = notes[0]
     assert n.source == "cochange" and n.severity == "warning" and n.status == "new"
-    assert "likely missed: kernels/attn.py" in n.message and "6 of the last 6 commits" in n.message
-    assert len(n.evidence) == 5 and n.evidence[0].endswith("attn: tile 5") and n.evidence[0][:12] == shas[-1][:12]
+    assert "likely missed: kernels/attn.py" in n.message and "11 of the last 11 commits" in n.message
+    assert len(n.evidence) == 5 and n.evidence[0].endswith("attn: tile 10") and n.evidence[0][:12] == shas[-1][:12]
     assert not found.failing  # a warning never fails the check by default
 
 
@@ -46,7 +46,7 @@ def test_changing_both_sides_gives_no_note(tmp_path):
 
 
 def test_too_little_history_gives_no_note(tmp_path):
-    r, shas = coupled_repo(tmp_path / "repo", n=2)
+    r, shas = coupled_repo(tmp_path / "repo", n=8)  # 9 commits changed both: one short of the default support
     head = r.commit_files({"kernels/attn.cu": "// v9\n"}, "attn only")
     assert [f for f in audit(r, shas[-1], head).findings if f.rule == "co-change"] == []
 
@@ -66,7 +66,8 @@ def test_history_is_cached_per_repo_and_extended_incrementally(tmp_path):
     assert [c.sha for c in first.commits][:3] == [shas[2], shas[1], shas[0]]
     assert (cache / f"cochange-v{cochange.CACHE_VERSION}.json").is_file()
     later = cochange.history(str(r.path), shas[-1], cache_dir=cache)
-    assert [c.sha for c in later.commits][:2] == [shas[-1], shas[-2]] and len(later.commits) == len(first.commits) + 2
+    assert [c.sha for c in later.commits][:2] == [shas[-1], shas[-2]]
+    assert len(later.commits) == len(first.commits) + len(shas) - 3  # the commits after shas[2], added on top
     assert later.commits[0].files == ["kernels/attn.cu", "kernels/attn.py"]
 
 
@@ -86,7 +87,7 @@ def test_a_test_or_lock_file_changed_alone_gives_no_note(tmp_path):
     r.commit_files({"ops/moe.py": "V = 0\n", "tests/test_moe.py": "T = 0\n", "uv.lock": "0\n",
                     "pyproject.toml": "0\n"}, "Initial")
     last = ""
-    for i in range(1, 7):
+    for i in range(1, 12):
         last = r.commit_files({"ops/moe.py": f"V = {i}\n", "tests/test_moe.py": f"T = {i}\n", "uv.lock": f"{i}\n",
                                "pyproject.toml": f"{i}\n"}, f"moe {i}")
     head = r.commit_files({"tests/test_moe.py": "T = 9\n", "uv.lock": "9\n"}, "A new test case; lock refreshed")
