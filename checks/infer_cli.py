@@ -116,11 +116,25 @@ def run_init(args: argparse.Namespace) -> int:
         return 0
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(text, encoding="utf-8")
-    print(f"wrote {target}: {counts['pillars']} pillar(s), {counts['rules']} rule(s) over {counts['facts']} fact(s), "
-          f"{counts['suites']} suite(s).\nNext: read it (a comment above each rule says why it was proposed), delete "
-          "the rules that are not real invariants, and commit it. With rules declared, reviews check these rules "
-          "instead of inferring their own ([settings] infer = true keeps both).")
+    print(_init_said(target, counts))
     return 0
+
+
+def _n(k: int, word: str) -> str:
+    return f"{k} {word}" + ("" if k == 1 else "s")
+
+
+def _init_said(target: Path, counts: dict[str, int]) -> str:
+    """What `init` wrote and what to do next; a config with no rule says so instead of asking to prune rules."""
+    head = (f"wrote {target}: {_n(counts['pillars'], 'pillar')}, {_n(counts['rules'], 'rule')} over "
+            f"{_n(counts['facts'], 'fact')}, {_n(counts['suites'], 'suite')}.")
+    if not counts["rules"]:
+        return (f"{head}\nNo rule was proposed: no list of names (enum, switch, table, registration) with at least "
+                "4 names is kept in step across files here. The file maps pillars and suites only; commit it if they "
+                "suit you. With no rule declared, reviews keep inferring rules from the base as the code grows.")
+    return (f"{head}\nNext: read it (a comment above each rule says why it was proposed), delete the rules that are "
+            "not real invariants, and commit it. With rules declared, reviews check these rules instead of inferring "
+            "their own ([settings] infer = true keeps both).")
 
 
 # --------------------------------------------------------------------------- the proposal

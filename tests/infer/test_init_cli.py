@@ -23,7 +23,7 @@ def test_init_writes_a_config_that_loads_and_holds_at_head(tmp_path, capsys):
     r, base = make(tmp_path)
     assert main(["init", str(r.path)]) == 0
     said = capsys.readouterr().out
-    assert "2 rule(s)" in said and "Next: read it" in said
+    assert "2 rules over" in said and "Next: read it" in said
     text = (r.path / CONFIG_PATH).read_text()
     config = parse_config(text)
     # The three registries hold one set of names; the enum and the name table also keep one order.
@@ -110,3 +110,13 @@ def test_init_gives_a_source_tree_no_built_in_pillar_fits_its_own(tmp_path):
     config = parse_config((r.path / CONFIG_PATH).read_text())
     planner = next(p for p in config.pillars if p.id == "planner")
     assert planner.paths == ["planner/**"]
+
+
+def test_init_on_a_repo_with_no_invariant_says_so_and_does_not_ask_to_prune_rules(tmp_path, capsys):
+    r = GitRepo(tmp_path / "plain")
+    r.commit_files({"engine/runner.py": "def step(x):\n    return x + 1\n"}, "One module, no registry")
+    assert main(["init", str(r.path)]) == 0
+    said = capsys.readouterr().out
+    assert "0 rules over 0 facts" in said and "No rule was proposed" in said
+    assert "delete the rules" not in said and "keep inferring" in said
+    assert parse_config((r.path / CONFIG_PATH).read_text()).rules == []
