@@ -93,11 +93,39 @@ def with_inference(run: RunChecks) -> RunChecks:
         found.unchecked = [u for u in found.unchecked if not any(f"'{x}'" in u.entry for x in ours)] + problems
         ran = set(found.rules_run)
         found.inferred = [line for rule, line in zip(inferred.rules, inferred.lines) if rule.id in ran]
+        found.inferred += _gone(inferred, ran, changes)
         if cochange_on and changes is not None and changes.files:
             found.findings += _cochange(checkout, config, changes, base_sha, cache_dir, found)
         return found
 
     return run_checks
+
+
+def _gone(inferred: Any, ran: set[str], changes: ChangeSet | None) -> list[str]:
+    """Invariants that did not run because this PR deletes or renames a file holding one of their lists.
+
+    That is no config problem and no drift (the list left with its file), but the review says so instead of
+    acting as if nothing had been inferred.
+    """
+    if changes is None:
+        return []
+    moved: dict[str, str] = {}
+    for fc in changes.files:
+        if fc.status == "deleted":
+            moved[fc.path] = f"deletes {fc.path}"
+        elif fc.status == "renamed" and fc.old_path:
+            moved[fc.old_path] = f"renames {fc.old_path} to {fc.path}"
+    if not moved:
+        return []
+    files = {f.id: f.files for f in inferred.facts}
+    out = []
+    for rule, line in zip(inferred.rules, inferred.lines, strict=True):
+        if rule.id in ran:
+            continue
+        why = sorted({moved[p] for fid in rule.facts for p in files.get(fid, []) if p in moved})
+        if why:
+            out.append(f"{line} (not checked: this PR {' and '.join(why)}, which held one of its lists)")
+    return out
 
 
 def _cochange(checkout: Checkout, config: Config, changes: ChangeSet, base_sha: str, cache_dir: Any,

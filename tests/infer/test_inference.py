@@ -328,3 +328,15 @@ def test_two_feature_predicates_agreeing_is_no_rule_but_a_predicate_and_its_disp
     new = audit(r.path, base, head).with_status("new")
     assert [f.message.split(" is in ")[0] for f in new] == ["`OP_7`"], [f.message for f in new]
     assert "compute_forward" in new[0].message and "supports_op" in new[0].message
+
+
+def test_a_pr_deleting_a_file_of_an_invariant_says_it_was_not_checked(repo):
+    r, base = repo
+    r.rm("csrc/ops.cpp")
+    head = r.commit("Drop the C++ name table")
+    found = audit(r.path, base, head)
+    assert found.findings == [] and found.unchecked == []
+    gone = [line for line in found.inferred if "not checked" in line]
+    assert gone and all("this PR deletes csrc/ops.cpp, which held one of its lists" in line for line in gone)
+    # The rules not holding that file still ran and say nothing about it.
+    assert all("not checked" not in line for line in found.inferred if line.split(":")[0] in found.rules_run)
