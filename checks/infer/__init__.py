@@ -12,6 +12,7 @@ is mined once.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -49,6 +50,17 @@ def cache_root(setting: str = "") -> Path:
     return Path(base)
 
 
+@functools.cache
+def code_digest() -> str:
+    """A digest of the inference code itself: a result mined by another version of it is not reused, even where
+    nobody bumped VERSION (which guards the cached rows of each file, not the mining over them)."""
+    h = hashlib.sha1()
+    for p in sorted(Path(__file__).parent.glob("*.py")):
+        h.update(p.name.encode())
+        h.update(p.read_bytes())
+    return h.hexdigest()[:12]
+
+
 def repo_cache_dir(repo_path: str, setting: str = "") -> Path:
     """One directory per repository (by its absolute path), so a bot serving many repos keeps them apart."""
     key = hashlib.sha1(os.path.abspath(repo_path).encode()).hexdigest()[:16]
@@ -69,7 +81,7 @@ def infer(
     t0 = time.perf_counter()
     files = source_files(tree)
     key = hashlib.sha1(
-        json.dumps([VERSION, min_support, severity, verify, [p.id for p in pillars], files]).encode()
+        json.dumps([VERSION, code_digest(), min_support, severity, verify, [p.id for p in pillars], files]).encode()
     ).hexdigest()[:20]
     result_path = cache_dir / f"inferred-{key}.json" if cache_dir else None
     if result_path is not None and result_path.is_file():

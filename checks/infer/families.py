@@ -26,7 +26,7 @@ import tree_sitter as ts
 from checks import syntax
 from checks.facts import read_blobs
 
-VERSION = 15  # bump when a pattern changes: cached rows of an older pattern set are not reused
+VERSION = 16  # bump when a pattern changes: cached rows of an older pattern set are not reused
 MAX_BYTES = 1_000_000  # generated tables and vendored amalgamations say nothing about the code's intent (ggml.c is 0.6 MB, by hand)
 MAX_CACHED = 60_000  # blobs kept in a repo's on-disk member cache before it is pruned to one tree
 

@@ -29,6 +29,8 @@ CUT = r"[\s(<].*$"
 _USES = {"case", "py-functions", "py-methods"}
 _SIBLINGS = {k.name for k in KINDS if k.siblings}  # prefix groups of one file that may relate to each other
 _ORDERED = {"enum", "array", "list", "py-enum"}  # declarations whose order can carry meaning (indexed tables)
+_INDEXES = {"enum", "py-enum"}  # ... the side whose positions are the indices
+_TABLES = {"array", "list"}  # ... the side indexed by them
 CASE_CLASS_MIN = 8  # switches that agree with no declared list must share at least this many labels
 PREDICATE_CLASS_MIN = 16  # ... and twice as many when every one is a predicate (each case returns true or false)
 # Members a family may hold and its partner lack: sentinels, not names.
@@ -313,8 +315,12 @@ def mine(families: list[Family], min_support: int, min_ratio: float = 0.5, max_r
                     inv.exceptions[f.id] = lack
             out.append(inv)
         ordered = [f for f in core if f.order and len(f.order) == len(set(f.order))]
-        for i, first in enumerate(ordered):  # an enum and the table indexed by it: same names at the same positions
-            second = next((o for o in ordered[i + 1:] if o.order == first.order and o.paths != first.paths), None)
+        # An enum and the table indexed by it: same names at the same positions. Two copies of an enum, or two
+        # lists (sphinx extensions in two conf.py), hold the same names, but neither indexes the other: their
+        # order is no invariant, and the same-set rule already checks their names.
+        for first in (f for f in ordered if f.kind in _INDEXES):
+            second = next((o for o in ordered if o.kind in _TABLES and o.order == first.order
+                           and o.paths != first.paths), None)
             if second is not None and len(first.order) >= min_support:
                 out.append(Invariant("order-equal", [first, second]))
                 break

@@ -147,6 +147,18 @@ def test_warm_inference_comes_from_the_cache_and_matches(repo, tmp_path):
     assert warm.rules[0].evidence == cold.rules[0].evidence and warm.rules[0].source == "inferred"
 
 
+def test_a_result_cached_by_other_inference_code_is_mined_again(repo, tmp_path, monkeypatch):
+    # An upgrade that changes how rules are mined must not be served the old rules from the user's cache.
+    import checks.infer as inference
+
+    r, base = repo
+    tree = Tree(str(r.path), base)
+    assert not infer(tree, cache_dir=tmp_path / "c").cached and infer(tree, cache_dir=tmp_path / "c").cached
+    monkeypatch.setattr(inference, "code_digest", lambda: "another version")
+    again = infer(tree, cache_dir=tmp_path / "c")
+    assert not again.cached and again.rules
+
+
 def test_python_registrations_spread_over_files_are_one_family(tmp_path):
     r = GitRepo(tmp_path / "models")
     models = ["llama", "qwen", "mistral", "gemma"]
@@ -340,3 +352,26 @@ def test_a_pr_deleting_a_file_of_an_invariant_says_it_was_not_checked(repo):
     assert gone and all("this PR deletes csrc/ops.cpp, which held one of its lists" in line for line in gone)
     # The rules not holding that file still ran and say nothing about it.
     assert all("not checked" not in line for line in found.inferred if line.split(":")[0] in found.rules_run)
+
+
+def test_two_copies_of_an_enum_or_of_a_list_keep_their_names_but_no_order(tmp_path):
+    # A host and a device copy of one enum, and two conf.py lists: the names are kept in step (same-set), but
+    # neither indexes the other, so reordering one is no drift and there is no order rule to break.
+    r = GitRepo(tmp_path / "copies")
+    kinds = ["Normal", "MGrouped", "KGrouped", "Batched", "Masked"]
+
+    def enum(names):
+        return "enum class GemmType {\n" + "".join(f"    {n},\n" for n in names) + "};\n"
+
+    def conf(names):
+        return f"extensions = {[f'sphinx.ext.{n.lower()}doc' for n in names]!r}\n"
+
+    files = {"include/types.hpp": enum(kinds), "include/types.cuh": enum(kinds),
+             "docs/en/conf.py": conf(kinds), "docs/cn/conf.py": conf(kinds)}
+    base = r.commit_files(files, "two enums, two lists")
+    out = infer(Tree(str(r.path), base))
+    assert len(out.rules) == 2 and all("hold the same names" in line for line in out.lines), out.lines
+    assert [x.kind for x in out.rules] == ["same-set", "same-set"]
+    swapped = kinds[:3] + ["Masked", "Batched"]
+    head = r.commit_files({"include/types.cuh": enum(swapped), "docs/cn/conf.py": conf(swapped)}, "reordered")
+    assert audit(r.path, base, head).findings == []
