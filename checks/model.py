@@ -232,6 +232,7 @@ class Findings:
     rules_run: list[str] = field(default_factory=list)  # ids of the rules that ran on head (any source)
     inferred: list[str] = field(default_factory=list)  # one line per inferred invariant that was checked
     fail_on: FailOn = "new-error"
+    inference: str = ""  # the base commit inference read ("" when inference was off)
 
     def with_status(self, status: FindingStatus) -> list[Finding]:
         return [f for f in self.findings if f.status == status]

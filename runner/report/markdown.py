@@ -113,7 +113,10 @@ def verdict_of(audit: Audit) -> tuple[str, str]:
     else:  # "0 pillars touched" above a Pillars list that shows Other's files reads like a contradiction
         bits = [f"only Other touched ({_plural(len(other.files), 'file')})"]
     if not rules_configured(audit):
-        bits.append("no drift rules configured")
+        bits.append("no drift rules configured or inferred" if audit.findings.inference
+                    else "no drift rules configured")
+    elif not audit.findings.rules_run and not audit.findings.findings and audit.findings.inferred:
+        bits.append("no inferred rule could be checked")  # the folded list says which file each one lost
     elif not audit.findings.rules_run and not audit.findings.findings:
         bits.append("drift rules could not run")
     else:
@@ -126,9 +129,10 @@ def verdict_of(audit: Audit) -> tuple[str, str]:
 
 
 def rules_configured(audit: Audit) -> bool:
-    """Some rule ran (``rules_run``), or something shows one did: a finding or an entry not checked."""
+    """Some rule ran (``rules_run``), or something shows one exists: a finding, an entry not checked, or an
+    inferred invariant (listed even where this PR left it nothing to check)."""
     f = audit.findings
-    return bool(f.rules_run or f.findings or f.unchecked)
+    return bool(f.rules_run or f.findings or f.unchecked or f.inferred)
 
 
 def warnings_of(audit: Audit) -> list[str]:
@@ -137,7 +141,12 @@ def warnings_of(audit: Audit) -> list[str]:
     if audit.head_config_error:
         out.append(f"This PR's {code('.github/drift-audit.toml')} does not load, so this audit used the base's; "
                    f"after the merge every audit stops on it: {text(clip(audit.head_config_error, 400))}")
-    if not rules_configured(audit):
+    if not rules_configured(audit) and audit.findings.inference:
+        out.append(f"No drift rules configured, and none inferred from the base "
+                   f"({code(audit.findings.inference[:12])}): no list of names (enum, switch, table, registration) "
+                   f"is kept in step across files here, so nothing was checked for drift. Declare rules in "
+                   f"{code('.github/drift-audit.toml')} (docs/rules.md).")
+    elif not rules_configured(audit):
         out.append(f"No drift rules configured: nothing was checked for drift. {code('drift-audit init')} "
                    "proposes rules from this repository's code.")
     notes = dedupe_notes(audit.findings.unchecked)

@@ -70,12 +70,28 @@ def test_no_rules_is_said_never_a_check_mark(repo):
     repo.write("a.py", "x = 2\n")
     repo.commit("head")
     audit = pipeline.plan(AuditRequest(repo=str(repo.root), base=base, head="HEAD"))
+    audit.findings.inference = ""  # inference off: init is the way to rules
     rep = report(audit)
     headline = rep.markdown.splitlines()[1]
     assert headline.startswith("### ⚠️ Drift Audit:") and "no drift rules configured" in headline
     assert "✅" not in rep.markdown
     assert "No drift rules configured" in rep.markdown and "`drift-audit init`" in rep.markdown
     assert rep.verdict == "pass"  # a warning, not a failure
+
+    audit.findings.inference = base  # inference ran and found nothing kept in step: init would propose nothing
+    rep = report(audit)
+    assert "no drift rules configured or inferred" in rep.markdown.splitlines()[1] and "✅" not in rep.markdown
+    assert f"none inferred from the base (`{base[:12]}`)" in rep.markdown and "`drift-audit init`" not in rep.markdown
+
+
+def test_inferred_invariants_a_pr_left_nothing_to_check_are_not_no_rules(tmp_path):
+    audit = demo_audit(tmp_path)
+    audit.findings.findings, audit.findings.rules_run, audit.findings.unchecked = [], [], []
+    audit.findings.inferred = ["same-set: enum GemmType (not checked: this PR deletes common/types.hpp, "
+                               "which held one of its lists)"]
+    text = report(audit).markdown
+    assert "no inferred rule could be checked" in text.splitlines()[1] and "no drift rules configured" not in text
+    assert "No drift rules configured" not in text and "not checked: this PR deletes" in text
 
 
 def test_a_query_that_does_not_compile_warns_in_the_headline_once(repo):
@@ -124,7 +140,7 @@ def test_inferred_invariants_are_listed_folded(tmp_path):
     audit = demo_audit(tmp_path)
     audit.findings.inferred = ["same-set: enum TaskType ⊆ task_type_to_name keys (support 5/5)", "@bot #3 [x](y)"]
     text = report(audit).markdown
-    block = text.split("<details><summary>Inferred from the base: 2 invariants checked</summary>")[1]
+    block = text.split("<details><summary>Inferred from the base: 2 invariants</summary>")[1]
     block = block.split("</details>")[0]
     assert "- same\\-set" not in block and "- same-set: enum TaskType" in block
     assert "@\u200bbot \\#\u200b3 \\[x\\]\\(y\\)" in block
@@ -211,7 +227,7 @@ def test_details_page_and_check_summary_list_the_selected_suites(tmp_path):
     assert "pillar 'wiring' touched" in rows[("attention-parity", "sm90")][5]
     assert rows[("ext", "cpu")][2:5] == ["not runnable here", "0.0 s",
                                          "cannot import name '_C' (extension not built)"]
-    assert "Inferred from the base: 1 invariant checked" in page and "support 5" in page
+    assert "Inferred from the base: 1 invariant</summary>" in page and "support 5" in page
 
     audit.results = None  # planned only: the page still lists the selection
     rows = {(r[0], r[1]): r for r in _cells(render(audit, "html"))}
