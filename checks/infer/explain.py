@@ -156,7 +156,7 @@ class Explainer:
             a = raw_name(reader, self.facts.get(have), "key", r.key, r.path, r.line)
             b = raw_name(reader, self.facts.get(lack), "key", o.key, o.path, o.line)
             if a and b:
-                return f" (there {_quote(a)} is written {_quote(b)})" if a != b else f" (written as here, e.g. {_quote(b)})"
+                return f" (there {_quote(a)} is written {_quote(b)})" if a != b else ""  # same spelling: nothing to say
         return ""
 
     def __call__(self, f: Finding) -> Finding:
@@ -229,8 +229,9 @@ class Explainer:
                         f"{count}names, so the code keeps them in step.")
             target = _join([self.label(x) for x in lack])
             self.last = (target, name)
-            return (f"{name} is in {_join(sides)} but missing from {_join(missing)}. {held} "
-                    f"Fix: add it to {target}{like}, or remove it from the others. {_fix(rule)}")
+            # The fix right after what is wrong: a comment clips long messages, and the belief is in the evidence too.
+            return (f"{name} is in {_join(sides)} but missing from {_join(missing)}. "
+                    f"Fix: add it to {target}{like}, or remove it from the others. {held} {_fix(rule)}")
         if rule.kind == "table-equal":
             a_id, b_id = rule.facts
             ordered = a_id.endswith("#order")

@@ -80,10 +80,14 @@ def evidence(inv: Invariant, examples: int = 3) -> list[str]:
     elif inv.kind == "table-equal":
         lines = [f"support {inv.support}: {head.describe()} and {others[0].describe()} map every key to the same value"]
     else:
-        rel = "hold exactly the same" if not inv.supersets else "hold the same"
-        lines = [f"support {inv.support}: {', '.join(f.describe() for f in inv.core)} {rel} {inv.support} names"]
-        if inv.supersets:
-            lines.append("each also in " + ", ".join(f.describe() for f in inv.supersets))
+        if len(inv.core) == 1 and inv.supersets:  # one list inside others: "holds the same 19 names" said nothing
+            lines = [f"support {inv.support}: every one of the {inv.support} names of {head.describe()} is also in "
+                     + ", ".join(f.describe() for f in inv.supersets)]
+        else:
+            rel = "hold exactly the same" if not inv.supersets else "hold the same"
+            lines = [f"support {inv.support}: {', '.join(f.describe() for f in inv.core)} {rel} {inv.support} names"]
+            if inv.supersets:
+                lines.append("each also in " + ", ".join(f.describe() for f in inv.supersets))
     for name in list(head.names)[:examples]:
         raw, path, line = head.names[name]
         pairs = [f"{raw} ({path}:{line})"]

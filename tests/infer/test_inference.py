@@ -375,3 +375,36 @@ def test_two_copies_of_an_enum_or_of_a_list_keep_their_names_but_no_order(tmp_pa
     swapped = kinds[:3] + ["Masked", "Batched"]
     head = r.commit_files({"include/types.cuh": enum(swapped), "docs/cn/conf.py": conf(swapped)}, "reordered")
     assert audit(r.path, base, head).findings == []
+
+
+def test_a_missing_name_finding_says_the_fix_within_the_first_400_characters(tmp_path):
+    # The comment clips a finding's message at 400 characters: long real paths must not push the fix out.
+    r = GitRepo(tmp_path / "deep")
+    keys = ["weight_dir", "load_way", "mode", "tp_rank", "world_size", "weight_dict"]
+    a = "lightllm/server/router/model_infer/mode_backend/base_backend.py"
+    b = "lightllm/server/router/model_infer/mode_backend/continues_batch/impl_mtp.py"
+
+    def kv(name, ks, src):
+        return f"def init(self):\n    {name} = {{\n" + "".join(f'        "{k}": {src}.{k},\n' for k in ks) + "    }\n"
+
+    base = r.commit_files({a: kv("model_kvargs", keys, "self"), b: kv("mtp_model_kvargs", keys, "args")}, "kvargs")
+    head = r.commit_files({a: kv("model_kvargs", ["kv_cache_dtype"] + keys, "self")}, "a new kwarg on one side")
+    (f,) = audit(r.path, base, head).with_status("new")
+    assert f.message.startswith('"kv_cache_dtype" is in dict keys of model_kvargs')
+    assert "Fix: add it to dict keys of mtp_model_kvargs, or remove it from the others." in f.message[:400], f.message
+    assert "written as here" not in f.message and "same 6 names" in f.message
+
+
+def test_the_evidence_of_one_list_inside_another_says_so(tmp_path):
+    r = GitRepo(tmp_path / "sub")
+    names = ["weight_dir", "load_way", "mode", "tp_rank", "world_size"]
+
+    def table(var, ks):
+        return f"{var} = {{\n" + "".join(f'    "{k}": {i},\n' for i, k in enumerate(ks)) + "}\n"
+
+    base = r.commit_files({"engine/base.py": table("model_kvargs", names),
+                           "engine/mtp.py": table("mtp_kvargs", names + ["spec_algo", "draft_dir"])}, "kvargs")
+    out = infer(Tree(str(r.path), base))
+    (rule,) = [x for x in out.rules if x.kind == "same-set"]
+    assert rule.evidence[0] == ("support 5: every one of the 5 names of dict keys of model_kvargs (engine/base.py) "
+                                "is also in dict keys of mtp_kvargs (engine/mtp.py)"), rule.evidence
