@@ -144,6 +144,11 @@ class Explainer:
         paths = sorted({r.path for r in rows})
         return _span(rows, paths[0]) if len(paths) == 1 else f"{len(paths)} files, e.g. {_span(rows, paths[0])}"
 
+    def _path(self, fid: str, side: str) -> str:
+        rows = self.fact_rows(fid, side)
+        fact = self.facts.get(fid)
+        return rows[0].path if rows else (fact.files[0] if fact is not None and fact.files else fid)
+
     def written_like(self, have: str, lack: str, side: str) -> str:
         """How the other list writes a name both hold: ``(there "kernel_mul_mm_q4_0_f32" is written
         "kernel_mul_mm_id_q4_0_f32")``, so the reviewer sees the spelling the missing entry needs."""
@@ -227,11 +232,15 @@ class Explainer:
             else:
                 held = (f"At the base {'these ' + str(n) + ' lists' if n > 2 else 'the two'} held the same "
                         f"{count}names, so the code keeps them in step.")
-            target = _join([self.label(x) for x in lack])
+            # Two copies of one list (enum WarpRole in two kernels) read alike: the fix then names the file.
+            alike = {self.label(x) for x in have} & {self.label(x) for x in lack}
+            target = _join([self.label(x) + (f" in {self._path(x, side)}" if self.label(x) in alike else "")
+                            for x in lack])
             self.last = (target, name)
+            others = "the other" if len(have) == 1 else "the others"
             # The fix right after what is wrong: a comment clips long messages, and the belief is in the evidence too.
             return (f"{name} is in {_join(sides)} but missing from {_join(missing)}. "
-                    f"Fix: add it to {target}{like}, or remove it from the others. {held} {_fix(rule)}")
+                    f"Fix: add it to {target}{like}, or remove it from {others}. {held} {_fix(rule)}")
         if rule.kind == "table-equal":
             a_id, b_id = rule.facts
             ordered = a_id.endswith("#order")

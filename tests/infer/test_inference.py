@@ -391,7 +391,7 @@ def test_a_missing_name_finding_says_the_fix_within_the_first_400_characters(tmp
     head = r.commit_files({a: kv("model_kvargs", ["kv_cache_dtype"] + keys, "self")}, "a new kwarg on one side")
     (f,) = audit(r.path, base, head).with_status("new")
     assert f.message.startswith('"kv_cache_dtype" is in dict keys of model_kvargs')
-    assert "Fix: add it to dict keys of mtp_model_kvargs, or remove it from the others." in f.message[:400], f.message
+    assert "Fix: add it to dict keys of mtp_model_kvargs, or remove it from the other." in f.message[:400], f.message
     assert "written as here" not in f.message and "same 6 names" in f.message
 
 
@@ -408,3 +408,16 @@ def test_the_evidence_of_one_list_inside_another_says_so(tmp_path):
     (rule,) = [x for x in out.rules if x.kind == "same-set"]
     assert rule.evidence[0] == ("support 5: every one of the 5 names of dict keys of model_kvargs (engine/base.py) "
                                 "is also in dict keys of mtp_kvargs (engine/mtp.py)"), rule.evidence
+
+
+def test_two_copies_of_one_enum_the_fix_names_the_file_to_change(tmp_path):
+    r = GitRepo(tmp_path / "kernels")
+    roles = "Empty = 0, Load = 1, Mma = 2, Compute = 3, Reduce = 4"
+
+    def kernel(body):
+        return f"struct Kernel {{\n  enum class WarpRole {{\n    {body}\n  }};\n}};\n"
+
+    base = r.commit_files({"csrc/bwd.hpp": kernel(roles), "csrc/bwd_mla.hpp": kernel(roles)}, "two kernels")
+    head = r.commit_files({"csrc/bwd.hpp": kernel(roles + ", Prefetch = 5")}, "a prefetch role")
+    (f,) = audit(r.path, base, head).with_status("new")
+    assert "Fix: add it to enum WarpRole in csrc/bwd_mla.hpp, or remove it from the other." in f.message, f.message
