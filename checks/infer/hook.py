@@ -94,6 +94,8 @@ def with_inference(run: RunChecks) -> RunChecks:
         ran = set(found.rules_run)
         found.inferred = [line for rule, line in zip(inferred.rules, inferred.lines) if rule.id in ran]
         found.inferred += _gone(inferred, ran, changes)
+        if infer_on and not any(p.entry.startswith("inference") for p in problems):
+            found.inference = base_sha  # the report can tell "nothing inferred" from "inference off"
         if cochange_on and changes is not None and changes.files:
             found.findings += _cochange(checkout, config, changes, base_sha, cache_dir, found)
         return found

@@ -421,3 +421,16 @@ def test_two_copies_of_one_enum_the_fix_names_the_file_to_change(tmp_path):
     head = r.commit_files({"csrc/bwd.hpp": kernel(roles + ", Prefetch = 5")}, "a prefetch role")
     (f,) = audit(r.path, base, head).with_status("new")
     assert "Fix: add it to enum WarpRole in csrc/bwd_mla.hpp, or remove it from the other." in f.message, f.message
+
+
+def test_findings_say_which_base_inference_read_and_nothing_when_it_is_off(repo, tmp_path):
+    r, base = repo
+    head = r.commit_files(engine.files(engine.OPS + ["rope"]), "Add rope everywhere")
+    assert audit(r.path, base, head).inference == base
+    plain = GitRepo(tmp_path / "plain")
+    b0 = plain.commit_files({"a.py": "x = 1\n"}, "one module")
+    b1 = plain.commit_files({"a.py": "x = 2\n"}, "edit")
+    found = audit(plain.path, b0, b1)
+    assert found.inference == b0 and not found.rules_run and not found.inferred  # ran, found nothing
+    off = parse_config("[settings]\ninfer = false\n")
+    assert audit(r.path, base, head, off).inference == ""
