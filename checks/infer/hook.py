@@ -126,7 +126,8 @@ def _gone(inferred: Any, ran: set[str], changes: ChangeSet | None) -> list[str]:
             continue
         why = sorted({moved[p] for fid in rule.facts for p in files.get(fid, []) if p in moved})
         if why:
-            out.append(f"{line} (not checked: this PR {' and '.join(why)}, which held one of its lists)")
+            rid, _, what = line.partition(": ")  # the reason first: the comment clips long lines
+            out.append(f"{rid}: not checked (this PR {' and '.join(why)}, which held one of its lists): {what}")
     return out
 
 
