@@ -26,7 +26,7 @@ import tree_sitter as ts
 from checks import syntax
 from checks.facts import read_blobs
 
-VERSION = 16  # bump when a pattern changes: cached rows of an older pattern set are not reused
+VERSION = 17  # bump when a pattern changes: cached rows of an older pattern set are not reused
 MAX_BYTES = 1_000_000  # generated tables and vendored amalgamations say nothing about the code's intent (ggml.c is 0.6 MB, by hand)
 MAX_CACHED = 60_000  # blobs kept in a repo's on-disk member cache before it is pruned to one tree
 
@@ -387,11 +387,28 @@ def _members(lang: str, data: bytes, offset: int) -> list[Member]:
             value = syntax.text(caps["value"][0])
         elif kind.name == "case" and node.parent is not None and node.parent.type == "case_statement":
             value = _case_body(node.parent, node)
+        elif kind.name == "enum":
+            owner = _owner_class(node)
+            value = f"{OWNER}{owner}" if owner else ""
         out.append((kind.name, ctx, _unquote(syntax.text(node).strip()), node.start_point[0] + 1 + offset, value))
     return out
 
 
 _BOOLS = ("true", "false")
+OWNER = "@in:"  # an enum member's value: the class or struct whose body declares the enum ("" at namespace level)
+
+
+def _owner_class(node: ts.Node) -> str:
+    """The class or struct whose body holds this enum (a kernel's private TMEM layout), else ""."""
+    n = node.parent
+    while n is not None:
+        if n.type == "function_definition":
+            return ""
+        if n.type == "field_declaration_list" and n.parent is not None:
+            name = n.parent.child_by_field_name("name")
+            return syntax.text(name) if name is not None else ""
+        n = n.parent
+    return ""
 
 
 def _case_body(case: ts.Node, label: ts.Node) -> str:

@@ -20,7 +20,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from checks.infer.families import KIND_BY_NAME, KINDS, FileMembers
+from checks.infer.families import KIND_BY_NAME, KINDS, OWNER, FileMembers
 
 NAME = re.compile(r"^[A-Za-z_][\w.:]*$")
 AFFIXES = r"(?i:^(?:register_|task_|op_))|(?i:(?:_task|_op|_kernel|_impl|_fn)$)"
@@ -300,6 +300,9 @@ def mine(families: list[Family], min_support: int, min_ratio: float = 0.5, max_r
             {f.kind for f in core + supersets} & (_USES | _SIBLINGS)
         ):
             continue
+        owners = [_owner(f) for f in core]
+        if not supersets and all(f.kind == "enum" for f in core) and all(owners) and len(set(owners)) == len(owners):
+            continue  # enums private to different classes (two kernels' TMEM layouts) agree by copy, not by design
         inv = Invariant("same-set", core, supersets)
         universe = set().union(*(f.names for f in core))
         for f in core:
@@ -329,6 +332,11 @@ def mine(families: list[Family], min_support: int, min_ratio: float = 0.5, max_r
             out.append(Invariant("table-equal", tables[:2]))
     out.sort(key=lambda inv: (-inv.support, -inv.files, inv.core[0].id))
     return out[:max_rules]
+
+
+def _owner(family: Family) -> str:
+    """The class declaring an enum family, when it is nested in one (see families._owner_class)."""
+    return next((v[len(OWNER):] for v in family.values.values() if v.startswith(OWNER)), "")
 
 
 def _predicate(family: Family) -> bool:

@@ -435,3 +435,23 @@ def test_findings_say_which_base_inference_read_and_nothing_when_it_is_off(repo,
     assert found.inference == b0 and not found.rules_run and not found.inferred  # ran, found nothing
     off = parse_config("[settings]\ninfer = false\n")
     assert audit(r.path, base, head, off).inference == ""
+
+
+def test_enums_private_to_two_kernels_are_no_rule_but_one_class_copied_is(tmp_path):
+    # FlashMLA's fwd and MLA fwd mainloops each declare their own TmemAllocation: a PR changing one kernel's TMEM
+    # layout is no drift. The same struct in a host and a device header is one class copied: kept in step.
+    slots = "kSizeS = 128, kSizeO = 128, kSizeP = 32, S0 = 0, S1 = 128"
+
+    def kernel(owner, body):
+        return f"template <int N>\nstruct {owner} {{\n  enum class TmemAllocation : int {{\n    {body}\n  }};\n}};\n"
+
+    r = GitRepo(tmp_path / "kernels")
+    base = r.commit_files({"csrc/fwd.hpp": kernel("FwdMainloop", slots),
+                           "csrc/fwd_mla.hpp": kernel("FwdMlaMainloop", slots)}, "two kernels")
+    assert infer(Tree(str(r.path), base)).rules == []
+    head = r.commit_files({"csrc/fwd.hpp": kernel("FwdMainloop", slots + ", O0 = 256")}, "fwd: one more slot")
+    assert audit(r.path, base, head).findings == []
+    c = GitRepo(tmp_path / "copied")
+    base = c.commit_files({"csrc/host/layout.h": kernel("Layout", slots), "csrc/dev/layout.cuh": kernel("Layout", slots)},
+                          "one struct, host and device")
+    assert [x.kind for x in infer(Tree(str(c.path), base)).rules] == ["same-set"]
