@@ -87,7 +87,8 @@ FAIL_ON = ("new-error", "new-warning", "any-error", "never")
 class Settings:
     run_all: list[str] = field(default_factory=list)  # path globs that select every suite
     import_graph: bool = True  # select pytest files whose imports reach a changed module
-    test_paths: list[str] = field(default_factory=lambda: ["tests/**/test_*.py"])
+    # Test files wherever a repo keeps them (tests/, test/, unit_tests/, beside the code), as the tests pillar.
+    test_paths: list[str] = field(default_factory=lambda: ["**/test_*.py", "**/*_test.py"])
     packs: list[str] = field(default_factory=list)  # built-in rule packs to include
     fail_on: str = "new-error"  # which findings fail the verdict (FAIL_ON)
     disable: list[str] = field(default_factory=list)  # rule ids (a pack's included) that do not run
