@@ -379,49 +379,27 @@ def _e2m1_as_e4m3_ptx(b, R: tl.constexpr, C: tl.constexpr):
 
 
 @triton.jit
-def _w4_e4m3_tile(w_ptr, ws_ptr, wrow, nm, kg, K, c16, BN: tl.constexpr, PTX: tl.constexpr):
-    """32 K-values of BN packed weight rows as e4m3 (``e2m1·2^-6``) and their fp32 group scales ``·2^6``."""
-    kb = (kg // 2 + c16) < K // 2
-    b = tl.load(w_ptr + wrow[:, None] * (K // 2) + kg // 2 + c16[None, :], mask=nm[:, None] & kb[None, :], other=0)
-    sb = tl.load(ws_ptr + wrow * (K // 32) + kg // 32, mask=nm & (wrow * 0 + kg < K), other=0).to(tl.int32) & 0xFF
-    if PTX:
-        w = _e2m1_as_e4m3_ptx(b, BN, 16)  # [BN, 32]
-    else:
-        w = _e2m1_as_e4m3(b.to(tl.int32) & 0xFF, BN, 16)
-    return w, _ue8m0_f32(sb) * 64.0
-
-
-@triton.jit
 def _w4a8_gemm(a_ptr, as_ptr, a_rows, a_stride, as_stride, rm, w_ptr, ws_ptr, wrow0, n, nm, K,
-               BM: tl.constexpr, BN: tl.constexpr, ABLOCK: tl.constexpr, PTX: tl.constexpr, wrow1=None,
-               TWO: tl.constexpr = False):
-    """``acc[BM, BN] = Σ_blocks sa · Σ_g dot(a[:, g], w[n, g]ᵀ) · sw`` over 32-wide K groups g in activation
-    blocks of ``ABLOCK``: fp8 activations ``a[row, K]`` with one fp32 scale per block, packed MXFP4 weight
-    rows ``wrow0 + n`` (K/2 bytes, K/32 UE8M0 scales). Every group's fp8 product is exact in the MMA; the
-    weight scale applies in fp32 per group, the activation scale once per block."""
+               BM: tl.constexpr, BN: tl.constexpr, ABLOCK: tl.constexpr, PTX: tl.constexpr):
+    """``acc[BM, BN] = Σ_g dot(a[:, g], w[n, g]ᵀ) · sa · sw`` over 32-wide K groups: fp8 activations
+    ``a[row, K]`` with one fp32 scale per ``ABLOCK``, packed MXFP4 weight rows ``wrow0 + n`` (K/2 bytes, K/32
+    UE8M0 scales). Every group's fp8 product is exact in the MMA; the scales apply in fp32 per group."""
     acc = tl.zeros([BM, BN], dtype=tl.float32)
-    acc1 = tl.zeros([BM, BN], dtype=tl.float32)
     c32 = tl.arange(0, 32)
     c16 = tl.arange(0, 16)
     wrow = (wrow0 + n).to(tl.int64)
-    for k0 in range(0, K, ABLOCK):
+    for k0 in range(0, K, 32):
+        a = tl.load(a_ptr + a_rows[:, None] * a_stride + k0 + c32[None, :], mask=rm[:, None], other=0.0)
         sa = tl.load(as_ptr + a_rows * as_stride + k0 // ABLOCK, mask=rm, other=0.0)
-        blk = tl.zeros([BM, BN], dtype=tl.float32)
-        blk1 = tl.zeros([BM, BN], dtype=tl.float32)
-        for g in tl.static_range(ABLOCK // 32):  # the weight scale per 32-K group, the activation's per block
-            kg = k0 + 32 * g
-            ka = (kg + c32) < K  # a block may run past K (K < ABLOCK)
-            a = tl.load(a_ptr + a_rows[:, None] * a_stride + kg + c32[None, :], mask=rm[:, None] & ka[None, :],
-                        other=0.0)
-            w, sw = _w4_e4m3_tile(w_ptr, ws_ptr, wrow, nm, kg, K, c16, BN, PTX)
-            blk += tl.dot(a, tl.trans(w)) * sw[None, :]
-            if TWO:  # a second row set (up beside gate) on the same activation loads
-                w1, sw1 = _w4_e4m3_tile(w_ptr, ws_ptr, wrow1, nm, kg, K, c16, BN, PTX)
-                blk1 += tl.dot(a, tl.trans(w1)) * sw1[None, :]
-        acc += blk * sa[:, None]
-        if TWO:
-            acc1 += blk1 * sa[:, None]
-    return acc, acc1
+        b = tl.load(w_ptr + wrow[:, None] * (K // 2) + k0 // 2 + c16[None, :], mask=nm[:, None], other=0)
+        sb = tl.load(ws_ptr + wrow * (K // 32) + k0 // 32, mask=nm, other=0).to(tl.int32) & 0xFF
+        if PTX:
+            w = _e2m1_as_e4m3_ptx(b, BN, 16)  # [BN, 32]
+        else:
+            w = _e2m1_as_e4m3(b.to(tl.int32) & 0xFF, BN, 16)
+        d = tl.dot(a, tl.trans(w))
+        acc += d * (sa[:, None] * (_ue8m0_f32(sb) * 64.0)[None, :])
+    return acc
 
 
 @triton.jit
@@ -442,8 +420,10 @@ def _w4a8_up_kernel(xq_ptr, xs_ptr, order_ptr, meta_ptr, w_ptr, s_ptr, hq_ptr, h
         n = tl.program_id(1) * BN + tl.arange(0, BN)
         nm = n < INTER
         base = e.to(tl.int64) * 2 * INTER
-        g, u = _w4a8_gemm(xq_ptr, xs_ptr, tok, H, tl.cdiv(H, ABLOCK), rm, w_ptr, s_ptr, base, n, nm, H, BM, BN,
-                          ABLOCK, PTX, (base + INTER + n).to(tl.int64), True)
+        g = _w4a8_gemm(xq_ptr, xs_ptr, tok, H, tl.cdiv(H, ABLOCK), rm, w_ptr, s_ptr, base, n, nm, H, BM, BN, ABLOCK,
+                       PTX)
+        u = _w4a8_gemm(xq_ptr, xs_ptr, tok, H, tl.cdiv(H, ABLOCK), rm, w_ptr, s_ptr, base + INTER, n, nm, H, BM, BN,
+                       ABLOCK, PTX)
         if HAS_LIMIT:
             g = tl.minimum(g, limit)
             u = tl.minimum(tl.maximum(u, -limit), limit)
@@ -472,8 +452,8 @@ def _w4a8_down_kernel(hq_ptr, hs_ptr, order_ptr, meta_ptr, wt_ptr, w_ptr, s_ptr,
         pair = tl.load(order_ptr + r, mask=rm, other=0).to(tl.int64)
         n = tl.program_id(1) * BN + tl.arange(0, BN)
         nm = n < H
-        y, _ = _w4a8_gemm(hq_ptr, hs_ptr, pair, INTER, tl.cdiv(INTER, ABLOCK), rm, w_ptr, s_ptr, e.to(tl.int64) * H,
-                          n, nm, INTER, BM, BN, ABLOCK, PTX, n, False)
+        y = _w4a8_gemm(hq_ptr, hs_ptr, pair, INTER, tl.cdiv(INTER, ABLOCK), rm, w_ptr, s_ptr, e.to(tl.int64) * H,
+                       n, nm, INTER, BM, BN, ABLOCK, PTX)
         y = y * tl.load(wt_ptr + pair, mask=rm, other=0.0)[:, None]
         tl.store(y_ptr + pair[:, None] * H + n[None, :], y, mask=rm[:, None] & nm[None, :])
 
@@ -552,14 +532,13 @@ def _expert_tiles_triton(ids: torch.Tensor, n_experts: int, bm: int) -> tuple[to
 
 
 #: w4a8 launch choices (pairs per tile, columns per program, warps); block is the activation block
-W4A8_TILE = {"bm": 16, "bn": 128, "bn_down": 128, "warps": 4, "align": "triton", "decode": "ptx"}
+W4A8_TILE = {"bm": 16, "bn": 128, "warps": 4, "align": "triton", "decode": "ptx"}
 
 
 def mxfp4_moe_w4a8(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor,
                    gate_up_scale: torch.Tensor, down: torch.Tensor, down_scale: torch.Tensor, limit: float | None,
                    block: int = 128, *, out: torch.Tensor | None = None, bm: int | None = None,
-                   bn: int | None = None, warps: int | None = None, decode: str | None = None,
-                   bn_down: int | None = None) -> torch.Tensor:
+                   bn: int | None = None, warps: int | None = None, decode: str | None = None) -> torch.Tensor:
     """Triton w4a8 grouped MoE with :func:`mxfp4_moe_w4a8_ref`'s signature: ``x`` quantised to fp8 per token
     per ``block`` (``act_quant``), pairs grouped by expert, then per tile of one expert's pairs the gate+up
     fp8 GEMMs with the clamped SwiGLU and the fp8 quantisation of its output, then the down GEMM scaled by
@@ -596,9 +575,8 @@ def mxfp4_moe_w4a8(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, ga
         _w4a8_up_kernel[(meta.shape[0], triton.cdiv(i, bn))](
             xq, xs, order, meta, gu, gus, hq if hw else hq.view(u8), hs, h, i, float(limit or 0.0), K_TOP=k, BM=bm,
             BN=bn, ABLOCK=block, QG=bn // block, HAS_LIMIT=limit is not None, HW_CAST=hw, PTX=ptx, num_warps=nw)
-        bnd = bn_down or W4A8_TILE["bn_down"]
-        _w4a8_down_kernel[(meta.shape[0], triton.cdiv(h, bnd))](
-            hq, hs, order, meta, weights.float().contiguous().view(-1), dn, dns, y, h, i, BM=bm, BN=bnd, ABLOCK=block,
+        _w4a8_down_kernel[(meta.shape[0], triton.cdiv(h, bn))](
+            hq, hs, order, meta, weights.float().contiguous().view(-1), dn, dns, y, h, i, BM=bm, BN=bn, ABLOCK=block,
             PTX=ptx, num_warps=nw)
     res = y.view(t, k, h).sum(dim=1).to(x.dtype)
     if out is not None:
