@@ -103,7 +103,9 @@ def sparse_config(batch: int, heads: int, k: int, cap: tuple[int, int] | None, l
     n_split = max(1, min(num_sms // progs, triton.cdiv(k, 2 * bt)))
     if bh < 64:  # one warpgroup holds the accumulator; its score tile is not split, so nothing to exchange
         return SparseConfig(bh, bt, n_split, 4, 2, False, lazy=False)
-    return SparseConfig(bh, bt, n_split, 8, 1, False, lazy=False, xchg=True)
+    # H200, round of 2026-12-01 (copy ceiling 4227 GB/s; benchmarks/sparse_mla_sweep.py "x64e-l2"): b32 39.1 us,
+    # b64 52.2 us, b128 81.9 us device time (9.8 / 14.7 / 18.8 % of copy); the kernel before: 105 / 175 / 335 us
+    return SparseConfig(bh, bt, n_split, 8, 1, False, lazy=False, xchg=True, l2_prefetch=1)
 
 
 @triton.jit
