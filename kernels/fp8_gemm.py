@@ -139,8 +139,12 @@ def gemm_config(m: int, n: int, k: int, capability: tuple[int, int] | None, num_
     # the kernel before it (H200, CUDA graph of 20 calls: M=1 17.8 -> 16.8 us, M=16 18.8 -> 18.4 us); pulling
     # the first weight K-blocks into L2 before the wait measured slower (17.4 us with 4 blocks, 20.9 with all)
     pdl = m <= 64 and capability >= (9, 0)
+    # 16 < M <= 64 on sm90: two K-blocks per loop trip, 3 stages (H200: 20.8 us against 22.7, same run)
+    ku = 2 if 16 < m <= 64 and capability[0] == 9 else 1
+    if ku == 2:
+        stages = fit_stages(3, 2 * (bm + bn) * BLOCK, capability)
     return GemmConfig(bm, bn, split, group, warps, stages, plain=True, tma=tma, warp_spec=tma, tma_store=tma,
-                      pdl=pdl)
+                      pdl=pdl, k_unroll=ku)
 
 
 @triton.jit
