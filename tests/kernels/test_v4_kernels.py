@@ -140,8 +140,8 @@ def test_word_store_on_a_pool_not_8_byte_aligned_falls_back(device):
     assert torch.equal(rows, kv584.pack_ref(kv.cpu())) and buf[:2].eq(0).all()
 
 
-# test_parity runs the default (pipe: whole windows on persistent programs, HCA's tile by tile); these are the
-# other paths, and pipe with a window split over tiles and with one program for all entries
+# test_parity runs the default (unrolled, 2 entries x 8 rows per step); these are the
+# other paths (pipe: persistent programs over whole windows, and tile by tile)
 COMPRESS_VARIANTS = [{"impl": "row"}, {"impl": "words", "block_l": 4},
                      {"impl": "unrolled", "entries": 2, "block_l": 4, "num_warps": 4},
                      {"impl": "pipe", "block_l": 4, "stages": 2}, {"impl": "pipe", "programs": 1, "stages": 3}]
