@@ -43,14 +43,7 @@ def test_single_program_alignment_equals_the_torch_one(t, e, k, bm, device):
         ids[:30] = torch.tensor([1, 2])  # one long run and empty experts
     ids = ids.to(device)
     a, b = align_by_expert(ids, e, bm, "torch"), align_by_expert(ids, e, bm, "triton")
-    assert torch.equal(a[1], b[1])  # the same tile -> expert map
-    # the same pairs in each tile (the Triton aligner may order an expert's pairs differently)
-    assert torch.equal(a[0].view(-1, bm).sort(dim=1).values, b[0].view(-1, bm).sort(dim=1).values)
-    # within each tile the pairs come first, then the padding
-    n = ids.numel()
-    for tile in b[0].view(-1, bm).tolist():
-        real = [p for p in tile if p < n]
-        assert tile[: len(real)] == real
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
 
 
 def test_shared_output_is_added_after_rounding_the_routed_sum(device):
