@@ -121,13 +121,11 @@ def _check(x, topk_weights, topk_ids, w1, w3, w2, w1_scale, w3_scale, w2_scale) 
 def align_by_expert(topk_ids: torch.Tensor, num_experts: int, block_m: int, method: str = "auto"):
     """Sort the ``T·k`` routing pairs by expert and pad each expert's run to a multiple of ``block_m``.
 
-    Returns ``(sorted_ids, block_expert)``: ``sorted_ids[P]`` holds flat pair indices (``t·k + j``) grouped
-    by expert (in routing order within each expert for ``"torch"``; in any order for ``"triton"``, which
-    changes no result: each pair's rows are computed alone), with ``T·k`` marking padding; ``block_expert[P/block_m]`` is each M
+    Returns ``(sorted_ids, block_expert)``: ``sorted_ids[P]`` holds flat pair indices (``t·k + j``) in
+    routing order within each expert, with ``T·k`` marking padding; ``block_expert[P/block_m]`` is each M
     tile's expert, ``-1`` past the end. ``P = T·k + E·(block_m − 1)`` rounded up is a bound known from
     shapes alone, so nothing syncs. ``method``: ``"torch"`` (a dozen small device ops), ``"triton"`` (one
-    single-program kernel with atomic cursors, for decode-sized inputs where those launches dominate; up to
-    8192 pairs), ``"auto"`` picks.
+    single-program kernel, for decode-sized inputs where those launches dominate), ``"auto"`` picks.
     """
     n = topk_ids.numel()
     cap = triton.cdiv(n + num_experts * (block_m - 1), block_m) * block_m
@@ -155,52 +153,47 @@ def align_by_expert(topk_ids: torch.Tensor, num_experts: int, block_m: int, meth
     return sorted_ids, block_expert
 
 
+_ALIGN_MAX_CELLS = 16384  # pairs × experts one step of the aligner holds in registers
 _ALIGN_MAX_PAIRS = 8192  # routing pairs up to which the one-program aligner beats torch's sort (decode)
-_ALIGN_CHUNK = 1024  # pairs one step of the aligner handles
 
 
 def _align_fits(n_pairs: int, num_experts: int, n_tiles: int) -> bool:
-    return n_pairs <= _ALIGN_MAX_PAIRS and num_experts <= 4096
+    return n_pairs <= _ALIGN_MAX_PAIRS and triton.next_power_of_2(num_experts) <= _ALIGN_MAX_CELLS // 16
 
 
 @triton.jit
 def _align_kernel(
-    ids_ptr, sorted_ptr, bexp_ptr, cur_ptr, N, E, CAP, N_TILES,
+    ids_ptr, sorted_ptr, bexp_ptr, N, E, CAP, N_TILES,
     BLOCK_M: tl.constexpr, CHUNK: tl.constexpr, E_P2: tl.constexpr, TCHUNK: tl.constexpr, FILL: tl.constexpr,
 ):
-    # one program: a histogram by atomic increments, the padded prefix over experts, then each pair takes the
-    # next slot of its expert's run by an atomic increment of that run's cursor. Within an expert the pairs
-    # may land in any order: each pair's row of the expert GEMMs is computed alone, so the results are the
-    # same bits whatever the order (every output row is indexed by pair, not by slot).
+    # one program, the pairs in chunks of CHUNK: a histogram pass, the padded prefix, then a placing pass
+    # that keeps a running write position per expert (routing order within each expert is kept)
     ev = tl.arange(0, E_P2)
-    e_ok = ev < E
-    tl.atomic_xchg(cur_ptr + ev, tl.zeros((E_P2,), dtype=tl.int32), mask=e_ok)
+    counts = tl.zeros((E_P2,), dtype=tl.int32)
+    for c0 in range(0, N, CHUNK):
+        i = c0 + tl.arange(0, CHUNK)
+        e = tl.load(ids_ptr + i, mask=i < N, other=-1).to(tl.int32)
+        counts += tl.sum((e[:, None] == ev[None, :]).to(tl.int32), 0)
+    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    pad_end = tl.cumsum(padded, 0)
+    run = pad_end - padded  # where each expert's next pair goes
     for c0 in range(0, CAP, FILL):
         offs = c0 + tl.arange(0, FILL)
         tl.store(sorted_ptr + offs, tl.zeros((FILL,), dtype=tl.int32) + N, mask=offs < CAP)
-    tl.debug_barrier()
+    tl.debug_barrier()  # padding first, then the pairs over it
     for c0 in range(0, N, CHUNK):
         i = c0 + tl.arange(0, CHUNK)
         ok = i < N
-        e = tl.load(ids_ptr + i, mask=ok, other=0).to(tl.int32)
-        tl.atomic_add(cur_ptr + e, tl.full((CHUNK,), 1, tl.int32), mask=ok)
-    tl.debug_barrier()
-    counts = tl.atomic_add(cur_ptr + ev, tl.zeros((E_P2,), dtype=tl.int32), mask=e_ok)  # read at L2
-    counts = tl.where(e_ok, counts, 0)
-    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
-    pad_end = tl.cumsum(padded, 0)
-    tl.debug_barrier()
-    tl.atomic_xchg(cur_ptr + ev, pad_end - padded, mask=e_ok)  # each run's first slot
-    tl.debug_barrier()
-    for c0 in range(0, N, CHUNK):
-        i = c0 + tl.arange(0, CHUNK)
-        ok = i < N
-        e = tl.load(ids_ptr + i, mask=ok, other=0).to(tl.int32)
-        dest = tl.atomic_add(cur_ptr + e, tl.full((CHUNK,), 1, tl.int32), mask=ok)
+        e = tl.load(ids_ptr + i, mask=ok, other=-1).to(tl.int32)
+        hit = e[:, None] == ev[None, :]
+        onehot = hit.to(tl.int32)
+        before = tl.cumsum(onehot, 0) - onehot  # pairs of the same expert earlier in this chunk
+        dest = tl.sum(tl.where(hit, before + run[None, :], 0), 1)
         tl.store(sorted_ptr + dest, i, mask=ok)
+        run += tl.sum(onehot, 0)
     for b0 in range(0, N_TILES, TCHUNK):
         b = b0 + tl.arange(0, TCHUNK)
-        done = (pad_end[None, :] <= (b * BLOCK_M)[:, None]) & e_ok[None, :]
+        done = (pad_end[None, :] <= (b * BLOCK_M)[:, None]) & (ev[None, :] < E)
         be = tl.sum(done.to(tl.int32), 1)
         tl.store(bexp_ptr + b, tl.where(be < E, be, -1), mask=b < N_TILES)
 
@@ -214,12 +207,11 @@ def _align_triton(topk_ids: torch.Tensor, num_experts: int, block_m: int, cap: i
     sorted_ids = torch.empty(cap, dtype=torch.int32, device=ids.device)
     block_expert = torch.empty(n_tiles, dtype=torch.int32, device=ids.device)
     e_p2 = triton.next_power_of_2(num_experts)
-    cursors = torch.empty(e_p2, dtype=torch.int32, device=ids.device)
-    chunk = max(16, min(triton.next_power_of_2(max(n, 1)), _ALIGN_CHUNK))
-    tchunk = max(1, min(triton.next_power_of_2(n_tiles), 16384 // e_p2))
+    chunk = max(1, min(triton.next_power_of_2(max(n, 1)), _ALIGN_MAX_CELLS // e_p2))
+    tchunk = max(1, min(triton.next_power_of_2(n_tiles), _ALIGN_MAX_CELLS // e_p2))
     _align_kernel[(1,)](
-        ids, sorted_ids, block_expert, cursors, n, num_experts, cap, n_tiles,
-        BLOCK_M=block_m, CHUNK=chunk, E_P2=e_p2, TCHUNK=tchunk, FILL=1024, num_warps=4,
+        ids, sorted_ids, block_expert, n, num_experts, cap, n_tiles,
+        BLOCK_M=block_m, CHUNK=chunk, E_P2=e_p2, TCHUNK=tchunk, FILL=1024, num_warps=8,
     )
     return sorted_ids, block_expert
 
