@@ -35,8 +35,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
 
+from benchmarks.fp8_gemm_anchor import _ds_act_quant_kernel, ds_act_quant  # noqa: E402
 from kernels import fp8_quant, rmsnorm, rope, silu_mul  # noqa: E402
 from kernels.harness import device_info, format_table, results_json, run_spec  # noqa: E402
 from kernels.registry import load_spec  # noqa: E402
@@ -80,20 +80,7 @@ def bench_ms(fn, graph: bool = False) -> float:
     return triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median")
 
 
-# --- DeepSeek's reference act_quant design: one program per 128-element block --------------------------
-
-@triton.jit
-def _one_block_per_program_quant(x_ptr, y_ptr, s_ptr, BLOCK: tl.constexpr):
-    pid = tl.program_id(0)
-    offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    x = tl.load(x_ptr + offs).to(tl.float32)
-    s = tl.maximum(tl.max(tl.abs(x)), 1e-4) / 448.0
-    tl.store(y_ptr + offs, (x / s).to(y_ptr.dtype.element_ty))
-    tl.store(s_ptr + pid, s)
-
-
-def anchor_act_quant(x, y, s):
-    _one_block_per_program_quant[(x.numel() // 128,)](x, y, s, BLOCK=128)
+# DeepSeek's reference act_quant design (one program per 128-element block) is the anchor: fp8_gemm_anchor.
 
 
 # --- the ops under test: inputs, the three implementations, bytes moved -----------------------------
@@ -126,7 +113,7 @@ def op_act_quant(rows, d=HIDDEN):
     s = torch.empty(rows, d // 128, dtype=torch.float32, device=DEV)
     return dict(triton=lambda tune=None: fp8_quant.act_quant(x, out=(q, s), tune=tune),
                 ref=fp8_quant.act_quant_ref, args=(x,), bytes=rows * d * 3 + rows * (d // 128) * 4,
-                shape=f"{rows}x{d}", anchor=lambda: anchor_act_quant(x, q, s))
+                shape=f"{rows}x{d}", anchor=lambda: ds_act_quant(x, q, s))
 
 
 def op_silu_mul(rows, n=INTER, quant=False):
@@ -336,7 +323,7 @@ def main() -> int:
     mods = {"rmsnorm": rmsnorm._rmsnorm_kernel, "act_quant": fp8_quant._act_quant_kernel,
             "act_dequant": fp8_quant._act_dequant_kernel, "weight_dequant": fp8_quant._weight_dequant_kernel,
             "rope": rope._rope_kernel, "silu_mul": silu_mul._silu_mul_kernel,
-            "silu_mul_quant": silu_mul._silu_mul_quant_kernel, "anchor": _one_block_per_program_quant}
+            "silu_mul_quant": silu_mul._silu_mul_quant_kernel, "anchor": _ds_act_quant_kernel}
     for name, fn in mods.items():
         try:
             for cache in getattr(fn, "device_caches", {}).values():
