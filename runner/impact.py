@@ -218,6 +218,39 @@ def _block_statements(node: ast.stmt) -> list[ast.stmt]:
     return out
 
 
+def _compound(node: ast.stmt) -> bool:
+    return isinstance(node, (ast.If, ast.Try)) or node.__class__.__name__ == "TryStar"
+
+
+def _flat_statements(node: ast.stmt, imported: set[str]) -> list[tuple[Stmt, ast.stmt | None]]:
+    """A top-level statement as Stmts, each with the node its import bindings come from (None: no bindings).
+
+    A module-level ``if``/``try`` (``if triton.__version__ >= …: def …/else: raise``, ``try: from x import f;
+    def g(): … / except ImportError: print(…)``) is one Stmt per statement inside it, then one for the block
+    itself: a line inside a ``def`` there changes that name alone, while the condition, an ``else:`` or an
+    ``except`` clause changes every name the block binds (and its effects). ``changed_at`` takes the first Stmt
+    holding a line, so the inner ones come first.
+    """
+    if not _compound(node):
+        names, effect = _bound(node, imported)
+        start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+        stmt = Stmt(start, node.end_lineno or node.lineno, frozenset(names), frozenset(_refs(node)), effect,
+                    isinstance(node, (ast.Import, ast.ImportFrom)))
+        return [(stmt, node)]
+    out: list[tuple[Stmt, ast.stmt | None]] = []
+    for inner in _block_statements(node):
+        out += _flat_statements(inner, imported)
+    names, effect = _bound(node, imported)
+    heads: set[str] = set()
+    if isinstance(node, ast.If):
+        heads = _refs(node.test)
+    for handler in getattr(node, "handlers", None) or []:
+        if handler.type is not None:
+            heads |= _refs(handler.type)
+    out.append((Stmt(node.lineno, node.end_lineno or node.lineno, frozenset(names), frozenset(heads), effect), None))
+    return out
+
+
 def _bindings(path: str, index: int, node: ast.stmt) -> list[Binding]:
     """The import bindings a top-level statement makes, nested blocks included."""
     out: list[Binding] = []
@@ -264,14 +297,14 @@ def module_info(path: str, data: bytes | None) -> ModuleInfo:
     by_name = False
     dynamic: set[str] = set()
     for index, node in enumerate(tree.body):
-        names, effect = _bound(node, imported)
         if index == 0 and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) \
                 and isinstance(node.value.value, str):
-            names = {"__doc__"}  # argparse descriptions and --help read it
-        start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
-        stmts.append(Stmt(start, node.end_lineno or node.lineno, frozenset(names), frozenset(_refs(node)), effect,
-                          isinstance(node, (ast.Import, ast.ImportFrom))))
-        bindings += _bindings(path, index, node)
+            stmts.append(Stmt(node.lineno, node.end_lineno or node.lineno, frozenset({"__doc__"}), frozenset(), False))
+            continue  # argparse descriptions and --help read it
+        for stmt, leaf in _flat_statements(node, imported):
+            if leaf is not None:
+                bindings += _bindings(path, len(stmts), leaf)
+            stmts.append(stmt)
         for sub in _walk(node):
             if isinstance(sub, ast.Call):
                 fn = _decorator_name(sub.func)
