@@ -9,6 +9,10 @@ slots per row) as % of the copy ceiling measured in the same run.
     python benchmarks/sparse_mla_sweep.py --smoke                             # tiny sizes, CPU interpreter
 
 Bytes counted (as benchmarks/v4_bench.py): the pool rows read (584 per slot), q and out, the indices.
+Flops counted: per slot of a row, every head's score (512 × 2) and value (512 × 2) work, 64 heads × 2048
+≈ 131 kflop on 584 bytes ≈ 224 flop/B, about the H200's ridge (dense bf16 / copy). So each row also
+gives the compute-bound time at the dense bf16 matmul peak measured in the same run (torch.matmul,
+8192³), the memory-bound time at the copy ceiling, and the kernel's share of each and of the larger.
 ``--warm`` runs a variant at a small size in both launch shapes (split and unsplit) so a parallel set of
 processes fills Triton's cache before the timed process starts.
 """
@@ -67,7 +71,7 @@ def variant(name: str, b: int) -> sparse_mla.SparseConfig | None:
                                    spec.get("prefetch", True), spec.get("part_bf16", False),
                                    spec.get("lazy", True), spec.get("xchg", False), spec.get("idx_prefetch", False),
                                    spec.get("fused_combine", False), spec.get("l2_prefetch", 0),
-                                   spec.get("fast_launch", True))
+                                   spec.get("fast_launch", True), spec.get("gluon", False))
 
 
 def decode_fn(name: str, b: int):
@@ -86,7 +90,10 @@ def decode_fn(name: str, b: int):
 
 
 X64E = {"block_t": 64, "prefetch": False, "xchg": True, "lazy": False}
+GLUON = {"block_t": 64, "gluon": True, "num_stages": 2}
 VARIANTS: dict[str, dict] = {  # in the order they are timed (a run short of time drops the last)
+    "g2": GLUON,
+    "g2-half": {**GLUON, "waves": 0.5},
     "x64e-l2": {**X64E, "l2_prefetch": 1},
     "x64e-l2d2": {**X64E, "l2_prefetch": 2},
     "x64e-l2-fu": {**X64E, "l2_prefetch": 1, "fused_combine": True},
@@ -106,7 +113,7 @@ if os.environ.get("SPARSE_MLA_OLD"):
 if ARGS.variants:
     NAMES = ARGS.variants.split(",")
 LINES: list[str] = []
-RESULTS: dict = {"device": DEV, "ceiling_gbs": None, "rows": [], "errors": []}
+RESULTS: dict = {"device": DEV, "ceiling_gbs": None, "peak_tflops": None, "rows": [], "errors": []}
 
 
 def say(s: str = "") -> None:
@@ -193,8 +200,9 @@ def warm(name: str) -> None:
         ref = sparse_mla.sparse_mla_decode_ref(pool=pool, **inp)
         print(f"warm {name} split={n_split}: gemm_diff {gemm_diff(out, ref).value:.2e}", flush=True)
     mod = sys.modules.get("sparse_mla_old") if name == "old" else sparse_mla
-    for line in kernel_info(getattr(mod, "_sparse_decode_kernel", None)):
-        print(f"warm {name} kernel {line}", flush=True)
+    for kname in ("_sparse_decode_kernel", "_sparse_decode_gluon"):
+        for line in kernel_info(getattr(mod, kname, None)):
+            print(f"warm {name} {kname} {line}", flush=True)
 
 
 def kernel_info(fn) -> list[str]:
@@ -221,14 +229,55 @@ def ceiling() -> None:
     say(f"copy ceiling: {RESULTS['ceiling_gbs']:.0f} GB/s (read + write of {nb >> 20} MiB)")
 
 
+def matmul_peak() -> None:
+    """Dense bf16 tensor-core peak of this GPU as torch.matmul reaches it (8192³; fp32 on CPU)."""
+    n = 256 if ARGS.smoke else 8192
+    dt = torch.float32 if ARGS.smoke else torch.bfloat16
+    a = torch.randn(n, n, device=DEV, dtype=dt)
+    b = torch.randn(n, n, device=DEV, dtype=dt)
+    c = torch.empty(n, n, device=DEV, dtype=dt)
+    ms = bench_ms(lambda: torch.matmul(a, b, out=c))
+    RESULTS["peak_tflops"] = 2 * n ** 3 / ms / 1e9
+    say(f"dense {'fp32' if ARGS.smoke else 'bf16'} matmul peak: {RESULTS['peak_tflops']:.0f} TFLOP/s "
+        f"(torch.matmul {n}^3); ridge {RESULTS['peak_tflops'] * 1e12 / (RESULTS['ceiling_gbs'] * 1e9):.0f} flop/B")
+
+
+def flops(b: int) -> float:
+    """Score and value work of a call: every head, every slot (512-wide dots, 2 flops a multiply-add)."""
+    return b * K * HEADS * 512 * 2 * 2
+
+
+def bounds(b: int, nbytes: int) -> tuple[float, float]:
+    """(compute-bound us at the measured matmul peak, memory-bound us at the copy ceiling)."""
+    return flops(b) / (RESULTS["peak_tflops"] * 1e6), nbytes / (RESULTS["ceiling_gbs"] * 1e3)
+
+
+def roofline_table() -> None:
+    """Per batch: both bounds and the best measured variant's share of each (and of the larger)."""
+    say()
+    say(f"roofline (same run: copy {RESULTS['ceiling_gbs']:.0f} GB/s, dense bf16 {RESULTS['peak_tflops']:.0f} "
+        f"TFLOP/s); flop/B of the call in brackets")
+    say(f"{'batch':>5} {'MB':>7} {'GFLOP':>7} {'mem us':>7} {'mma us':>7} {'bound':>7} {'best':<14} {'us':>7} "
+        f"{'% mem':>6} {'% mma':>6} {'% max':>6}")
+    for b in sorted({r["batch"] for r in RESULTS["rows"]}):
+        rows = [r for r in RESULTS["rows"] if r["batch"] == b]
+        best = min(rows, key=lambda r: r["ms"])
+        tm, tc = best["mem_us"], best["mma_us"]
+        us = best["ms"] * 1e3
+        say(f"{b:>5} {best['bytes'] / 1e6:7.1f} {flops(b) / 1e9:7.2f} {tm:7.1f} {tc:7.1f} {max(tm, tc):7.1f} "
+            f"{best['variant']:<14} {us:7.1f} {100 * tm / us:5.1f}% {100 * tc / us:5.1f}% "
+            f"{100 * max(tm, tc) / us:5.1f}%   [{flops(b) / best['bytes']:.0f} flop/B]")
+
+
 def sweep() -> None:
     pool, n = make_pool()
     batches = [2] if ARGS.smoke else [int(x) for x in ARGS.batches.split(",")]
     cases = {b: inputs(b, n, b) for b in batches}
     refs = {b: sparse_mla.sparse_mla_decode_ref(pool=pool, **cases[b]) for b in batches}
     say("us: do_bench (as benchmarks/v4_bench.py); gpu us: device time alone; host us: the call's host side")
-    say(f"{'variant':<14} {'batch':>5} {'split':>5} {'us':>8} {'% copy':>7} {'gpu us':>8} {'% copy':>7} "
-        f"{'host us':>8} {'gemm_diff':>10}")
+    say("% mma: the compute-bound time (flops at the matmul peak) over the kernel's; % max: the larger bound's")
+    say(f"{'variant':<14} {'batch':>5} {'split':>5} {'us':>8} {'% copy':>7} {'% mma':>6} {'% max':>6} "
+        f"{'gpu us':>8} {'% copy':>7} {'host us':>8} {'gemm_diff':>10}")
     for name in NAMES:
         for b in batches:
             if time.perf_counter() - T0 > ARGS.budget:
@@ -241,6 +290,10 @@ def sweep() -> None:
                 out = torch.empty_like(inp["q"])
                 fn(pool=pool, **inp, out=out)
                 diff = gemm_diff(out, refs[b]).value
+                if not diff <= 2e-5:  # parity first: a variant off the reference is not timed
+                    RESULTS["errors"].append({"variant": name, "batch": b, "error": f"gemm_diff {diff:.2e}"})
+                    say(f"{name:<14} {b:>5} parity FAIL: gemm_diff {diff:.2e} > 2e-5 (not timed)")
+                    continue
                 ms = bench_ms(lambda inp=inp, out=out, fn=fn: fn(pool=pool, **inp, out=out))
                 nbytes = b * K * kv584.TOKEN_BYTES + 2 * inp["q"].numel() * 2 + inp["indices"].numel() * 4
                 g = nbytes / ms / 1e6
@@ -251,10 +304,13 @@ def sweep() -> None:
                 used = cfg or sparse_mla.sparse_config(b, HEADS, K, None if ARGS.smoke else (9, 0), True, SMS)
                 if name == "old":
                     used = sparse_mla.SparseConfig(16, 16, 0, 4)
+                tm, tc = bounds(b, nbytes)
                 RESULTS["rows"].append({"variant": name, "batch": b, "config": dataclasses.asdict(used), "ms": ms,
                                         "gbs": g, "of_ceiling": g / ceil, "gpu_ms": gms, "gpu_of_ceiling": gg / ceil,
-                                        "host_us": hus, "gemm_diff": diff})
-                say(f"{name:<14} {b:>5} {used.n_split:>5} {ms * 1e3:8.1f} {100 * g / ceil:6.1f}% {gms * 1e3:8.1f} "
+                                        "host_us": hus, "gemm_diff": diff, "bytes": nbytes, "mem_us": tm,
+                                        "mma_us": tc, "of_mma": tc / (ms * 1e3), "of_bound": max(tm, tc) / (ms * 1e3)})
+                say(f"{name:<14} {b:>5} {used.n_split:>5} {ms * 1e3:8.1f} {100 * g / ceil:6.1f}% "
+                    f"{100 * tc / (ms * 1e3):5.1f}% {100 * max(tm, tc) / (ms * 1e3):5.1f}% {gms * 1e3:8.1f} "
                     f"{100 * gg / ceil:6.1f}% {hus:8.1f} {diff:10.2e}")
                 save()
             except Exception as exc:  # one broken variant must not hide the others
@@ -277,7 +333,10 @@ def main() -> int:
         warm(ARGS.warm)
         return 0
     ceiling()
+    matmul_peak()
     sweep()
+    if RESULTS["rows"]:
+        roofline_table()
     say(f"done in {time.perf_counter() - T0:.1f} s")
     save()
     return 1 if RESULTS["errors"] else 0

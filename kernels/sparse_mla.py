@@ -80,6 +80,7 @@ class SparseConfig:
     fused_combine: bool = False
     l2_prefetch: int = 0  # tiles ahead (0: none)
     fast_launch: bool = True
+    gluon: bool = False  # the Gluon kernel (sm90, 64 heads a block, 64-slot tiles, num_stages ring stages)
 
 
 def sparse_config(batch: int, heads: int, k: int, cap: tuple[int, int] | None, low: bool = True,
@@ -392,6 +393,212 @@ def _combine_kernel(part_ptr, lse_ptr, sink_ptr, o_ptr, H, n_split, BLOCK_H: tl.
     _merge(part_ptr, lse_ptr, sink_ptr, o_ptr, row, h, h < H, H, n_split, EXACT)
 
 
+# --- Gluon (sm90) ------------------------------------------------------------------------------------
+#
+# The tl kernel above cannot keep the gathers in flight across a tile (its exchange barrier stops the
+# compiler's pipelining) nor split the score tile over the warpgroups without that exchange. In Gluon the
+# shared memory is explicit: a ring of raw rows filled by cp.async, one dequantised tile, and p. sm90 only
+# (wgmma); the interpreter and other parts run the tl kernel.
+
+try:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.ampere import async_copy
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared,
+        warpgroup_mma,
+        warpgroup_mma_init,
+        warpgroup_mma_wait,
+    )
+    HAVE_GLUON = True
+except ImportError:  # a Triton without Gluon: the tl kernel serves every part
+    HAVE_GLUON = False
+
+if HAVE_GLUON:
+    @gluon.jit
+    def _g_issue(pool_ptr, pool16_ptr, idx_ptr, row, K, t0, hi, r0, r1, r2, rr, rw, BT: gl.constexpr, ROW: gl.constexpr,
+                 G: gl.constexpr, GS: gl.constexpr, WIDE: gl.constexpr):
+        """cp.async the raw parts of the slots t0 .. t0+BT (below hi) into one ring stage (8-byte copies;
+        a slot of -1 or past hi fills zeros): nope tiles 0-3, 4-5, 6, the rope and the scale bytes."""
+        t = t0 + gl.arange(0, BT, layout=gl.SliceLayout(1, G))
+        slot = gl.load(idx_ptr + row * K + t, mask=t < hi, other=-1)
+        if WIDE:
+            slot = slot.to(gl.int64)
+        ok = gl.expand_dims(slot >= 0, 1)
+        base = gl.expand_dims(gl.maximum(slot, 0) * ROW, 1)
+        c256 = gl.expand_dims(gl.arange(0, 256, layout=gl.SliceLayout(0, G)), 0)
+        c128 = gl.expand_dims(gl.arange(0, 128, layout=gl.SliceLayout(0, G)), 0)
+        c64 = gl.expand_dims(gl.arange(0, 64, layout=gl.SliceLayout(0, G)), 0)
+        async_copy.async_copy_global_to_shared(r0, pool_ptr + base + c256, mask=ok & (c256 >= 0))
+        async_copy.async_copy_global_to_shared(r1, pool_ptr + base + 256 + c128, mask=ok & (c128 >= 0))
+        async_copy.async_copy_global_to_shared(r2, pool_ptr + base + 384 + c64, mask=ok & (c64 >= 0))
+        async_copy.async_copy_global_to_shared(rr, pool16_ptr + base // 2 + 224 + c64, mask=ok & (c64 >= 0))
+        ts = t0 + gl.arange(0, BT, layout=gl.SliceLayout(1, GS))
+        slots = gl.load(idx_ptr + row * K + ts, mask=ts < hi, other=-1)
+        if WIDE:
+            slots = slots.to(gl.int64)
+        oks = gl.expand_dims(slots >= 0, 1)
+        c8 = gl.expand_dims(gl.arange(0, 8, layout=gl.SliceLayout(0, GS)), 0)
+        async_copy.async_copy_global_to_shared(rw, pool_ptr + gl.expand_dims(gl.maximum(slots, 0) * ROW, 1) + 576 + c8,
+                                               mask=oks & (c8 >= 0))
+
+    @gluon.jit
+    def _g_deq(raw, sc, NT: gl.constexpr, BT: gl.constexpr, L3: gl.constexpr):
+        """``NT`` nope tiles (``raw`` [BT, NT*64] bytes in shared memory, ``sc`` [BT, NT] their scale bytes):
+        e4m3 times 2^(e-127), exact in bf16."""
+        b = raw.reshape([BT, NT, 64]).load(L3)
+        e = sc.load(gl.SliceLayout(2, L3)).to(gl.int32)
+        s = (e << 23).to(gl.float32, bitcast=True)
+        v = b.to(gl.float8e4nv, bitcast=True).to(gl.float32) * gl.expand_dims(s, 2)
+        return gl.reshape(v.to(gl.bfloat16), [BT, NT * 64])
+
+    @gluon.jit
+    def _g_qpart(q_ptr, row, H, h0, dst, FIRST: gl.constexpr, N: gl.constexpr, BH: gl.constexpr, QL: gl.constexpr):
+        hq = h0 + gl.arange(0, BH, layout=gl.SliceLayout(1, QL))
+        cq = FIRST + gl.arange(0, N, layout=gl.SliceLayout(0, QL))
+        qv = gl.load(q_ptr + (row * H + gl.expand_dims(hq, 1)) * 512 + gl.expand_dims(cq, 0),
+                     mask=gl.expand_dims(hq < H, 1) & gl.expand_dims(cq >= 0, 0), other=0.0)
+        dst.store(qv.to(gl.bfloat16))  # a 16-bit q: bf16 as it is, fp16 rounded to nearest even
+
+    @gluon.jit
+    def _g_store(o_ptr, base, ho, H, x, inv, FIRST: gl.constexpr, N: gl.constexpr, L: gl.constexpr):
+        co = FIRST + gl.arange(0, N, layout=gl.SliceLayout(0, L))
+        at = o_ptr + (base + gl.expand_dims(ho, 1)) * 512 + gl.expand_dims(co, 0)
+        o = x * gl.expand_dims(gl.convert_layout(inv, gl.SliceLayout(1, L)), 1)
+        gl.store(at, o.to(o_ptr.dtype.element_ty), mask=gl.expand_dims(ho < H, 1) & gl.expand_dims(co >= 0, 0))
+
+    @gluon.jit
+    def _sparse_decode_gluon(q_ptr, pool_ptr, pool16_ptr, idx_ptr, sink_ptr, o_ptr, lse_ptr, K, H, qk_scale,
+                             SPLIT: gl.constexpr, STAGES: gl.constexpr, ROW: gl.constexpr, WIDE: gl.constexpr):
+        """:func:`_sparse_decode_kernel`'s online softmax for sm90 with explicit shared memory: the raw bytes of
+        the rows ``STAGES - 1`` tiles ahead are gathered by cp.async into a ring while this tile is
+        dequantised; the dequantised tile (bf16, wgmma's swizzled layout, one buffer per part of the row so
+        that the parts' stores need no barrier between them) feeds both warpgroups' score and value wgmma.
+        Each warpgroup computes half of the score tile (32 slots) and half of every output part; p reaches
+        the value MMAs through shared memory, and the value MMAs of a tile run while the next tile is
+        dequantised. Same roundings as the tl kernel (exact keys, bf16 p, fp32 accumulation)."""
+        BT: gl.constexpr = 64
+        BH: gl.constexpr = 64
+        row = gl.program_id(0).to(gl.int64)
+        sp = gl.program_id(1)
+        nsp = gl.num_programs(1)
+        h0 = gl.program_id(2) * BH
+        # wgmma accumulators split over the two warpgroups along N: the scores (32 slots each) and the
+        # output parts (256/128/64/64 channels: half each)
+        S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 32, 16])
+        O0: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 128, 16])
+        O1: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 64, 16])
+        O2: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 32, 16])
+        G: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [8, 1], [1, 0])
+        GS: gl.constexpr = gl.BlockedLayout([1, 8], [32, 1], [2, 4], [1, 0])
+        L3: gl.constexpr = gl.BlockedLayout([1, 1, 8], [4, 1, 8], [8, 1, 1], [2, 1, 0])
+        MMA_SL: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+        RAW: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
+
+        q0 = gl.allocate_shared_memory(gl.bfloat16, [BH, 256], MMA_SL)
+        q1 = gl.allocate_shared_memory(gl.bfloat16, [BH, 128], MMA_SL)
+        q2 = gl.allocate_shared_memory(gl.bfloat16, [BH, 64], MMA_SL)
+        q3 = gl.allocate_shared_memory(gl.bfloat16, [BH, 64], MMA_SL)
+        kv0 = gl.allocate_shared_memory(gl.bfloat16, [BT, 256], MMA_SL)
+        kv1 = gl.allocate_shared_memory(gl.bfloat16, [BT, 128], MMA_SL)
+        kv2 = gl.allocate_shared_memory(gl.bfloat16, [BT, 64], MMA_SL)
+        kv3 = gl.allocate_shared_memory(gl.bfloat16, [BT, 64], MMA_SL)
+        p_s = gl.allocate_shared_memory(gl.bfloat16, [BH, BT], MMA_SL)
+        r0 = gl.allocate_shared_memory(gl.uint8, [STAGES, BT, 256], RAW)
+        r1 = gl.allocate_shared_memory(gl.uint8, [STAGES, BT, 128], RAW)
+        r2 = gl.allocate_shared_memory(gl.uint8, [STAGES, BT, 64], RAW)
+        rr = gl.allocate_shared_memory(gl.int16, [STAGES, BT, 64], RAW)
+        rw = gl.allocate_shared_memory(gl.uint8, [STAGES, BT, 8], RAW)
+
+        nt = gl.cdiv(K, BT)  # tiles per row, dealt evenly to the chunks
+        lo = (sp * nt // nsp) * BT
+        hi = gl.minimum(((sp + 1) * nt // nsp) * BT, K)
+        for i in gl.static_range(STAGES - 1):
+            _g_issue(pool_ptr, pool16_ptr, idx_ptr, row, K, lo + i * BT, hi, r0.index(i), r1.index(i), r2.index(i),
+                     rr.index(i), rw.index(i), BT, ROW, G, GS, WIDE)
+            async_copy.commit_group()
+        _g_qpart(q_ptr, row, H, h0, q0, 0, 256, BH, G)
+        _g_qpart(q_ptr, row, H, h0, q1, 256, 128, BH, G)
+        _g_qpart(q_ptr, row, H, h0, q2, 384, 64, BH, G)
+        _g_qpart(q_ptr, row, H, h0, q3, 448, 64, BH, G)
+
+        hs = h0 + gl.arange(0, BH, layout=gl.SliceLayout(1, S_L))
+        if SPLIT:
+            m = gl.full([BH], -1e30, gl.float32, layout=gl.SliceLayout(1, S_L))  # finite: an empty chunk stays NaN-free
+            lsum = gl.zeros([BH], gl.float32, layout=gl.SliceLayout(1, S_L))
+        else:
+            m = gl.load(sink_ptr + hs, mask=hs < H, other=0.0).to(gl.float32) * 1.4426950408889634
+            lsum = gl.full([BH], 1.0, gl.float32, layout=gl.SliceLayout(1, S_L))
+        a0t = warpgroup_mma_init(gl.zeros([BH, 256], gl.float32, layout=O0))
+        a1t = warpgroup_mma_init(gl.zeros([BH, 128], gl.float32, layout=O1))
+        a2t = warpgroup_mma_init(gl.zeros([BH, 64], gl.float32, layout=O2))
+        a3t = warpgroup_mma_init(gl.zeros([BH, 64], gl.float32, layout=O2))
+        s0 = gl.zeros([BH, BT], gl.float32, layout=S_L)
+        ts_ = gl.arange(0, BT, layout=gl.SliceLayout(0, S_L))
+        fence_async_shared()
+        for it in range(0, gl.cdiv(hi - lo, BT)):
+            t0 = lo + it * BT
+            nxt = (it + STAGES - 1) % STAGES
+            _g_issue(pool_ptr, pool16_ptr, idx_ptr, row, K, t0 + (STAGES - 1) * BT, hi, r0.index(nxt), r1.index(nxt),
+                     r2.index(nxt), rr.index(nxt), rw.index(nxt), BT, ROW, G, GS, WIDE)
+            async_copy.commit_group()
+            async_copy.wait_group(STAGES - 1)  # this thread's copies of this tile have landed
+            gl.thread_barrier()  # and every thread's
+            cur = it % STAGES
+            w = rw.index(cur)
+            k0 = _g_deq(r0.index(cur), w.slice(0, 4, dim=1), 4, BT, L3)
+            k1 = _g_deq(r1.index(cur), w.slice(4, 2, dim=1), 2, BT, L3)
+            k2 = _g_deq(r2.index(cur), w.slice(6, 1, dim=1), 1, BT, L3)
+            k3 = rr.index(cur).load(G).to(gl.bfloat16, bitcast=True)
+            a0, a1, a2, a3 = warpgroup_mma_wait(num_outstanding=0, deps=(a0t, a1t, a2t, a3t))
+            gl.thread_barrier()  # both warpgroups' value MMAs of the last tile are done with the kv and p buffers
+            kv0.store(k0)
+            kv1.store(k1)
+            kv2.store(k2)
+            kv3.store(k3)
+            fence_async_shared()
+            gl.thread_barrier()
+            st = warpgroup_mma(q0, kv0.permute((1, 0)), s0, use_acc=False, is_async=True)
+            st = warpgroup_mma(q1, kv1.permute((1, 0)), st, is_async=True)
+            st = warpgroup_mma(q2, kv2.permute((1, 0)), st, is_async=True)
+            st = warpgroup_mma(q3, kv3.permute((1, 0)), st, is_async=True)
+            t = t0 + ts_
+            slot = gl.load(idx_ptr + row * K + t, mask=t < hi, other=-1)
+            s = warpgroup_mma_wait(num_outstanding=0, deps=(st,))
+            s = gl.where(gl.expand_dims(slot >= 0, 0), s * qk_scale, float("-inf"))
+            m_new = gl.maximum(m, gl.max(s, axis=1))
+            alpha = gl.exp2(m - m_new)
+            p = gl.exp2(s - gl.expand_dims(m_new, 1))
+            lsum = lsum * alpha + gl.sum(p, axis=1)
+            m = m_new
+            p_s.store(p.to(gl.bfloat16))
+            fence_async_shared()
+            gl.thread_barrier()
+            a0t = warpgroup_mma(p_s, kv0, a0 * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, O0)), 1),
+                                is_async=True)
+            a1t = warpgroup_mma(p_s, kv1, a1 * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, O1)), 1),
+                                is_async=True)
+            al2 = gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, O2)), 1)
+            a2t = warpgroup_mma(p_s, kv2, a2 * al2, is_async=True)
+            a3t = warpgroup_mma(p_s, kv3, a3 * al2, is_async=True)
+        a0, a1, a2, a3 = warpgroup_mma_wait(num_outstanding=0, deps=(a0t, a1t, a2t, a3t))
+        async_copy.wait_group(0)  # the ring's copies past the chunk's end
+
+        if SPLIT:
+            empty = lsum == 0.0
+            inv = 1.0 / gl.where(empty, 1.0, lsum)
+            lse = gl.where(empty, -1e30, m + gl.log2(gl.where(empty, 1.0, lsum)))
+            gl.store(lse_ptr + (row * nsp + sp) * H + hs, lse, mask=hs < H)
+            base = (row * nsp + sp) * H
+        else:
+            inv = 1.0 / lsum
+            base = row * H
+        _g_store(o_ptr, base, h0 + gl.arange(0, BH, layout=gl.SliceLayout(1, O0)), H, a0, inv, 0, 256, O0)
+        _g_store(o_ptr, base, h0 + gl.arange(0, BH, layout=gl.SliceLayout(1, O1)), H, a1, inv, 256, 128, O1)
+        _g_store(o_ptr, base, h0 + gl.arange(0, BH, layout=gl.SliceLayout(1, O2)), H, a2, inv, 384, 64, O2)
+        _g_store(o_ptr, base, h0 + gl.arange(0, BH, layout=gl.SliceLayout(1, O2)), H, a3, inv, 448, 64, O2)
+
+
 def sparse_mla_decode(q: torch.Tensor, pool: torch.Tensor, indices: torch.Tensor, sinks: torch.Tensor, scale: float,
                       *, out: torch.Tensor | None = None, config: SparseConfig | None = None) -> torch.Tensor:
     """Triton :func:`sparse_mla_decode_ref`: bf16 tensor-core dots over exactly dequantised keys (fp32 dots
@@ -429,6 +636,19 @@ def sparse_mla_decode(q: torch.Tensor, pool: torch.Tensor, indices: torch.Tensor
     fast = plan_key if args["FAST"] else None
     if fast is not None:
         al = (qc.data_ptr() | pools[0].data_ptr() | idx.data_ptr() | sk.data_ptr() | o.data_ptr()) & 15 == 0
+    if args["GLUON"]:
+        gargs = {"SPLIT": n_split > 1, "STAGES": args["num_stages"], "ROW": TOKEN_BYTES, "WIDE": args["WIDE"],
+                 "num_warps": 8}
+        if n_split == 1:
+            _launch(_sparse_decode_gluon, fast and (fast, 4, al), grid, (qc, pools[0], pools[1], idx, sk, o, sk, k, h,
+                    qk), gargs)
+            return o
+        part, lse, _, _ = _workspace(dev, n_part, n_lse, 0, 0, part_bf16, args["LOW"])
+        _launch(_sparse_decode_gluon, fast and (fast, 5, al), grid, (qc, pools[0], pools[1], idx, sk, part, lse, k, h,
+                qk), gargs)
+        _launch(_combine_kernel, fast and (fast, 3, al), (b, -(-h // 8), 1), (part, lse, sk, o, h, n_split),
+                {"num_warps": 4}, BLOCK_H=8, EXACT=False)
+        return o
     if n_split == 1 and not n_p:
         _launch(_sparse_decode_kernel, fast and (fast, 0, al), grid, (qc, *pools, idx, sk, o, o, k, h, qk, sk, sk, o,
                 idx), args, SPLIT=False)
@@ -461,7 +681,7 @@ def _launch(fn, key, grid, pos: tuple, args: dict, **more) -> None:
         if hit is not None:
             hit[0][grid](*pos, *hit[1])
             return
-    kw = {n: v for n, v in args.items() if n != "FAST"}
+    kw = {n: v for n, v in args.items() if n not in ("FAST", "GLUON")}
     kw.update(more)
     compiled = fn[grid](*pos, **kw)
     if key and compiled is not None and hasattr(compiled, "__getitem__"):
@@ -489,11 +709,19 @@ def _plan(b: int, h: int, k: int, dtype: torch.dtype, dev_type: str, dev_index: 
                 IDXPF=cfg.idx_prefetch and not cfg.prefetch, FUSED=cfg.fused_combine and n_split > 1,
                 L2PF=0 if interp else min(int(cfg.l2_prefetch), 2), FAST=cfg.fast_launch and not interp,
                 num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    args["GLUON"] = use_gluon(cfg, cap, low, interp)
     progs = b * n_split * hb
     n_part, n_lse = (b * n_split * h * 512, b * n_split * h) if n_split > 1 else (0, 0)
-    n_p, n_m = (2 * progs * cfg.block_h * bt, 2 * progs * cfg.block_h) if cfg.xchg else (0, 0)
+    n_p, n_m = (2 * progs * cfg.block_h * bt, 2 * progs * cfg.block_h) if cfg.xchg and not args["GLUON"] else (0, 0)
     key = (b, h, k, dtype, dev_type, dev_index, wide, config, interp)  # what this plan was made from
     return (b, n_split, hb), n_split, cfg.part_bf16, n_part, n_lse, n_p, n_m, args, key
+
+
+def use_gluon(cfg: SparseConfig, cap: tuple[int, int] | None, low: bool, interp: bool) -> bool:
+    """Whether a launch takes the Gluon kernel: asked for, on sm90 (wgmma; the interpreter and other parts
+    run the tl kernel), a 16-bit q, and its fixed tiles (64 heads a block, 64-slot tiles)."""
+    return (cfg.gluon and HAVE_GLUON and not interp and cap is not None and cap[0] == 9 and low
+            and cfg.block_h == 64 and cfg.block_t == 64)
 
 
 _WORKSPACE: dict[torch.device, torch.Tensor] = {}

@@ -11,7 +11,7 @@ import torch
 from kernels import kv584
 from kernels.metrics import gemm_diff
 from kernels.sparse_mla import SparseConfig, sparse_config, sparse_mla_decode, sparse_mla_decode_ref
-from tests.kernels.interpreter import DEVICES
+from tests.kernels.interpreter import DEVICES, KERNEL_DEVICE
 
 
 def _case(b, h, k, device, seed=0, pages=2, drop=0.2, dtype=torch.bfloat16):
@@ -219,3 +219,42 @@ def test_fast_launch_reuses_the_compiled_kernel_with_its_constants(monkeypatch):
         assert [c[0] for c in calls[6:]] == ["jit", "jit"]
     finally:
         sm._plan.cache_clear()
+
+
+def test_gluon_kernel_taken_on_sm90_with_its_tiles_only():
+    """The Gluon kernel (wgmma, cp.async ring) runs where it was written for: asked for, sm90, a 16-bit q,
+    64 heads a block and 64-slot tiles; the interpreter, fp32 q, other parts and other tiles take tl."""
+    from kernels.sparse_mla import HAVE_GLUON, use_gluon
+
+    g = SparseConfig(64, 64, 2, 8, 2, gluon=True)
+    assert use_gluon(g, (9, 0), True, False) is HAVE_GLUON
+    assert not use_gluon(g, (9, 0), True, True)  # interpreter
+    assert not use_gluon(g, None, True, False)
+    assert not use_gluon(g, (8, 0), True, False) and not use_gluon(g, (12, 0), True, False)
+    assert not use_gluon(g, (9, 0), False, False)  # fp32 q: fp32 dots
+    assert not use_gluon(dataclasses.replace(g, block_t=32), (9, 0), True, False)
+    assert not use_gluon(dataclasses.replace(g, gluon=False), (9, 0), True, False)
+
+
+def _sm90() -> bool:
+    from kernels.arch import capability
+
+    return KERNEL_DEVICE == "cuda" and (capability("cuda") or (0, 0))[0] == 9
+
+
+@pytest.mark.skipif(not _sm90(), reason="the Gluon kernel is sm90-only (wgmma); CPU and other parts run tl")
+@pytest.mark.parametrize("b, h, k, n_split, dtype, wide", [
+    (2, 64, 70, 1, torch.bfloat16, False),  # one chunk, a partial tile, the sink in the kernel
+    (3, 72, 200, 3, torch.bfloat16, True),  # a second, mostly masked head block; chunks; rescaling
+    (2, 16, 130, 2, torch.float16, False),  # fewer heads than the block; fp16 q rounded to bf16
+    (4, 64, 640, 4, torch.bfloat16, False),  # V4-Flash's row
+])
+def test_gluon_kernel_matches_the_reference(b, h, k, n_split, dtype, wide):
+    inp = _case(b, h, k, "cuda", seed=50 + k, pages=64, dtype=dtype)
+    inp["indices"][-1] = -1  # a row with only the sink
+    if wide:
+        inp["q"] = (inp["q"].float() * 60).to(dtype)
+    ref = sparse_mla_decode_ref(**{**inp, "q": inp["q"].bfloat16()}).to(dtype)
+    out = sparse_mla_decode(**inp, config=SparseConfig(64, 64, n_split, 8, 2, gluon=True))
+    assert torch.isfinite(out.float()).all() and out[-1].abs().max() == 0
+    assert gemm_diff(out, ref).value < 2e-5
