@@ -60,6 +60,12 @@ class V4Ops:
         self._fns: dict[str, Callable] = {}
         self._used: dict[str, str] = {}
 
+    def use(self, backend: str | dict[str, str]) -> None:
+        """Switch every op to ``backend`` in place (the modules share this object). Caches made before keep
+        the pool store they were given: call :meth:`DeepseekV4.setup_cache` again after switching."""
+        fresh = V4Ops(backend)
+        self.backend, self._fns, self._used = fresh.backend, fresh._fns, fresh._used
+
     def __getattr__(self, op: str) -> Callable:
         if op.startswith("_") or op not in OPS:
             raise AttributeError(op)

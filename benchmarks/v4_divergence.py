@@ -1,0 +1,301 @@
+"""Where the V4 engine's Triton and torch backends part in bf16: op by op, layer by layer, choice by choice.
+
+    PYTHONPATH=. python3 benchmarks/v4_divergence.py --preset small            # cuda, the engine bench's prompts
+    PYTHONPATH=. python3 benchmarks/v4_divergence.py --smoke                   # tiny, CPU, Triton interpreter
+
+Three models hold the same random weights (engine.v4.tiny, bf16 values): bf16 on the torch backend (the
+oracle the bench compares against), bf16 on the Triton backend, and fp32 on the torch backend (the same
+model without bf16 rounding). On the engine bench's ragged prompts it reports:
+
+1. **ops**: every op call of the torch model's prefill (and first decode step) re-run on its own recorded
+   inputs by the torch reference, the Triton kernel and the reference in fp32
+   (:func:`engine.v4.trace.local_errors`): ``‖triton − torch‖``, ``‖torch − fp32‖``, ``‖triton − fp32‖``
+   over ``‖fp32‖``, max over calls; for discrete ops the rows whose choice set differs. A kernel whose
+   error against fp32 is well above the reference's is less accurate than its oracle (flagged ``LESS``).
+2. **layers**: the prefill's stream outputs per layer, each bf16 backend against the other and against fp32
+   (errors that propagated), and the prefill's last-token logits (max |Δlogit|: the bf16 noise floor).
+3. **decode**: greedy decode on all three; the bench's classification (Triton vs torch, near-tie when the
+   torch margin at the first differing step is < 0.1) next to torch vs fp32 and Triton vs fp32, and for
+   every divergence: the gap, in the reference's logits, between its token and the candidate's, and the
+   first discrete choice (router expert set, indexer top-k set) that flipped upstream in that row, with
+   its margin in the reference's own scores.
+
+Everything comes from one run; ``--out DIR`` also writes ``divergence.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+if "--smoke" in sys.argv:
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported: CPU kernels
+
+import torch  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from engine.golden import GoldenRecord, compare_records  # noqa: E402
+from engine.v4.config import parse_v4_config  # noqa: E402
+from engine.v4.generate import V4Decoder  # noqa: E402
+from engine.v4.loader import load_v4_tensors  # noqa: E402
+from engine.v4.tiny import PRESETS, random_weights  # noqa: E402
+from engine.v4.trace import OpTrace, choice_flips, layer_outputs, local_errors, rel_err  # noqa: E402
+
+NEAR_TIE = 0.1  # the engine bench's threshold (torch's top-1 − top-2 margin at the first differing step)
+TRACED = {"hc_pre", "hc_post", "hc_head", "topk_route", "hash_route", "indexer_topk", "attention", "sparse_decode"}
+T0 = time.perf_counter()
+
+
+def bench_prompts(n: int, vocab: int) -> list[list[int]]:
+    """The engine bench's ragged prompts (.dev/v4-engine.sh's ``compare``): seed 3, these lengths."""
+    g = torch.Generator().manual_seed(3)
+    lens = (5, 40, 130, 17, 300, 64, 9, 200)
+    return [torch.randint(2, min(250, vocab), (k,), generator=g).tolist() for k in lens][:n]
+
+
+def build(preset: str, device: torch.device) -> dict:
+    cfg_dict = dict(PRESETS[preset])
+    cfg = parse_v4_config(cfg_dict, preset)
+    tensors = random_weights(cfg_dict, seed=0, dtype=torch.bfloat16)
+    models = {"torch": load_v4_tensors(cfg, tensors, dtype=torch.bfloat16, device=device, backend="torch"),
+              "triton": load_v4_tensors(cfg, tensors, dtype=torch.bfloat16, device=device, backend="triton"),
+              "fp32": load_v4_tensors(cfg, tensors, dtype=torch.float32, device=device, backend="torch")}
+    return models
+
+
+class Run:
+    """One model's greedy decode of the prompts, eager, with every forward's logits and an op trace."""
+
+    def __init__(self, model, prompts: list[list[int]], steps: int, keep_inputs: bool):
+        self.logits: list[torch.Tensor] = []
+        hook = model.register_forward_hook(lambda m, a, o: self.logits.append(o.detach().float().clone()))
+        dec = V4Decoder(model, len(prompts), max(map(len, prompts)) + steps, graphs=False)
+        try:
+            with OpTrace(model, TRACED, keep_inputs=keep_inputs) as tr, layer_outputs(model) as outs:
+                self.gens = dec.generate(prompts, steps)
+        finally:
+            hook.remove()
+        self.trace, self.layers = tr, outs
+        self.resolved = model.ops.resolved()
+        self.valid = tr.calls[0].valid if tr.calls else None  # the prefill's real tokens [B, S]
+
+    def records(self) -> list[GoldenRecord]:
+        return [GoldenRecord(i, g.prompt, g.tokens, g.margins) for i, g in enumerate(self.gens)]
+
+
+def fmt(x: float) -> str:
+    return "nan" if x != x else ("inf" if math.isinf(x) else f"{x:.2e}")
+
+
+def section_ops(runs: dict, res: dict, forwards: tuple[int, ...]) -> None:
+    tr = runs["torch"].trace
+    rows: list[dict] = []
+    for fwd in forwards:
+        for e in local_errors(tr, forward=fwd):
+            less = (e.triton_vs_fp32 > 2 * e.torch_vs_fp32 and e.triton_vs_fp32 > 1e-6
+                    and e.part != "choice")
+            rows.append({"forward": fwd, "op": e.op, "layer": e.layer, "part": e.part, "calls": e.calls,
+                         "triton_vs_torch": e.tri_vs_torch, "torch_vs_fp32": e.torch_vs_fp32,
+                         "triton_vs_fp32": e.triton_vs_fp32, "flips": e.flips, "triton_less_accurate": less})
+    res["ops"] = rows
+    print("\n## ops on the torch model's own inputs (rel. to ||fp32||, max over calls; fwd 0 = prefill, 1 = step 1)")
+    print("| fwd | op | layer | out | triton-torch | torch-fp32 | triton-fp32 | note |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        if r["part"] == "choice":
+            f = r["flips"]
+            note = (f"choice sets differ on {f['triton/torch']}/{f['rows']} rows triton/torch, "
+                    f"{f['torch/fp32']} torch/fp32, {f['triton/fp32']} triton/fp32")
+            print(f"| {r['forward']} | {r['op']} | {r['layer']} | choice | | | | {note} |")
+            continue
+        note = ("LESS accurate than the reference" if r["triton_less_accurate"] else
+                "no Triton kernel (torch on both)" if r["triton_vs_fp32"] != r["triton_vs_fp32"] else "")
+        print(f"| {r['forward']} | {r['op']} | {r['layer']} | {r['part']} | {fmt(r['triton_vs_torch'])} | "
+              f"{fmt(r['torch_vs_fp32'])} | {fmt(r['triton_vs_fp32'])} | {note} |")
+
+
+def _valid_rows(run: Run, t: torch.Tensor) -> torch.Tensor | None:
+    v = run.valid
+    return v.reshape(-1) if v is not None and v.numel() == math.prod(t.shape[:2]) else None
+
+
+def section_layers(runs: dict, res: dict) -> None:
+    a, b, f = (runs[k] for k in ("torch", "triton", "fp32"))
+    out = []
+    print("\n## prefill stream outputs per layer (propagated; rel. to ||fp32||, real tokens only)")
+    print("| layer | triton-torch | torch-fp32 | triton-fp32 |")
+    print("|---|---|---|---|")
+    n_layers = 1 + max((i for i, _ in f.layers), default=-1)
+    for i in range(n_layers):  # the first n_layers entries are the prefill's
+        ta, tb, tf = a.layers[i][1], b.layers[i][1], f.layers[i][1]
+        rows = _valid_rows(a, ta)
+        r = {"layer": i, "triton_vs_torch": rel_err(tb, ta, tf, rows), "torch_vs_fp32": rel_err(ta, tf, tf, rows),
+             "triton_vs_fp32": rel_err(tb, tf, tf, rows)}
+        out.append(r)
+        print(f"| {i} | {fmt(r['triton_vs_torch'])} | {fmt(r['torch_vs_fp32'])} | {fmt(r['triton_vs_fp32'])} |")
+    la, lb, lf = a.logits[0], b.logits[0], f.logits[0]
+    floor = {"triton_vs_torch": (lb - la).abs().max().item(), "torch_vs_fp32": (la - lf).abs().max().item(),
+             "triton_vs_fp32": (lb - lf).abs().max().item()}
+    per = [{"prompt": i, **{k: (x[i] - y[i]).abs().max().item() for k, (x, y) in
+                            {"triton_vs_torch": (lb, la), "torch_vs_fp32": (la, lf), "triton_vs_fp32": (lb, lf)}.items()}}
+           for i in range(la.shape[0])]
+    res["layers"], res["step0_logits_max_abs"], res["step0_logits_per_prompt"] = out, floor, per
+    print(f"step-0 logits max |Δ| (the bf16 noise floor): triton-torch {floor['triton_vs_torch']:.3f}, "
+          f"torch-fp32 {floor['torch_vs_fp32']:.3f}, triton-fp32 {floor['triton_vs_fp32']:.3f}")
+
+
+def _row_of(flip, s_prefill: int) -> int:
+    """The prompt (batch row) a flip belongs to."""
+    return flip.row // s_prefill if flip.forward == 0 else flip.row
+
+
+def _pos_of(flip, s_prefill: int, lens: list[int]) -> int:
+    b = _row_of(flip, s_prefill)
+    return flip.row % s_prefill if flip.forward == 0 else lens[b] + flip.forward - 1
+
+
+def classify(ref: Run, cand: Run, ref_name: str, cand_name: str, lens: list[int]) -> dict:
+    """The bench's classification plus, per divergence, the candidate token's gap in the reference's
+    logits and the first discrete flip upstream in that row."""
+    comp = compare_records(ref.records(), cand.records(), near_tie=NEAR_TIE)
+    s0 = max(lens)
+    flips = choice_flips(ref.trace, cand.trace)
+    prompts = []
+    for p in comp.prompts:
+        d = {"prompt": p.index, "status": p.status, "first": p.first_divergence,
+             "ref_margin": p.reference_margin}
+        if p.first_divergence is not None and p.got is not None:
+            k = p.first_divergence
+            lg = ref.logits[k][p.index]
+            d["gap_to_cand_token"] = (lg[p.expected] - lg[p.got]).item()
+            d["cand_rank_in_ref"] = int((lg > lg[p.got]).sum().item())
+            up = [f for f in flips if _row_of(f, s0) == p.index and f.forward <= k]
+            if up:
+                f = up[0]
+                d["first_flip"] = {"forward": f.forward, "layer": f.layer, "op": f.op,
+                                   "pos": _pos_of(f, s0, lens), "ref": f.ref, "cand": f.cand, "margin": f.margin}
+            d["flips_upstream"] = len(up)
+        prompts.append(d)
+    counts = {st: sum(p["status"] == st for p in prompts) for st in ("match", "near-tie", "break", "short")}
+    return {"ref": ref_name, "cand": cand_name, "counts": counts, "prompts": prompts,
+            "flips_total": len(flips), "flip_margins": sorted(f.margin for f in flips)[:20]}
+
+
+def section_decode(runs: dict, res: dict, lens: list[int]) -> None:
+    pairs = [("torch", "triton"), ("fp32", "torch"), ("fp32", "triton")]
+    res["decode"] = []
+    for r, c in pairs:
+        out = classify(runs[r], runs[c], r, c, lens)
+        res["decode"].append(out)
+        print(f"\n## decode {c} vs {r} (reference {r}): {out['counts']}; {out['flips_total']} discrete choice "
+              f"flips in all (smallest margins {[round(m, 4) for m in out['flip_margins'][:6]]})")
+        print("| prompt | len | status | first step | ref top-2 margin | ref gap to cand token (rank) | "
+              "first flip upstream (fwd, layer, op, pos, margin) | flips upstream |")
+        print("|---|---|---|---|---|---|---|---|")
+        for p in out["prompts"]:
+            ff = p.get("first_flip")
+            fl = (f"{ff['forward']}, L{ff['layer']}, {ff['op']}, pos {ff['pos']}, {ff['margin']:.4f}" if ff else "-")
+            gap = (f"{p['gap_to_cand_token']:.4f} ({p['cand_rank_in_ref']})" if "gap_to_cand_token" in p else "-")
+            rm = "-" if p["ref_margin"] is None else f"{p['ref_margin']:.4f}"
+            print(f"| {p['prompt']} | {lens[p['prompt']]} | {p['status']} | "
+                  f"{'-' if p['first'] is None else p['first']} | {rm} | {gap} | {fl} | {p.get('flips_upstream', '-')} |")
+
+
+def section_ablation(models: dict, runs: dict, res: dict, prompts: list[list[int]], steps: int, ops: list[str],
+                     variants: tuple[str, ...], budget: float = math.inf) -> None:
+    """Which op's Triton kernel the breaks follow: decode with only that op on Triton (the rest torch), and
+    with every op on Triton but that one, each classified against the torch model as the bench does."""
+    m = models["triton"]
+    ref = runs["torch"].records()
+    out = []
+    print("\n## ablation: decode vs the torch model with one op switched (counts: match/near-tie/break)")
+    print("| op | only this op on triton | all on triton but this op |")
+    print("|---|---|---|")
+    try:
+        for op in ops:
+            if time.perf_counter() - T0 > budget:
+                print(f"[ablation stops before {op}: past the {budget:.0f}s budget]")
+                break
+            row: dict = {"op": op}
+            for name, backend in (("only", {"default": "torch", op: "triton"}),
+                                  ("all_but", {"default": "triton", op: "torch"})):
+                if name not in variants:
+                    continue
+                m.ops.use(backend)
+                dec = V4Decoder(m, len(prompts), max(map(len, prompts)) + steps, graphs=False)
+                gens = dec.generate(prompts, steps)
+                comp = compare_records(ref, [GoldenRecord(i, g.prompt, g.tokens, g.margins)
+                                             for i, g in enumerate(gens)], near_tie=NEAR_TIE)
+                row[name] = {st: sum(p.status == st for p in comp.prompts) for st in ("match", "near-tie", "break")}
+            out.append(row)
+            print(f"| {op} | " + " | ".join(f"{x['match']}/{x['near-tie']}/{x['break']}" if (x := row.get(k)) else "-"
+                                            for k in ("only", "all_but")) + " |")
+    finally:
+        m.ops.use("triton")
+    res["ablation"] = out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--preset", default="small", choices=sorted(PRESETS))
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=32)
+    ap.add_argument("--budget", type=float, default=1e9, help="seconds; later sections are skipped past it")
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--smoke", action="store_true", help="tiny preset, CPU, 3 prompts x 3 steps (CI)")
+    args = ap.parse_args()
+    if args.smoke:
+        args.preset, args.device, args.prompts, args.steps = "tiny", "cpu", 3, 2
+    dev = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    res: dict = {"preset": args.preset, "device": str(dev), "steps": args.steps}
+    models = build(args.preset, dev)
+    cfg = models["torch"].cfg
+    prompts = bench_prompts(args.prompts, cfg.vocab_size)
+    if args.smoke:  # short prompts that still cross the tiny preset's window, compression and top-k limits
+        prompts = [p[:n] for p, n in zip(prompts, (5, 17, 9))]
+    lens = [len(p) for p in prompts]
+    print(f"{args.preset} on {dev}: {len(prompts)} prompts (lengths {lens}) x {args.steps} steps; "
+          f"built in {time.perf_counter() - T0:.1f}s")
+    runs = {}
+    for name in ("torch", "triton", "fp32"):
+        runs[name] = Run(models[name], prompts, args.steps, keep_inputs=name != "triton")
+    res["resolved"] = {k: r.resolved for k, r in runs.items()}
+    tri = runs["triton"].resolved
+    print("triton backend runs: " + ", ".join(f"{op}={b}" for op, b in sorted(tri.items()))
+          + f"  [{time.perf_counter() - T0:.1f}s]")
+    failed = 0
+    kernels = [op for op, b in sorted(tri.items()) if b == "triton" and op in TRACED and op != "sparse_decode"]
+    if args.smoke:
+        kernels = kernels[:1]
+    sections = (("layers", lambda: section_layers(runs, res)), ("decode", lambda: section_decode(runs, res, lens)),
+                ("ops", lambda: section_ops(runs, res, (1,) if args.smoke else (0, 1))),
+                ("ablation", lambda: section_ablation(models, runs, res, prompts, args.steps, kernels,
+                                                      ("only",) if args.smoke else ("only", "all_but"),
+                                                      args.budget)))
+    for name, fn in sections:
+        if time.perf_counter() - T0 > args.budget:
+            print(f"[skip {name}: past the {args.budget:.0f}s budget]")
+            continue
+        try:
+            fn()
+        except Exception as exc:
+            failed += 1
+            print(f"section error: {name}: {type(exc).__name__}: {exc}")
+            traceback.print_exc()
+        print(f"[{name} done at {time.perf_counter() - T0:.1f}s]")
+        if args.out:  # after every section: a run cut short keeps what it measured
+            Path(args.out).mkdir(parents=True, exist_ok=True)
+            (Path(args.out) / "divergence.json").write_text(json.dumps(res, indent=1, default=str))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
