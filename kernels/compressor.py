@@ -28,6 +28,7 @@ from kernels.kv584 import (
     new_pool,
     pack_row,
     pack_words,
+    store_quads,
     store_words,
 )
 
@@ -290,12 +291,65 @@ def _compress_pipe_kernel(kv_ptr, gate_ptr, w_ptr, cos_ptr, sin_ptr, slot_ptr, p
                 EVICT)
 
 
+@triton.jit
+def _compress_tile_kernel(kv_ptr, gate_ptr, w_ptr, cos_ptr, sin_ptr, slot_ptr, pool8_ptr, pool32_ptr, pool64_ptr, n,
+                          eps, L: tl.constexpr, ENTRIES: tl.constexpr, CHUNK: tl.constexpr, HW_CAST: tl.constexpr,
+                          EXACT: tl.constexpr, EVICT: tl.constexpr, NT: tl.constexpr = N_TILES):
+    """``ENTRIES`` entries per program, the window ``CHUNK`` rows per load. Every tensor is ``[.., tile 8,
+    quad 16, 4]`` over the 512 channels (tile 7 = rope) with the window rows outermost, so a thread owns 4
+    adjacent channels of every row: one load issues all of a chunk's rows at once (16-byte gate and 8-byte
+    source vectors), the pooling over the rows and the tile amax need no shared memory (only the RMS sum
+    crosses warps), and a thread packs its own 4 e4m3 bytes into an int32 word and its 4 bf16 rope values into
+    an int64 word."""
+    eid = tl.program_id(0).to(tl.int64) * ENTRIES + tl.arange(0, ENTRIES)
+    live = eid < n
+    tile = tl.arange(0, 8)
+    q16 = tl.arange(0, 16)
+    c4 = tl.arange(0, 4)
+    col = tile[:, None, None] * 64 + q16[None, :, None] * 4 + c4[None, None, :]  # [8, 16, 4]
+    rows = tl.arange(0, CHUNK)
+    m = tl.full([ENTRIES, 8, 16, 4], float("-inf"), tl.float32)
+    lsum = tl.zeros([ENTRIES, 8, 16, 4], dtype=tl.float32)
+    acc = tl.zeros([ENTRIES, 8, 16, 4], dtype=tl.float32)
+    ok5 = live[None, :, None, None, None]
+    for l0 in range(0, L, CHUNK):
+        r = l0 + rows
+        off = ((eid[None, :] * L + r[:, None]) * 512)[:, :, None, None, None] + col[None, None]  # [C, E, 8, 16, 4]
+        msk = ok5 & (r < L)[:, None, None, None, None]
+        g = tl.load(gate_ptr + off, mask=msk, other=float("-inf"), eviction_policy=EVICT)
+        x = tl.load(kv_ptr + off, mask=msk, other=0.0, eviction_policy=EVICT).to(tl.float32)
+        m_new = tl.maximum(m, tl.max(g, axis=0))
+        safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp(g - safe[None])
+        alpha = tl.exp(m - safe)
+        lsum = lsum * alpha + tl.sum(p, axis=0)
+        acc = acc * alpha + tl.sum(p * x, axis=0)
+        m = m_new
+    pooled = acc / lsum
+    ss = tl.sum(tl.sum(tl.sum(pooled * pooled, axis=3), axis=2), axis=1)  # [E]
+    rstd = 1.0 / tl.sqrt_rn(ss / 512 + eps)
+    y = pooled * rstd[:, None, None, None] * tl.load(w_ptr + col)[None]
+    # rope (interleaved pairs, thread-local) on tile 7
+    ye, yo = tl.split(tl.reshape(y, [ENTRIES, 8, 16, 2, 2]))  # [E, 8, 16, 2]
+    is_rope = (tile == NT)[None, :, None, None]
+    pidx = eid[:, None, None, None] * 32 + (q16[None, None, :, None] * 2 + tl.arange(0, 2)[None, None, None, :])
+    cmask = live[:, None, None, None] & is_rope
+    cs = tl.load(cos_ptr + pidx, mask=cmask, other=1.0)
+    sn = tl.load(sin_ptr + pidx, mask=cmask, other=0.0)
+    rope = tl.reshape(tl.join(ye * cs - yo * sn, ye * sn + yo * cs), [ENTRIES, 8, 16, 4])
+    slot = tl.load(slot_ptr + eid, mask=live, other=-1).to(tl.int64)
+    store_quads(tl.where(is_rope, rope, y), slot, pool8_ptr, pool32_ptr, pool64_ptr, HW_CAST, EXACT, EVICT)
+
+
 COMPRESS_IMPL = "unrolled"  # the default kernel of compress_store (H200: best of 9 variants at 16384 x 8 and 1024 x 128)
 COMPRESS_WARPS = 4
 COMPRESS_BLOCK_L = 8
 COMPRESS_ENTRIES = 2
 COMPRESS_STAGES = 3
 COMPRESS_PROGRAMS_PER_SM = 2
+TILE_ENTRIES = 1  # the tile kernel: entries per program, window rows per load, warps
+TILE_CHUNK = 8
+TILE_WARPS = 4
 
 
 def _programs(device: torch.device) -> int:
@@ -307,7 +361,7 @@ def _programs(device: torch.device) -> int:
 
 def compress_store(kv, gate, norm_weight, eps, cos, sin, pool, slots, *, impl: str | None = None,
                    block_l: int | None = None, num_warps: int | None = None, entries: int | None = None,
-                   stages: int | None = None, programs: int | None = None) -> torch.Tensor:
+                   stages: int | None = None, programs: int | None = None, evict: str = "") -> torch.Tensor:
     """Triton :func:`compress_store_ref`. ``impl``: ``"pipe"``, software-pipelined loads (``stages`` deep) with
     ``programs`` persistent programs striding over the entries when the window fits ``block_l`` rows, else
     one program per entry pipelining its window ``block_l`` rows at a time; ``"unrolled"``, ``entries`` per program streaming the
@@ -319,8 +373,8 @@ def compress_store(kv, gate, norm_weight, eps, cos, sin, pool, slots, *, impl: s
         raise ValueError(f"compress_store: kv/gate must be [n, L, {HEAD_DIM}] and cos/sin [n, {ROPE_DIM // 2}], got "
                          f"{tuple(kv.shape)}, {tuple(gate.shape)}, {tuple(cos.shape)}")
     impl = impl or COMPRESS_IMPL
-    if impl not in ("words", "row", "unrolled", "pipe"):
-        raise ValueError(f"compress_store: impl must be 'pipe', 'words', 'unrolled' or 'row', got {impl!r}")
+    if impl not in ("tile", "words", "row", "unrolled", "pipe"):
+        raise ValueError(f"compress_store: impl must be 'tile', 'pipe', 'words', 'unrolled' or 'row', got {impl!r}")
     flat = _flat(pool)
     if not n:
         return pool
@@ -337,6 +391,12 @@ def compress_store(kv, gate, norm_weight, eps, cos, sin, pool, slots, *, impl: s
         _compress_pipe_kernel[(grid,)](*args, words, n, length, float(eps), BLOCK_L=bl, WHOLE=whole,
                                        STAGES=stages or COMPRESS_STAGES, HW_CAST=hw, EXACT=exact, EVICT="",
                                        num_warps=num_warps or COMPRESS_WARPS)
+    elif words is not None and impl == "tile":
+        ent = entries or TILE_ENTRIES
+        chunk = min(block_l or TILE_CHUNK, triton.next_power_of_2(length))
+        _compress_tile_kernel[(triton.cdiv(n, ent),)](*args, flat, flat.view(torch.int32), words, n, float(eps),
+                                                      L=length, ENTRIES=ent, CHUNK=chunk, HW_CAST=hw, EXACT=exact,
+                                                      EVICT=evict, num_warps=num_warps or TILE_WARPS)
     elif words is not None and impl == "unrolled":
         ent = entries or COMPRESS_ENTRIES
         _compress_unrolled_kernel[(triton.cdiv(n, ent),)](*args, words, n, length, float(eps), ENTRIES=ent,

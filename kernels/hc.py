@@ -208,10 +208,15 @@ def _hc_logits_kernel(x_ptr, fn_ptr, part_ptr, T, K, K_SPLIT, N: tl.constexpr, N
 @triton.jit
 def _hc_collapse_kernel(x_ptr, part_ptr, base_ptr, scale_ptr, col_ptr, post_ptr, comb_ptr, T, D, S, D_SPLIT, iters,
                         eps, norm_eps, N: tl.constexpr, NMIX: tl.constexpr, BLOCK_T: tl.constexpr,
-                        BLOCK_D: tl.constexpr):
+                        BLOCK_D: tl.constexpr, REV: tl.constexpr = False):
     """Split design, pass 2: sum the K-slice partials, the weights and Sinkhorn (every D slice recomputes
-    them: a few hundred flops per token), then the collapse of this D slice; slice 0 writes post and comb."""
-    t = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+    them: a few hundred flops per token), then the collapse of this D slice; slice 0 writes post and comb.
+    ``REV``: token blocks in reverse launch order, so the first programs re-read the rows pass 1 loaded
+    last, which are still in L2."""
+    tb = tl.program_id(0)
+    if REV:
+        tb = tl.num_programs(0) - 1 - tb
+    t = tb.to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
     tm = t < T
     ds = tl.program_id(1)
     mix_i = tl.arange(0, NMIX)
@@ -430,7 +435,7 @@ def _hc_post_kernel(o_ptr, x_ptr, post_ptr, comb_ptr, y_ptr, D, N: tl.constexpr,
 
 #: hc_pre launch choices; the benchmark round picks them (``variant``: fused | split | v1)
 HC_PRE = {"variant": "split", "split": {"bt": 64, "bk": 64, "s": 4, "bt2": 16, "ds": 4, "bd": 128, "warps": 4,
-                                        "warps2": 4},
+                                        "warps2": 4, "rev": False},
           "fused": {"bt": 64, "bd": 64, "warps": 8}, "persist": {"bt": 64, "bd": 64, "warps": 8, "per_sm": 2,
                                                                           "overlap": True}}
 
@@ -492,7 +497,7 @@ def hc_pre(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.T
         n_d = triton.cdiv(d, d_split)
         _hc_collapse_kernel[(triton.cdiv(t, bt2), n_d)](xc, part, bc, sc, col, post, comb, t, d, n_s, d_split, iters,
                                                         eps, norm_eps, N=n, NMIX=nmix, BLOCK_T=bt2, BLOCK_D=bd,
-                                                        num_warps=p["warps2"])
+                                                        REV=bool(p["rev"]), num_warps=p["warps2"])
     elif v == "fused":
         if interp:
             raise ValueError("hc_pre: the fused variant needs a GPU (its programs wait on each other)")

@@ -69,12 +69,18 @@ def pack_ref(kv: torch.Tensor) -> torch.Tensor:
     return torch.cat([q.reshape(n, NOPE_DIM), rope.reshape(n, ROPE_BYTES), scales, pad], dim=1)
 
 
+def ue8m0_scale(byte: torch.Tensor) -> torch.Tensor:
+    """UE8M0 scale bytes → fp32 ``2^(byte-127)`` built from bits, exact for every byte on any device: byte 0
+    is the subnormal ``2^-127`` (bit 22), 255 is ``2^128`` = inf."""
+    b = byte.to(torch.int32)
+    return torch.where(b == 0, 1 << 22, b << 23).view(torch.float32)
+
+
 def unpack_ref(rows: torch.Tensor) -> torch.Tensor:
     """``[N, 584]`` uint8 → ``[N, 512]`` fp32 (exact: e4m3 times a power of two; bf16 widened)."""
     n = rows.shape[0]
     q = rows[:, :NOPE_DIM].contiguous().view(torch.float8_e4m3fn).float().view(n, N_TILES, TILE)
-    e = rows[:, SCALE_OFFSET:SCALE_OFFSET + N_TILES].to(torch.int32) - 127
-    nope = q * torch.ldexp(torch.ones_like(e, dtype=torch.float32), e).unsqueeze(-1)
+    nope = q * ue8m0_scale(rows[:, SCALE_OFFSET:SCALE_OFFSET + N_TILES]).unsqueeze(-1)
     rope = rows[:, ROPE_OFFSET:SCALE_OFFSET].contiguous().view(torch.bfloat16).float()
     return torch.cat([nope.reshape(n, NOPE_DIM), rope], dim=1)
 
@@ -125,6 +131,12 @@ def pack_row(x, row_ptr, row16_ptr, HW_CAST: tl.constexpr, EXACT: tl.constexpr, 
 
 
 @triton.jit
+def _ue8m0(e):
+    """UE8M0 bytes ``e`` (int32, 0..255) → fp32 ``2^(e-127)`` from bits; byte 0 is the subnormal 2^-127."""
+    return tl.where(e == 0, 1 << 22, e << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def unpack_row(row_ptr, row16_ptr, HW_CAST: tl.constexpr, NOPE: tl.constexpr = NOPE_DIM,
                SOFF: tl.constexpr = SCALE_OFFSET):
     """One token's bytes → fp32 ``[512]``."""
@@ -135,8 +147,8 @@ def unpack_row(row_ptr, row16_ptr, HW_CAST: tl.constexpr, NOPE: tl.constexpr = N
         v = byte.to(tl.float8e4nv, bitcast=True).to(tl.float32)
     else:
         v = e4m3_to_f32(byte)
-    e = tl.load(row_ptr + SOFF + c // 64, mask=is_nope, other=127).to(tl.int32)
-    nope = v * ((e & 0xFF) << 23).to(tl.float32, bitcast=True)
+    e = tl.load(row_ptr + SOFF + c // 64, mask=is_nope, other=127).to(tl.int32) & 0xFF
+    nope = v * _ue8m0(e)
     r16 = tl.load(row16_ptr + NOPE // 2 + (c - NOPE), mask=c >= NOPE, other=0)
     rope = (r16.to(tl.int32) << 16).to(tl.float32, bitcast=True)  # bf16 widened by its bits (subnormals too)
     return tl.where(is_nope, nope, rope)
@@ -192,6 +204,58 @@ def store_words(pool64_ptr, slot, ok, q, r, sw, EVICT: tl.constexpr, WORDS: tl.c
     tl.store(pool64_ptr + qoff, q, mask=ok[:, None, None] & (tile < NT)[None, :, None], eviction_policy=EVICT)
     tl.store(pool64_ptr + base[:, None] + NT * 8 + w16[None, :], r, mask=ok[:, None], eviction_policy=EVICT)
     tl.store(pool64_ptr + base + NT * 8 + 16, sw, mask=ok, eviction_policy=EVICT)
+
+
+@triton.jit
+def store_quads(y, slot, pool8_ptr, pool32_ptr, pool64_ptr, HW_CAST: tl.constexpr, EXACT: tl.constexpr,
+                EVICT: tl.constexpr, NT: tl.constexpr = N_TILES, WORDS: tl.constexpr = TOKEN_BYTES // 8,
+                SOFF: tl.constexpr = SCALE_OFFSET):
+    """Pack and store rows ``y[R, tile 8, quad 16, 4]`` fp32 (channel ``64 tile + 4 quad + c``; tile 7 = the
+    rope channels) at int64 ``slot[R]`` (``-1``: skip). A thread holding 4 adjacent channels packs them
+    itself: 4 e4m3 bytes into one int32 word, 4 bf16 rope values into one int64 word; the tile amax is a warp
+    reduction. The 7 scale bytes and the zero pad go as bytes."""
+    tile = tl.arange(0, 8)
+    q16 = tl.arange(0, 16)
+    c4 = tl.arange(0, 4)
+    amax = tl.maximum(tl.max(tl.max(tl.abs(y), axis=3), axis=2), 1e-4)  # [R, 8]
+    s = tl.math.div_rn(amax, tl.full(amax.shape, 448.0, tl.float32))
+    b = s.to(tl.int32, bitcast=True)
+    ebyte = ((b >> 23) & 0xFF) + tl.where((b & 0x7FFFFF) != 0, 1, 0)  # biased exponent of the scale
+    inv = ((254 - ebyte) << 23).to(tl.float32, bitcast=True)  # 2^-(e) exactly
+    yq = tl.minimum(tl.maximum(y * inv[:, :, None, None], -448.0), 448.0)
+    if HW_CAST:
+        code = yq.to(tl.float8e4nv).to(tl.uint8, bitcast=True).to(tl.int32)
+    else:
+        code = e4m3_bits(yq)
+    qw = tl.sum(code << (c4 * 8)[None, None, None, :], axis=3)  # [R, 8, 16]: 4 bytes, little-endian
+    r16 = cast_rne(y, tl.bfloat16, EXACT).to(tl.int16, bitcast=True).to(tl.int64) & 0xFFFF
+    rw = tl.sum(r16 << (c4 * 16).to(tl.int64)[None, None, None, :], axis=3)  # [R, 8, 16]
+    ok = (slot >= 0)[:, None, None]
+    w64 = slot[:, None, None] * WORDS  # the row's first int64 word
+    # nope: int32 word 16 tile + quad of the row (bytes 64 tile + 4 quad); rope: int64 word 8 NT + quad
+    tl.store(pool32_ptr + 2 * w64 + tile[None, :, None] * 16 + q16[None, None, :], qw,
+             mask=ok & (tile < NT)[None, :, None], eviction_policy=EVICT)
+    tl.store(pool64_ptr + w64 + NT * 8 + q16[None, None, :] + tile[None, :, None] * 0, rw,
+             mask=ok & (tile == NT)[None, :, None], eviction_policy=EVICT)
+    sb = tl.where(tile[None, :] < NT, ebyte, 0).to(tl.uint8)  # 7 scale bytes and the zero pad
+    tl.store(pool8_ptr + slot[:, None] * (WORDS * 8) + SOFF + tile[None, :], sb, mask=(slot >= 0)[:, None],
+             eviction_policy=EVICT)
+
+
+@triton.jit
+def _store_quads_kernel(kv_ptr, slot_ptr, pool8_ptr, pool32_ptr, pool64_ptr, n, stride_kv, ROWS: tl.constexpr,
+                        HW_CAST: tl.constexpr, EXACT: tl.constexpr, EVICT: tl.constexpr):
+    """``ROWS`` tokens per program loaded as ``[ROWS, 8, 16, 4]`` and written by :func:`store_quads`."""
+    rid = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    live = rid < n
+    tile = tl.arange(0, 8)
+    q16 = tl.arange(0, 16)
+    c4 = tl.arange(0, 4)
+    col = tile[:, None, None] * 64 + q16[None, :, None] * 4 + c4[None, None, :]
+    y = tl.load(kv_ptr + (rid * stride_kv)[:, None, None, None] + col[None], mask=live[:, None, None, None],
+                other=0.0, eviction_policy=EVICT).to(tl.float32)
+    slot = tl.load(slot_ptr + rid, mask=live, other=-1).to(tl.int64)
+    store_quads(y, slot, pool8_ptr, pool32_ptr, pool64_ptr, HW_CAST, EXACT, EVICT)
 
 
 @triton.jit
@@ -262,7 +326,7 @@ def _load_rows_kernel(pool64_ptr, slot_ptr, o_ptr, n, ROWS: tl.constexpr, HW_CAS
     else:
         v = e4m3_to_f32(byte)
     e = ((sw[:, None] >> (tile * 8).to(tl.int64)[None, :]) & 0xFF).to(tl.int32)  # [R, 8]
-    nope = v * (e << 23).to(tl.float32, bitcast=True)[:, :, None, None]
+    nope = v * _ue8m0(e)[:, :, None, None]
     col = tile[:, None, None] * 64 + w[None, :, None] * 8 + k[None, None, :]
     orow = o_ptr + rid * 512
     tl.store(orow[:, None, None, None] + col[None], tl.where(ok[:, None, None, None], nope, 0.0),
@@ -278,6 +342,8 @@ def _load_rows_kernel(pool64_ptr, slot_ptr, o_ptr, n, ROWS: tl.constexpr, HW_CAS
 STORE_IMPL = "words"  # the default kernel of kv584_store (H200: 2.0x the byte-store kernel at 65536 tokens)
 STORE_ROWS = 4  # tokens per program of the word-store kernel (4 rows x 2 warps: best of 4..32 x 2..8 on the H200)
 STORE_WARPS = 2
+QUAD_ROWS = 4  # the quads kernel (one thread per 4 adjacent channels): tokens per program, warps
+QUAD_WARPS = 4
 
 
 def _words(flat: torch.Tensor) -> torch.Tensor | None:
@@ -300,15 +366,20 @@ def kv584_store(kv: torch.Tensor, pool: torch.Tensor, slots: torch.Tensor, *, im
         raise ValueError(f"kv584: kv must be [N, {HEAD_DIM}] (unit stride) with slots [N], got "
                          f"{tuple(kv.shape)} and {tuple(slots.shape)}")
     impl = impl or STORE_IMPL
-    if impl not in ("words", "row"):
-        raise ValueError(f"kv584_store: impl must be 'words' or 'row', got {impl!r}")
+    if impl not in ("words", "row", "quads"):
+        raise ValueError(f"kv584_store: impl must be 'words', 'quads' or 'row', got {impl!r}")
     hw = fp8_hw_cast(capability(kv.device))
     n = kv.shape[0]
     if not n:
         return pool
     sl = slots.to(torch.int64).contiguous()
-    words = _words(flat) if impl == "words" else None
-    if words is None:
+    words = _words(flat) if impl != "row" else None
+    if words is not None and impl == "quads":
+        r = rows or QUAD_ROWS
+        _store_quads_kernel[(triton.cdiv(n, r),)](kv, sl, flat, flat.view(torch.int32), words, n, kv.stride(0), ROWS=r,
+                                                  HW_CAST=hw, EXACT=interpreting(), EVICT=evict,
+                                                  num_warps=num_warps or QUAD_WARPS)
+    elif words is None:
         _store_kernel[(n,)](kv, sl, flat, flat.view(torch.int16), kv.stride(0), HW_CAST=hw, EXACT=interpreting(),
                             num_warps=num_warps or 2)
     else:

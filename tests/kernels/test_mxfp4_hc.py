@@ -168,7 +168,7 @@ def _hc_inputs(t, n, d, device, dtype):
 def test_hc_pre_split_over_k_and_d_slices(device):
     inp = _hc_inputs(19, 4, 72, device, torch.float32)
     ref = hc.hc_pre_ref(**inp)
-    for tune in ({"s": 1, "ds": 1}, {"s": 3, "ds": 3}):
+    for tune in ({"s": 1, "ds": 1}, {"s": 3, "ds": 3, "rev": True}):
         out = hc.hc_pre(**inp, variant="split", **tune)
         for o, r in zip(out, ref):
             torch.testing.assert_close(o, r, rtol=1e-4, atol=1e-5)

@@ -46,7 +46,8 @@ def test_584_byte_layout_byte_by_byte():
 # test_parity runs the default (words, 4 rows, 2 warps); these are the other paths
 STORE_VARIANTS = [{"impl": "row"}, {"impl": "words", "rows": 16, "num_warps": 8},
                   {"impl": "words", "rows": 8, "num_warps": 4, "evict": "evict_first"},
-                  {"impl": "words", "rows": 4, "stages": 2, "programs": 3}]
+                  {"impl": "words", "rows": 4, "stages": 2, "programs": 3}, {"impl": "quads"},
+                  {"impl": "quads", "rows": 2, "num_warps": 2}]
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -74,7 +75,7 @@ def test_word_load_reads_any_bytes_like_the_reference(device):
     reference does; a non-contiguous ``out`` gets the same rows, its gaps untouched (either kernel)."""
     g = torch.Generator().manual_seed(4)
     pool = torch.randint(0, 256, (3, 8, kv584.TOKEN_BYTES), generator=g, dtype=torch.int32).to(torch.uint8)
-    pool[..., kv584.SCALE_OFFSET:kv584.SCALE_OFFSET + kv584.N_TILES].clamp_(min=1)  # 0 (2^-127) is never written
+    pool[0, :, kv584.SCALE_OFFSET:kv584.SCALE_OFFSET + kv584.N_TILES] = 0  # 2^-127: never written, still decoded
     slots = torch.tensor([3, -1, 23, 0, 9, 9, 17], device=device)
     pool = pool.to(device)
     want = kv584.kv584_load_ref(pool, slots)
@@ -102,6 +103,25 @@ def _e4m3_ties(n: int, gen: torch.Generator) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("impl", ["row", "words"])
+def test_load_decodes_every_scale_byte_exactly(impl, device):
+    """Scale byte b is 2^(b-127) for all 256 bytes (0: the subnormal 2^-127; 255: 2^128 = inf) times every
+    e4m3 code, in the reference and in both load kernels, bit for bit; the reference matches fp64 math."""
+    rows = torch.zeros(256, kv584.TOKEN_BYTES, dtype=torch.uint8)
+    rows[:, :kv584.NOPE_DIM] = ((torch.arange(256)[:, None] + torch.arange(kv584.NOPE_DIM)[None]) % 256).to(torch.uint8)
+    rows[:, kv584.SCALE_OFFSET:kv584.SCALE_OFFSET + kv584.N_TILES] = torch.arange(256).to(torch.uint8)[:, None]
+    want = kv584.unpack_ref(rows)
+    q = rows[:, :kv584.NOPE_DIM].contiguous().view(torch.float8_e4m3fn).double()
+    exact = (q * torch.exp2(torch.arange(256).double() - 127)[:, None]).float()
+    fin = torch.arange(255)  # byte 255 is inf: 0 * inf is NaN in the reference, 0 in fp64 math
+    assert torch.equal(want[fin, :kv584.NOPE_DIM].nan_to_num(), exact[fin].nan_to_num())
+    assert want[0, 1:8].ne(0).all() and want[0, :kv584.NOPE_DIM].nan_to_num().abs().max() < 2.0**-118
+    pool = rows.view(4, 64, kv584.TOKEN_BYTES).to(device)
+    got = kv584.kv584_load(pool, torch.arange(256, device=device), impl=impl).cpu()
+    bits_differ = (got.view(torch.int32) != want.view(torch.int32)) & ~(got.isnan() & want.isnan())
+    assert torch.equal(got.isnan(), want.isnan()) and not bits_differ.any(), bits_differ.nonzero()[:4].tolist()
+
+
+@pytest.mark.parametrize("impl", ["row", "words", "quads"])
 def test_kv584_store_rounds_ties_to_even_at_every_e4m3_step(impl, device):
     x = _e4m3_ties(24, torch.Generator().manual_seed(0))
     x[1, 64:128] = 0.0
@@ -113,7 +133,7 @@ def test_kv584_store_rounds_ties_to_even_at_every_e4m3_step(impl, device):
     assert torch.equal(got, want), (got != want).nonzero()[:8].tolist()
 
 
-@pytest.mark.parametrize("impl", ["row", "words"])
+@pytest.mark.parametrize("impl", ["row", "words", "quads"])
 def test_store_skips_negative_slots_and_load_zeroes_them(impl, device):
     pool = kv584.new_pool(2, 4, device)
     kv = torch.randn(3, 512, device=device)
@@ -136,6 +156,7 @@ def test_word_store_on_a_pool_not_8_byte_aligned_falls_back(device):
     assert kv584._words(kv584.new_pool(2, 3, device).view(-1, kv584.TOKEN_BYTES)) is not None
     kv = torch.randn(4, 512, device=device)
     kv584.kv584_store(kv, pool, torch.tensor([4, 0, 2, 5], device=device), impl="words")
+    kv584.kv584_store(kv, pool, torch.tensor([4, 0, 2, 5], device=device), impl="quads")
     rows = pool.view(-1, kv584.TOKEN_BYTES)[[4, 0, 2, 5]].cpu()
     assert torch.equal(rows, kv584.pack_ref(kv.cpu())) and buf[:2].eq(0).all()
 
@@ -144,7 +165,8 @@ def test_word_store_on_a_pool_not_8_byte_aligned_falls_back(device):
 # other paths (pipe: persistent programs over whole windows, and tile by tile)
 COMPRESS_VARIANTS = [{"impl": "row"}, {"impl": "words", "block_l": 4},
                      {"impl": "unrolled", "entries": 2, "block_l": 4, "num_warps": 4},
-                     {"impl": "pipe", "block_l": 4, "stages": 2}, {"impl": "pipe", "programs": 1, "stages": 3}]
+                     {"impl": "pipe", "block_l": 4, "stages": 2}, {"impl": "pipe", "programs": 1, "stages": 3},
+                     {"impl": "tile"}, {"impl": "tile", "entries": 2, "block_l": 4, "num_warps": 8}]
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -160,7 +182,7 @@ def test_compress_store_variants_pass_the_spec(variant, device):
     assert rows and all(r.passed for r in rows), format_table(rows)
 
 
-@pytest.mark.parametrize("impl", ["row", "words", "unrolled", "pipe"])
+@pytest.mark.parametrize("impl", ["row", "words", "unrolled", "pipe", "tile"])
 def test_compress_store_skips_negative_slots_and_ragged_entry_blocks(impl, device):
     """5 entries (not a multiple of the entries per program), a window of 5 (not a multiple of the rows
     pooled per step), and slot -1: the other slots hold exactly what the reference writes, the rest is
