@@ -93,6 +93,8 @@ X64E = {"block_t": 64, "prefetch": False, "xchg": True, "lazy": False}
 GLUON = {"block_t": 64, "gluon": True, "num_stages": 2}
 VARIANTS: dict[str, dict] = {  # in the order they are timed (a run short of time drops the last)
     "g2": GLUON,
+    "g2-l2": {**GLUON, "l2_prefetch": 1},
+    "g2-bf16": {**GLUON, "part_bf16": True},
     "g2-half": {**GLUON, "waves": 0.5},
     "x64e-l2": {**X64E, "l2_prefetch": 1},
     "x64e-l2d2": {**X64E, "l2_prefetch": 2},

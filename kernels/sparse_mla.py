@@ -443,6 +443,17 @@ if HAVE_GLUON:
                                                mask=oks & (c8 >= 0))
 
     @gluon.jit
+    def _g_prefetch(pool_ptr, idx_ptr, row, K, t0, hi, BT: gl.constexpr, ROW: gl.constexpr, GS: gl.constexpr):
+        """:func:`_prefetch_rows` in Gluon: one ``prefetch.global.L2`` every 80 bytes of each row."""
+        t = t0 + gl.arange(0, BT, layout=gl.SliceLayout(1, GS))
+        slot = gl.load(idx_ptr + row * K + t, mask=t < hi, other=-1)
+        c8 = gl.expand_dims(gl.arange(0, 8, layout=gl.SliceLayout(0, GS)), 0)
+        at = pool_ptr + gl.expand_dims(gl.maximum(slot, 0).to(gl.int64) * ROW, 1) + c8 * 80
+        at = gl.where(gl.expand_dims(slot >= 0, 1), at, pool_ptr)
+        gl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [at.to(gl.int64, bitcast=True)],
+                                  dtype=gl.int32, is_pure=False, pack=1)
+
+    @gluon.jit
     def _g_deq(raw, sc, NT: gl.constexpr, BT: gl.constexpr, L3: gl.constexpr):
         """``NT`` nope tiles (``raw`` [BT, NT*64] bytes in shared memory, ``sc`` [BT, NT] their scale bytes):
         e4m3 times 2^(e-127), exact in bf16."""
@@ -469,7 +480,8 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _sparse_decode_gluon(q_ptr, pool_ptr, pool16_ptr, idx_ptr, sink_ptr, o_ptr, lse_ptr, K, H, qk_scale,
-                             SPLIT: gl.constexpr, STAGES: gl.constexpr, ROW: gl.constexpr, WIDE: gl.constexpr):
+                             SPLIT: gl.constexpr, STAGES: gl.constexpr, ROW: gl.constexpr, WIDE: gl.constexpr,
+                             L2PF: gl.constexpr):
         """:func:`_sparse_decode_kernel`'s online softmax for sm90 with explicit shared memory: the raw bytes of
         the rows ``STAGES - 1`` tiles ahead are gathered by cp.async into a ring while this tile is
         dequantised; the dequantised tile (bf16, wgmma's swizzled layout, one buffer per part of the row so
@@ -491,6 +503,7 @@ if HAVE_GLUON:
         O2: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 32, 16])
         G: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [8, 1], [1, 0])
         GS: gl.constexpr = gl.BlockedLayout([1, 8], [32, 1], [2, 4], [1, 0])
+        PF: gl.constexpr = gl.BlockedLayout([1, 1], [4, 8], [8, 1], [1, 0])
         L3: gl.constexpr = gl.BlockedLayout([1, 1, 8], [4, 1, 8], [8, 1, 1], [2, 1, 0])
         MMA_SL: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
         RAW: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
@@ -542,6 +555,8 @@ if HAVE_GLUON:
             _g_issue(pool_ptr, pool16_ptr, idx_ptr, row, K, t0 + (STAGES - 1) * BT, hi, r0.index(nxt), r1.index(nxt),
                      r2.index(nxt), rr.index(nxt), rw.index(nxt), BT, ROW, G, GS, WIDE)
             async_copy.commit_group()
+            if L2PF:  # and ask L2 for the rows one tile further ahead
+                _g_prefetch(pool_ptr, idx_ptr, row, K, t0 + STAGES * BT, hi, BT, ROW, PF)
             async_copy.wait_group(STAGES - 1)  # this thread's copies of this tile have landed
             gl.thread_barrier()  # and every thread's
             cur = it % STAGES
@@ -638,7 +653,7 @@ def sparse_mla_decode(q: torch.Tensor, pool: torch.Tensor, indices: torch.Tensor
         al = (qc.data_ptr() | pools[0].data_ptr() | idx.data_ptr() | sk.data_ptr() | o.data_ptr()) & 15 == 0
     if args["GLUON"]:
         gargs = {"SPLIT": n_split > 1, "STAGES": args["num_stages"], "ROW": TOKEN_BYTES, "WIDE": args["WIDE"],
-                 "num_warps": 8}
+                 "L2PF": bool(args["L2PF"]), "num_warps": 8}
         if n_split == 1:
             _launch(_sparse_decode_gluon, fast and (fast, 4, al), grid, (qc, pools[0], pools[1], idx, sk, o, sk, k, h,
                     qk), gargs)
