@@ -161,31 +161,57 @@ def _pos_of(flip, s_prefill: int, lens: list[int]) -> int:
     return flip.row % s_prefill if flip.forward == 0 else lens[b] + flip.forward - 1
 
 
+def choice_noise(ref: Run, cand: Run) -> dict[str, float]:
+    """Per data-dependent op, how far rounding moves its selection scores between the two runs on the
+    prefill (same tokens): the 99th percentile over real rows of ``max |score_ref − score_cand|``."""
+    from engine.v4.trace import DATA_CHOICES, choice_scores
+
+    out: dict[str, list[torch.Tensor]] = {}
+    for a, b in zip(ref.trace.of_any(DATA_CHOICES, 0), cand.trace.of_any(DATA_CHOICES, 0)):
+        sa, sb = choice_scores(a), choice_scores(b)
+        if sa is None or sb is None:
+            continue
+        d = (sa - sb.to(sa.device)).nan_to_num(0.0, 0.0, 0.0).abs().amax(dim=-1)
+        if a.valid is not None and a.valid.numel() == d.numel():
+            d = d[a.valid.reshape(-1).to(d.device)]
+        out.setdefault(a.op, []).append(d.float().cpu())
+    return {op: torch.quantile(torch.cat(v), 0.99).item() for op, v in out.items() if torch.cat(v).numel()}
+
+
 def classify(ref: Run, cand: Run, ref_name: str, cand_name: str, lens: list[int]) -> dict:
     """The bench's classification plus, per divergence, the candidate token's gap in the reference's
-    logits and the first discrete flip upstream in that row."""
+    logits, the first discrete flip upstream in that row, and a cause: ``logit near-tie`` (the reference's
+    gap to the candidate's token < 0.1), ``<op> near-tie`` (an upstream router / indexer choice flipped
+    whose margin in the reference's scores is within the rounding shift of those scores), or
+    ``unexplained`` (what a bug would look like)."""
     comp = compare_records(ref.records(), cand.records(), near_tie=NEAR_TIE)
     s0 = max(lens)
     flips = choice_flips(ref.trace, cand.trace)
+    noise = choice_noise(ref, cand)
     prompts = []
     for p in comp.prompts:
-        d = {"prompt": p.index, "status": p.status, "first": p.first_divergence,
-             "ref_margin": p.reference_margin}
+        d: dict = {"prompt": p.index, "status": p.status, "first": p.first_divergence,
+                   "ref_margin": p.reference_margin}
         if p.first_divergence is not None and p.got is not None:
             k = p.first_divergence
             lg = ref.logits[k][p.index]
-            d["gap_to_cand_token"] = (lg[p.expected] - lg[p.got]).item()
+            d["gap_to_cand_token"] = gap = (lg[p.expected] - lg[p.got]).item()
             d["cand_rank_in_ref"] = int((lg > lg[p.got]).sum().item())
             up = [f for f in flips if _row_of(f, s0) == p.index and f.forward <= k]
+            tied = [f for f in up if f.swap_ref <= noise.get(f.op, 0.0)]
             if up:
                 f = up[0]
-                d["first_flip"] = {"forward": f.forward, "layer": f.layer, "op": f.op,
-                                   "pos": _pos_of(f, s0, lens), "ref": f.ref, "cand": f.cand, "margin": f.margin}
+                d["first_flip"] = {"forward": f.forward, "layer": f.layer, "op": f.op, "pos": _pos_of(f, s0, lens),
+                                   "ref": f.ref, "cand": f.cand, "margin": f.margin, "swap_ref": f.swap_ref,
+                                   "swap_cand": f.swap_cand}
             d["flips_upstream"] = len(up)
+            d["cause"] = ("logit near-tie" if gap < NEAR_TIE else
+                          f"{tied[0].op} near-tie (L{tied[0].layer}, margin {tied[0].swap_ref:.4f})" if tied else
+                          "unexplained")
         prompts.append(d)
     counts = {st: sum(p["status"] == st for p in prompts) for st in ("match", "near-tie", "break", "short")}
-    return {"ref": ref_name, "cand": cand_name, "counts": counts, "prompts": prompts,
-            "flips_total": len(flips), "flip_margins": sorted(f.margin for f in flips)[:20]}
+    return {"ref": ref_name, "cand": cand_name, "counts": counts, "prompts": prompts, "choice_noise_p99": noise,
+            "flips_total": len(flips), "flip_margins": sorted(f.swap_ref for f in flips)[:20]}
 
 
 def section_decode(runs: dict, res: dict, lens: list[int]) -> None:
@@ -194,18 +220,21 @@ def section_decode(runs: dict, res: dict, lens: list[int]) -> None:
     for r, c in pairs:
         out = classify(runs[r], runs[c], r, c, lens)
         res["decode"].append(out)
+        noise = ", ".join(f"{op} {v:.4f}" for op, v in out["choice_noise_p99"].items())
         print(f"\n## decode {c} vs {r} (reference {r}): {out['counts']}; {out['flips_total']} discrete choice "
-              f"flips in all (smallest margins {[round(m, 4) for m in out['flip_margins'][:6]]})")
+              f"flips in all (smallest swap margins {[round(m, 4) for m in out['flip_margins'][:6]]}; "
+              f"rounding shift of the choice scores, p99: {noise})")
         print("| prompt | len | status | first step | ref top-2 margin | ref gap to cand token (rank) | "
-              "first flip upstream (fwd, layer, op, pos, margin) | flips upstream |")
-        print("|---|---|---|---|---|---|---|---|")
+              "first flip upstream (fwd, layer, op, pos, swap margin ref / cand) | flips upstream | cause |")
+        print("|---|---|---|---|---|---|---|---|---|")
         for p in out["prompts"]:
             ff = p.get("first_flip")
-            fl = (f"{ff['forward']}, L{ff['layer']}, {ff['op']}, pos {ff['pos']}, {ff['margin']:.4f}" if ff else "-")
+            fl = (f"{ff['forward']}, L{ff['layer']}, {ff['op']}, pos {ff['pos']}, {ff['swap_ref']:.4f} / "
+                  f"{ff['swap_cand']:.4f}" if ff else "-")
             gap = (f"{p['gap_to_cand_token']:.4f} ({p['cand_rank_in_ref']})" if "gap_to_cand_token" in p else "-")
             rm = "-" if p["ref_margin"] is None else f"{p['ref_margin']:.4f}"
             print(f"| {p['prompt']} | {lens[p['prompt']]} | {p['status']} | "
-                  f"{'-' if p['first'] is None else p['first']} | {rm} | {gap} | {fl} | {p.get('flips_upstream', '-')} |")
+                  f"{'-' if p['first'] is None else p['first']} | {rm} | {gap} | {fl} | {p.get('flips_upstream', '-')} | {p.get('cause', '')} |")
 
 
 def section_ablation(models: dict, runs: dict, res: dict, prompts: list[list[int]], steps: int, ops: list[str],
@@ -266,7 +295,7 @@ def main() -> int:
           f"built in {time.perf_counter() - T0:.1f}s")
     runs = {}
     for name in ("torch", "triton", "fp32"):
-        runs[name] = Run(models[name], prompts, args.steps, keep_inputs=name != "triton")
+        runs[name] = Run(models[name], prompts, args.steps, keep_inputs=True)
     res["resolved"] = {k: r.resolved for k, r in runs.items()}
     tri = runs["triton"].resolved
     print("triton backend runs: " + ", ".join(f"{op}={b}" for op, b in sorted(tri.items()))

@@ -127,7 +127,10 @@ class OpTrace:
         return traced
 
     def of(self, op: str, forward: int | None = None) -> list[Call]:
-        return [c for c in self.calls if c.op == op and (forward is None or c.forward == forward)]
+        return self.of_any((op,), forward)
+
+    def of_any(self, ops, forward: int | None = None) -> list[Call]:
+        return [c for c in self.calls if c.op in ops and (forward is None or c.forward == forward)]
 
 
 def _upcast(x):
@@ -250,32 +253,53 @@ def _choice(op: str, out) -> torch.Tensor:
     return out[1] if DISCRETE[op] == 1 else out
 
 
-def choice_margins(call: Call) -> torch.Tensor | None:
-    """Per row of a discrete call: the gap, in its own fp32 scores, between the last chosen and the first
-    left-out candidate (``score[k-th] − score[(k+1)-th]``; +inf where nothing was left out). A flip at a row
-    with a small gap is a near-tie of that choice."""
+def choice_scores(call: Call) -> torch.Tensor | None:
+    """Per row of a discrete call, the fp32 scores it chose by (``[rows, candidates]``): a router's
+    ``score + bias``, the indexer's scores (``-inf`` at invisible entries); None without inputs."""
     if not call.args:
         return None
     if call.op == "topk_route":
         from kernels.hash_routing import scores_ref
 
-        logits, bias, k = call.args[0], call.args[1], call.args[2]
+        logits, bias = call.args[0], call.args[1]
         func = call.args[4] if len(call.args) > 4 else call.kwargs.get("func", "sqrtsoftplus")
         sel = scores_ref(logits, func)
-        if bias is not None:
-            sel = sel + bias.float()
-        top = sel.topk(min(k + 1, sel.shape[-1]), dim=-1).values
-        return top[:, k - 1] - top[:, k] if top.shape[-1] > k else torch.full(top.shape[:1], math.inf)
+        return sel + bias.float() if bias is not None else sel
     if call.op == "indexer_topk":
         from kernels.indexer import indexer_scores_ref
 
-        q, w, keys, nv, scale, k = call.args[:6]
-        s = indexer_scores_ref(q, w, keys, nv, scale).reshape(-1, keys.shape[1])
-        kk = min(k, s.shape[-1])
-        top = s.topk(min(kk + 1, s.shape[-1]), dim=-1).values
-        gap = top[:, kk - 1] - top[:, kk] if top.shape[-1] > kk else torch.full(top.shape[:1], math.inf)
-        return torch.where(torch.isfinite(top[:, -1]), gap, torch.full_like(gap, math.inf))  # all visible chosen
+        q, w, keys, nv, scale = call.args[:5]
+        return indexer_scores_ref(q, w, keys, nv, scale).reshape(-1, keys.shape[1])
     return None
+
+
+def _k(call: Call) -> int:
+    return int(call.args[2] if call.op == "topk_route" else call.args[5])
+
+
+def choice_margins(call: Call) -> torch.Tensor | None:
+    """Per row of a discrete call: the gap, in its own fp32 scores, between the last chosen and the first
+    left-out candidate (``score[k-th] − score[(k+1)-th]``; +inf where nothing was left out). A flip at a row
+    with a small gap is a near-tie of that choice."""
+    sel = choice_scores(call)
+    if sel is None:
+        return None
+    k = min(_k(call), sel.shape[-1])
+    if sel.shape[-1] <= k:
+        return torch.full(sel.shape[:1], math.inf, device=sel.device)
+    top = sel.topk(k + 1, dim=-1).values
+    gap = top[:, k - 1] - top[:, k]
+    return torch.where(torch.isfinite(top[:, k]), gap, torch.full_like(gap, math.inf))  # all visible chosen
+
+
+def swap_margin(sel: torch.Tensor, mine: list[int], theirs: list[int]) -> float:
+    """How much ``sel`` (one row's scores) prefers the picks only ``mine`` has over those only ``theirs`` has:
+    ``min(sel[mine − theirs]) − max(sel[theirs − mine])``; > 0 where ``sel`` made the choice ``mine``."""
+    a = sorted(set(mine) - set(theirs) - {-1})
+    b = sorted(set(theirs) - set(mine) - {-1})
+    if not a or not b:
+        return math.inf
+    return (sel[a].min() - sel[b].max()).item()
 
 
 @dataclass
@@ -286,13 +310,21 @@ class Flip:
     row: int  # flattened token row (b * S + s) of that forward
     ref: list[int]
     cand: list[int]
-    margin: float  # the reference's own gap at this row (see choice_margins)
+    margin: float  # the reference's own top-k boundary gap at this row (see choice_margins)
+    swap_ref: float = float("nan")  # the reference's preference for its picks over the candidate's (>= 0)
+    swap_cand: float = float("nan")  # the same in the candidate's scores (<= 0: it preferred its own)
+
+    @property
+    def shift(self) -> float:
+        """How far the candidate's scores moved across this choice: ``swap_ref − swap_cand``. A flip whose
+        ``swap_ref`` is no larger than the shift the two runs' rounding gives elsewhere is a near-tie."""
+        return self.swap_ref - self.swap_cand
 
 
 def choice_flips(ref: OpTrace, cand: OpTrace) -> list[Flip]:
     """Rows where the two traces' data-dependent choices (router top-k, indexer top-k) differ, in call order
-    (forward, then layer order), with
-    the margin of each choice in the reference's scores (``nan`` where ``ref`` kept no inputs). The traces
+    (forward, then layer order), with the margin of each choice in the reference's scores (``nan`` where
+    ``ref`` kept no inputs) and, where both kept inputs, the swap margins in both runs' scores. The traces
     must come from the same inputs (prompts and tokens) up to the first flip's forward."""
     out: list[Flip] = []
     rc = [c for c in ref.calls if c.op in DATA_CHOICES]
@@ -307,9 +339,15 @@ def choice_flips(ref: OpTrace, cand: OpTrace) -> list[Flip]:
         if not bool(diff.any()):
             continue
         m = choice_margins(a)
+        sc_a, sc_b = choice_scores(a), choice_scores(b)
         for r in diff.nonzero().flatten().tolist():
-            out.append(Flip(a.forward, a.layer, a.op, r, sa[r].tolist(), sb[r].tolist(),
-                            float(m[r]) if m is not None else float("nan")))
+            ra, rb = sa[r].tolist(), sb[r].tolist()
+            f = Flip(a.forward, a.layer, a.op, r, ra, rb, float(m[r]) if m is not None else float("nan"))
+            if sc_a is not None:
+                f.swap_ref = swap_margin(sc_a[r], ra, rb)
+            if sc_b is not None:
+                f.swap_cand = -swap_margin(sc_b[r], rb, ra)
+            out.append(f)
     return out
 
 
