@@ -31,9 +31,10 @@ import re
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Literal
 
-from runner.imports import ImportGraph, _absolute, _statements, run_strings
+from runner.imports import ImportGraph, _absolute, _statements, imports_of, parses, run_strings
 
 ALL: Literal["all"] = "all"
 Changed = frozenset[str] | Literal["all"]
@@ -44,8 +45,13 @@ PURE_DECORATORS = {
     "fixture", "parametrize", "skip", "skipif", "xfail", "no_grad", "inference_mode", "jit", "autotune",
     "heuristics", "compile", "abstractmethod", "overload", "contextmanager", "final", "setter", "getter",
     "total_ordering", "njit", "override", "unique",
+    # kernel DSLs wrap a function into a kernel or device op, registering nothing (CuTe DSL, TileLang/TVM, torch)
+    "dsl_user_op", "kernel", "prim_func", "macro", "script", "custom_fwd", "custom_bwd", "deprecated",
+    "no_type_check", "enable_grad",
 }
 _DYNAMIC_CALLS = {"getattr", "hasattr", "vars", "dir", "getmembers"}
+# in a file's text, ways to reach a module's names without spelling them
+_UNSPELLED = (b"getattr", b"hasattr", b"vars(", b"dir(", b"getmembers", b"import_module", b"__import__")
 
 
 @dataclass(frozen=True)
@@ -131,6 +137,15 @@ class ModuleInfo:
         if not _word(stem, self.text):
             return False
         return names == ALL or any(_word(n, self.text) for n in names)
+
+
+@lru_cache(maxsize=256)
+def _spelled(names: frozenset[str]) -> re.Pattern[bytes]:
+    """Any of ``names`` as a whole word."""
+    if not names:
+        return re.compile(rb"(?!)")
+    alternatives = b"|".join(re.escape(n.encode()) for n in sorted(names, key=len, reverse=True))
+    return re.compile(rb"(?<![\w])(?:" + alternatives + rb")(?![\w])")
 
 
 def _word(name: str, text: bytes) -> bool:
@@ -422,6 +437,8 @@ class Impact:
         via = self.exports.get(mod, {})
         if mod in self.graph.conftests(user):
             return ALL, {}  # fixtures by name and autouse: any change in a conftest reaches its tests
+        if names != ALL and self._spells_none(user, mod, names, via):
+            return frozenset(), {}
         info = self.info(user)
         if names and (info.opaque or info.may_load(mod, names)):  # dotted strings fed to import_module too
             return ALL, {}
@@ -441,6 +458,24 @@ class Impact:
             if names and self._module_object(user, b, mod) and b.local in info.stmts[b.stmt].names:
                 exported[b.local] = names
         return (info.close(seeds) if seeds else frozenset()), exported
+
+    def _spells_none(self, user: str, mod: str, names: frozenset[str], via: dict[str, Changed]) -> bool:
+        """Whether ``user`` provably uses none of ``names`` (nor the modules bound in ``via``) without the
+        full table: none is spelled in its text, and it has no way to reach a name unspelled (``import *``,
+        ``getattr`` & co., run-time imports, a module run in a subprocess). A package ``__init__`` run on the
+        way is an edge of every module below it; most of those never say its names."""
+        blob = self.graph.blob_sha(user) if self.graph.blob_sha else None
+        if not parses(user, blob, self.graph.read):
+            return False  # a file that does not parse may use anything
+        data = self.graph.read(user)
+        if data is None or any(word in data for word in _UNSPELLED):
+            return False
+        stem = mod.rsplit("/", 1)[-1].removesuffix(".py")
+        if stem == "__init__":
+            stem = mod.rsplit("/", 2)[-2] if "/" in mod else stem
+        if _spelled(frozenset(names) | frozenset(via) | {stem}).search(data):
+            return False  # ("from pkg import mod" binds the module: its names need no spelling here)
+        return not any(imp.run or "*" in imp.names for imp in imports_of(user, blob, self.graph.read))
 
     @staticmethod
     def _through_exports(b: Binding, via: dict[str, Changed], info: ModuleInfo) -> Changed:

@@ -103,10 +103,15 @@ def _package_of(path: str) -> list[str]:
 
 
 def parse_imports(path: str, data: bytes) -> list[Import]:
+    return _parse_imports(path, data)[0]
+
+
+def _parse_imports(path: str, data: bytes) -> tuple[list[Import], bool]:
+    """(the imports, whether ``ast`` parsed the file)."""
     try:
         tree = ast.parse(data, filename=path)
     except (SyntaxError, ValueError):
-        return _imports_tree_sitter(path, data)
+        return _imports_tree_sitter(path, data), False
     out: list[Import] = []
     for node in _statements(tree.body):
         if isinstance(node, ast.Import):
@@ -115,7 +120,7 @@ def parse_imports(path: str, data: bytes) -> list[Import]:
             base = _absolute(path, node.module, node.level)
             if base is not None:
                 out.append(Import(base, tuple(a.name for a in node.names)))
-    return out + run_strings(tree)
+    return out + run_strings(tree), True
 
 
 _BLOCKS = ("body", "orelse", "finalbody", "handlers", "cases")
@@ -135,6 +140,7 @@ def _statements(body: list[ast.stmt]):
 
 _CACHE: dict[tuple[str, str], tuple[Import, ...]] = {}
 _CACHE_MAX = 50_000
+_UNPARSED: set[tuple[str, str]] = set()  # (path, blob) that ``ast`` could not parse
 
 
 def imports_of(path: str, blob: str | None, read: Callable[[str], bytes | None]) -> tuple[Import, ...]:
@@ -142,12 +148,27 @@ def imports_of(path: str, blob: str | None, read: Callable[[str], bytes | None])
     if blob is not None and (path, blob) in _CACHE:
         return _CACHE[(path, blob)]
     data = read(path)
-    found = tuple(parse_imports(path, data)) if data is not None else ()
+    found: tuple[Import, ...] = ()
+    parsed = False
+    if data is not None:
+        got, parsed = _parse_imports(path, data)
+        found = tuple(got)
     if blob is not None:
         if len(_CACHE) >= _CACHE_MAX:
             _CACHE.clear()
+            _UNPARSED.clear()
         _CACHE[(path, blob)] = found
+        if not parsed:
+            _UNPARSED.add((path, blob))
     return found
+
+
+def parses(path: str, blob: str | None, read: Callable[[str], bytes | None]) -> bool:
+    """Whether ``ast`` parses the file (False when that is not known: no blob sha to cache by)."""
+    if blob is None:
+        return False
+    imports_of(path, blob, read)
+    return (path, blob) not in _UNPARSED
 
 
 def _absolute(path: str, module: str | None, level: int) -> str | None:

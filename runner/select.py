@@ -312,17 +312,110 @@ def _kernel_sources(config: Config, changes: ChangeSet, head, head_paths: set[st
     covering = [(s, _command_paths(s.command)) for s in config.suites]
     extensions = _declared_extensions(head, head_paths)
     needs: dict[str, str] = {}
+    blob_sha = getattr(head, "blob_sha", None)
+
+    def info(p: str):
+        return info_of(p, blob_sha(p) if blob_sha else None, head.read)
+
     for pkg, srcs in owners.items():
         shown = ", ".join(srcs[:3]) + (f" +{len(srcs) - 3} more" if len(srcs) > 3 else "")
         reason = f"kernel source of {pkg} changed: {shown}"
-        for test_file in _reaching(users, f"{pkg}/", set(test_files)):
+        reached = _reaching(users, f"{pkg}/", set(test_files))
+        seeds = _compiled_code_users(graph, info, users, reached, pkg, srcs, extensions)
+        if seeds:  # the compiled code runs only where the modules that load it (or name the source) are used
+            impact = Impact(graph, info, seeds)
+            impact.run(reached, users)
+            runs: dict[str, str] = {}
+            for test_file in reached:
+                chain = impact.chain(test_file)
+                if chain is not None:
+                    runs[test_file] = chain[-1]
+            reached = sorted(runs)
+        for test_file in reached:
+            why = reason if not seeds else f"{reason}, run through {runs[test_file]}"
             owned = [s for s, cmd_paths in covering if _covers(cmd_paths, test_file)]
             for suite in owned:
-                picks.add(suite.id, reason)
+                picks.add(suite.id, why)
             if not owned:
-                picks.add(f"{PYTEST_PREFIX}{test_file}", reason)
+                picks.add(f"{PYTEST_PREFIX}{test_file}", why)
                 needs[test_file] = gpu_need(graph, test_file, extensions) or f"it runs {pkg}'s compiled code"
     return needs
+
+
+def _compiled_code_users(graph: ImportGraph, info: Callable, users: dict[str, list[str]], reached: list[str],
+                         pkg: str, srcs: list[str], extensions: frozenset[str]) -> dict[str, Changed]:
+    """{module: its names that run the changed compiled code}, for the modules the tests reach.
+
+    Compiled sources run through the modules that import the package's compiled extension (``import
+    pkg._C as _C``, ``from flash_attn_2_cuda import …``: every name using that binding), and JIT-compiled
+    ones also through the code that names the source file (``#include <pkg/impls/x.cuh>`` in a template
+    string). A test that only imports a pure-Python part of the package (a gate, a config, a DSL kernel)
+    runs none of it, though importing the package may load the extension. Empty when no such module is
+    found: then every test importing the package counts.
+    """
+    from runner.imports import Import, imports_of
+    from runner.runnable import EXTENSION_NAME
+
+    names = [posixpath.basename(src).encode() for src in srcs]
+    out: dict[str, Changed] = {}
+    files = sorted({m for m in users if m.endswith(".py")} | set(reached))
+    for path in files:
+        blob = graph.blob_sha(path) if graph.blob_sha else None
+        loads = False
+        for imp in imports_of(path, blob, graph.read):
+            ext = None if imp.run else graph.extension(imp, path, extensions)
+            leaf = ext.rsplit(".", 1)[-1] if ext else ""
+            if ext and (ext.split(".", 1)[0] == pkg or ext in extensions) \
+                    and (leaf in extensions or EXTENSION_NAME.search(leaf)):
+                loads = True
+                break
+        data = graph.read(path) or b""
+        mentions = [n for n in names if n in data]
+        if not loads and not mentions:
+            continue
+        mod = info(path)
+        if mod.opaque:
+            out[path] = ALL
+            continue
+        seeds: set[str] = set()
+        if loads:
+            for b in mod.bindings:
+                imp = Import(b.module, (b.name,) if b.name else ())
+                ext = graph.extension(imp, path, extensions)
+                if ext and (EXTENSION_NAME.search(ext.rsplit(".", 1)[-1]) or ext.rsplit(".", 1)[-1] in extensions):
+                    seeds.add(b.local)
+        lines = {data.count(b"\n", 0, at) + 1 for n in mentions for at in _find_all(data, n)}
+        got = mod.changed_at(sorted(lines)) if lines else frozenset()
+        if got == ALL:
+            out[path] = ALL
+            continue
+        closed = _close_by_name(mod, seeds | set(got))
+        if closed:
+            out[path] = closed
+    return out
+
+
+def _close_by_name(mod, seeds: set[str]) -> frozenset[str]:
+    """``ModuleInfo.close`` without module-level effects: a package that sets its extension up at import
+    (``init_jit()``) runs that setup, not the kernels, for a test that never calls them."""
+    changed = set(seeds)
+    grew = bool(changed)
+    while grew:
+        grew = False
+        for st in mod.stmts:
+            if not st.imports and not st.effect and st.refs & changed and not st.names <= changed:
+                changed |= st.names
+                grew = True
+    return frozenset(changed)
+
+
+def _find_all(data: bytes, needle: bytes) -> list[int]:
+    out: list[int] = []
+    at = data.find(needle)
+    while at >= 0 and len(out) < 64:
+        out.append(at)
+        at = data.find(needle, at + 1)
+    return out
 
 
 def _reaching(users: dict[str, list[str]], prefix: str, test_files: set[str]) -> list[str]:

@@ -153,11 +153,12 @@ def kernel_plan(git_repo, files):
 def test_a_kernel_only_change_selects_the_tests_of_its_package(git_repo):
     plan = kernel_plan(git_repo, {"csrc/gemm.cu": "__global__ void g() { int x = 1; }\n"})
     assert [(s.id, s.runner) for s in plan.suites] == [("pytest:tests/test_gemm.py", "sm90")]
-    assert plan.suites[0].reasons[0] == "kernel source of kern changed: csrc/gemm.cu"
+    assert plan.suites[0].reasons[0] == "kernel source of kern changed: csrc/gemm.cu, run through kern/__init__.py"
     assert plan.suites[0].reasons[-1].endswith("kern/__init__.py imports kern._C, a compiled extension")
 
 
 def test_a_header_inside_a_package_belongs_to_it(git_repo):
     plan = kernel_plan(git_repo, {"kern/include/gemm.cuh": "template <int N> __device__ void gemm() { }\n"})
     assert [s.id for s in plan.suites] == ["pytest:tests/test_gemm.py"]
-    assert plan.suites[0].reasons[0] == "kernel source of kern changed: kern/include/gemm.cuh"
+    assert plan.suites[0].reasons[0] == (
+        "kernel source of kern changed: kern/include/gemm.cuh, run through kern/__init__.py")

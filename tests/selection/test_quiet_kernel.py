@@ -1,0 +1,69 @@
+"""A kernel-source change selects the tests that run the compiled code, on real git repos with no config.
+
+The code runs through the modules that load the package's compiled extension (every name using that
+binding) or, for a JIT header, through the code that names the source file. A test that only imports a
+pure-Python part of the package (a gate, a DSL kernel) is not selected, though importing the package runs
+its ``__init__`` (which loads the extension and sets it up).
+"""
+
+from __future__ import annotations
+
+from checks.config import load_config
+from checks.diff import build_changeset
+from checks.model import AuditOptions, AuditRequest, Findings
+from checks.pillars import map_pillars
+from checks.workspace import Tree, checkout, open_repo
+from runner.select import select_tests
+
+REPO = {
+    "setup.py": "from torch.utils.cpp_extension import CUDAExtension\n"
+                "ext = [CUDAExtension(name='ep._C', sources=['csrc/api.cu'])]\n",
+    "csrc/api.cu": "__global__ void dispatch() {}\n",
+    "ep/include/ep/impls/combine.cuh": "__device__ void combine() {}\n",
+    "ep/include/ep/impls/dispatch.cuh": "__device__ void dispatch() {}\n",
+    "ep/__init__.py": "def init_jit():\n    from ep import _C\n    _C.init_jit('include')\n\n\ninit_jit()\n\n"
+                      "from ep.buffer import Buffer\nfrom ep.jit import combine\n",
+    "ep/buffer.py": "import ep._C as _C\n\n\nclass Buffer:\n    def dispatch(self, x):\n"
+                    "        return _C.dispatch(x)\n",
+    "ep/jit.py": "def combine(x):\n    src = '#include <ep/impls/combine.cuh>'\n    return compile_and_run(src, x)\n\n\n"
+                 "def compile_and_run(src, x):\n    return x\n",
+    "ep/gate.py": "def scores(n):\n    return [0] * n\n",
+    "tests/test_buffer.py": "import ep\n\n\ndef test_b():\n    assert ep.Buffer().dispatch(1)\n",
+    "tests/test_combine.py": "from ep import combine\n\n\ndef test_c():\n    assert combine(1)\n",
+    "tests/test_gate.py": "from ep.gate import scores\n\n\ndef test_g():\n    assert scores(2) == [0, 0]\n",
+}
+
+
+def selected(git_repo, files, tree=REPO):
+    base = git_repo.commit_files(tree, "base")
+    head = git_repo.commit_files(files)
+    co = checkout(AuditRequest(repo=str(git_repo.path), base=base, head=head))
+    config = load_config(open_repo(co.repo), co.base_sha)
+    changes = build_changeset(co)
+    plan = select_tests(config, changes, map_pillars(co, config, changes), Findings(), AuditOptions(),
+                        Tree(co.repo, co.head_sha), "aid")
+    return {s.id.removeprefix("pytest:"): s.reasons[0] for s in plan.suites}
+
+
+def test_compiled_code_runs_through_the_extension_users_not_every_importer(git_repo):
+    got = selected(git_repo, {"csrc/api.cu": "__global__ void dispatch() { int x = 1; }\n"})
+    # test_gate imports ep (its __init__ loads _C and calls init_jit) but runs no kernel; test_combine's
+    # path never touches _C either
+    assert sorted(got) == ["tests/test_buffer.py"]
+    assert got["tests/test_buffer.py"].startswith("kernel source of ep changed: csrc/api.cu, run through ep/")
+
+
+def test_a_jit_header_runs_through_the_code_that_names_it(git_repo):
+    got = selected(git_repo, {"ep/include/ep/impls/combine.cuh": "__device__ void combine() { int y; }\n"})
+    # the extension's users may compile it too (a C++ JIT names it): Buffer; ep.jit.combine names it itself
+    assert sorted(got) == ["tests/test_buffer.py", "tests/test_combine.py"]
+    assert got["tests/test_combine.py"].startswith(
+        "kernel source of ep changed: ep/include/ep/impls/combine.cuh, run through ep/")
+
+
+def test_without_an_extension_user_every_importer_of_the_package_counts(git_repo):
+    tree = {**REPO, "ep/buffer.py": "class Buffer:\n    def dispatch(self, x):\n        return x\n",
+            "ep/__init__.py": "from ep.buffer import Buffer\nfrom ep.jit import combine\n",
+            "ep/jit.py": "def combine(x):\n    return x\n"}
+    got = selected(git_repo, {"csrc/api.cu": "__global__ void dispatch() { int x = 2; }\n"}, tree)
+    assert sorted(got) == ["tests/test_buffer.py", "tests/test_combine.py", "tests/test_gate.py"]
