@@ -444,6 +444,8 @@ def main() -> int:
     ap.add_argument("--noise-repo", action="append", metavar="OWNER/NAME",
                     help="replay these repos forward instead of the data file's noise_repos")
     ap.add_argument("--out", help="write the markdown table here (default benchmarks/results/inference_replay_DATE.md)")
+    ap.add_argument("--fix-repo", action="append", metavar="OWNER/NAME",
+                    help="replay only the fixes of these repos (a quick look at new corpus entries)")
     ap.add_argument("--anchor-rev", metavar="REV",
                     help="also replay this product at an earlier git revision in this run and report before/after")
     args = ap.parse_args()
@@ -451,7 +453,7 @@ def main() -> int:
         return smoke()
     started = dt.datetime.now(dt.UTC)
     data = tomllib.loads(COMMITS.read_text())
-    fixes = data["fix"]
+    fixes = [f for f in data["fix"] if not args.fix_repo or f["repo"] in args.fix_repo]
     noise_names = args.noise_repo or data.get("noise_repos", []) + (data.get("more_noise_repos", []) if args.more else [])
     names = sorted({f["repo"] for f in fixes} | set(noise_names)) if "recall" not in args.skip else sorted(
         set(noise_names))

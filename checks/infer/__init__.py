@@ -26,6 +26,7 @@ from checks.config import Config, Fact, Pillar, Rule
 from checks.infer.families import VERSION, BlobCache, source_files, tree_members
 from checks.infer.mine import build_families, counted_families, mine, mine_counts
 from checks.infer.rules import count_rule, summary, to_config
+from checks.infer.sources import export_lists, export_rule, source_lists, source_rule
 
 MIN_SUPPORT = 4
 
@@ -99,6 +100,8 @@ def infer(
     families = build_families(members, min_size=min_support)
     invariants = mine(families, min_support)
     counts = mine_counts(counted_families(members, min_support), min_support)
+    lists = source_lists(members, tree.paths(), min_support)
+    exports = export_lists(members, min_support)
     t2 = time.perf_counter()
     out = Inferred()
     for inv in invariants:
@@ -117,6 +120,21 @@ def infer(
         seen.add((a.path, a.ctx, b.path, b.ctx))
         facts, rule, line = count_rule(a, b, pillars, severity)
         out.labels[facts[0].id], out.labels[facts[1].id] = a.what(), b.what()
+        out.facts += facts
+        out.rules.append(rule)
+        out.lines.append(line)
+    for sl in lists:
+        facts, rule, line = source_rule(sl, pillars, severity)
+        out.labels[facts[0].id] = f"the source files {sl.path} names"
+        out.labels[facts[1].id] = "among the tree's " + ", ".join(f"*.{e}" for e in sl.exts) + " files"
+        known = {f.id for f in out.facts}
+        out.facts += [f for f in facts if f.id not in known]
+        out.rules.append(rule)
+        out.lines.append(line)
+    for ex in exports:
+        facts, rule, line = export_rule(ex, pillars, severity)
+        out.labels[facts[0].id] = f"the names {ex.path} imports from its package"
+        out.labels[facts[1].id] = f"__all__ of {ex.path}"
         out.facts += facts
         out.rules.append(rule)
         out.lines.append(line)

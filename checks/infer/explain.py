@@ -161,7 +161,8 @@ class Explainer:
             a = raw_name(reader, self.facts.get(have), "key", r.key, r.path, r.line)
             b = raw_name(reader, self.facts.get(lack), "key", o.key, o.path, o.line)
             if a and b:
-                return f" (there {_quote(a)} is written {_quote(b)})" if a != b else ""  # same spelling: nothing to say
+                same = a.strip("\"'") == b.strip("\"'")  # a string and the name it holds: the same spelling
+                return f" (there {_quote(a)} is written {_quote(b)})" if not same else ""  # nothing to say
         return ""
 
     def __call__(self, f: Finding) -> Finding:
@@ -221,12 +222,25 @@ class Explainer:
             for fid in lack:
                 w = self.where(fid, side)
                 missing.append(self.label(fid) + (f" ({w})" if w else ""))
+            files = [x for x in lack if getattr(self.facts.get(x), "lang", "") == "path"]
+            if files:  # a list names a file the tree lacks: the fix is the entry (or the file), not the tree
+                support = _support(rule)
+                return (f"{name} is in {_join(sides)} but no file of the tree is named so "
+                        f"({_join([self.label(x) for x in files])}). Fix: point the entry at the file's new name, "
+                        f"remove it, or restore the file. At the base every one of the {support + ' ' if support else ''}"
+                        f"files it names was in the tree. {_fix(rule)}")
             like = self.written_like(have[0], lack[0], side) if len(lack) == 1 else ""
             n = len(rule.facts)
             support = _support(rule)
             count = f"{support} " if support else ""
             extra = set(rule.options.get("extra_ok", []))
-            if extra and all(x in extra for x in lack):
+            if any("#kept-" in x for x in have):  # a switch dropped a name its closest list still holds
+                besides = next((e.split(" also holds ", 1)[1] for e in rule.evidence if " also holds " in e), "")
+                held = (f"At the base every one of the {count}names of {_join([self.label(x) for x in lack])} "
+                        f"was also in {_join([self.label(x) for x in have])}"
+                        + (f", which had only {besides} besides" if besides else "")
+                        + ", so the code keeps the names they share in step.")
+            elif extra and all(x in extra for x in lack):
                 held = (f"At the base every one of the {count}names in {_join([self.label(x) for x in have])} "
                         f"was also in {_join([self.label(x) for x in lack])}, so the code keeps them in step.")
             else:

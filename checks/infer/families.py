@@ -26,7 +26,7 @@ import tree_sitter as ts
 from checks import syntax
 from checks.facts import read_blobs
 
-VERSION = 17  # bump when a pattern changes: cached rows of an older pattern set are not reused
+VERSION = 18  # bump when a pattern changes: cached rows of an older pattern set are not reused
 MAX_BYTES = 1_000_000  # generated tables and vendored amalgamations say nothing about the code's intent (ggml.c is 0.6 MB, by hand)
 MAX_CACHED = 60_000  # blobs kept in a repo's on-disk member cache before it is pruned to one tree
 
@@ -50,8 +50,14 @@ class Kind:
     # Prefix groups of one file are parallel tables (``kernel_mul_mm_*`` and ``kernel_mul_mm_id_*``): a group
     # leaves out a longer sibling group, and groups of one file may relate to each other.
     siblings: bool = False
+    # Mined apart (checks/infer/sources.py), not as a name family: source files a build list names, the names a
+    # package module imports.
+    apart: bool = False
 
 
+# A string naming a C-family source file, quotes included (no spaces, no interpolation): tree-sitter regex syntax.
+SRC_EXTS = ("cu", "cpp", "cc", "cxx", "c")
+SRC_STRING = "^[rRuUbB]?[\\\"'][A-Za-z0-9_./-]*[A-Za-z0-9_-][.](" + "|".join(SRC_EXTS) + ")[\\\"']$"
 _REGISTER = r"(^|\.)(register\w*|\w+_register|def|impl|define|custom_op|register_fake|add_\w*op\w*)$"
 
 _C = ("c", "cpp", "cuda")
@@ -152,6 +158,21 @@ KINDS: tuple[Kind, ...] = (
         ("python",),
         "(comparison_operator [(identifier) (attribute)] @_ctx (string) @key{pred})\n"
         "(comparison_operator [(identifier) (attribute)] @_ctx [(tuple (string) @key) (list (string) @key) (set (string) @key)]{pred})",
+    ),
+    # A build list's source files: ``"csrc/norm.cu"`` in setup.py or a JIT spec (checks/infer/sources.py).
+    Kind(
+        "src-file",
+        ("python",),
+        "((string) @key (#match? @key \"" + SRC_STRING + "\"){pred})",
+        whole_file=True,
+        apart=True,
+    ),
+    # What a package module imports from itself (``from .chunk import chunk_gla``), against its ``__all__``.
+    Kind(
+        "py-imports",
+        ("python",),
+        "(import_from_statement module_name: (_) @_ctx name: [(dotted_name) @key (aliased_import alias: (identifier) @key)]{pred})",
+        apart=True,
     ),
     Kind(
         "py-register",
@@ -332,8 +353,27 @@ def chunks(lang: str, data: bytes) -> list[tuple[int, bytes]]:
     return out
 
 
+# CMake names sources as bare or quoted words: ``add_library(x csrc/norm.cu ${DIR}/act.cu)``. The file's name is
+# the word after its last ``/``; a name built from a variable (``${N}.cu``) is none.
+CMAKE_SOURCE = r"(?:^|(?<=[\s\"'(]))(?:[\w.${}-]*/)*(?P<key>[\w-]+)\.(?:" + "|".join(SRC_EXTS) + r")(?=[\s\"')]|$)"
+_CMAKE_RE = re.compile(CMAKE_SOURCE, re.M)
+
+
+def _cmake_members(data: bytes) -> list[Member]:
+    text = data.decode("utf-8", "replace")
+    out: list[Member] = []
+    for m in _CMAKE_RE.finditer(text):
+        start = text.rfind("\n", 0, m.start()) + 1
+        if "#" in text[start : m.start()]:
+            continue  # a comment
+        out.append(("src-file", "<module>", m.group(0), text.count("\n", 0, m.start()) + 1, ""))
+    return out
+
+
 def members(lang: str, data: bytes, limit: int = MAX_BYTES) -> list[Member]:
     """Every family member one file holds, as plain tuples (picklable, cacheable)."""
+    if lang == "cmake":
+        return _cmake_members(data) if len(data) <= limit else []
     if len(data) > limit or not may_hold(lang, data):
         return []
     out: list[Member] = []
@@ -495,6 +535,10 @@ METAL_MAX_BYTES = 2_000_000  # one shader library per backend, written by hand
 
 
 def lang_for(path: str) -> str | None:
+    """The grammar inference reads ``path`` with; "cmake" for CMake files (read by a regex, for source lists)."""
+    name = path.rsplit("/", 1)[-1]
+    if name == "CMakeLists.txt" or name.endswith(".cmake"):
+        return "cmake"
     lang = syntax.lang_for_path(path)
     if lang is None and "." in path:
         lang = INFER_EXT.get(path[path.rfind("."):].lower())

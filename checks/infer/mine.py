@@ -103,7 +103,7 @@ class Family:
 class Invariant:
     """A relation that held at base: ``core`` families hold the same names, each ``superset`` holds them all."""
 
-    kind: str  # "same-set" | "table-equal" | "order-equal" (run as table-equal over positions)
+    kind: str  # "same-set" | "table-equal" | "order-equal" (run as table-equal over positions) | "keep" (see _kept)
     core: list[Family]
     supersets: list[Family] = field(default_factory=list)
     exceptions: dict[str, list[str]] = field(default_factory=dict)  # family id → names it may lack
@@ -177,8 +177,8 @@ def build_families(files: list[FileMembers], min_size: int) -> list[Family]:
     langs: dict[tuple, str] = {}
     for fm in files:
         for kind, ctx, raw, line, value in fm.members:
-            if KIND_BY_NAME[kind].fn_key:
-                continue  # counted per function: mine_counts
+            if KIND_BY_NAME[kind].fn_key or KIND_BY_NAME[kind].apart:
+                continue  # counted per function (mine_counts), or mined apart (checks/infer/sources.py)
             key = (kind, fm.lang, ctx) if KIND_BY_NAME[kind].repo_wide else (kind, fm.path, ctx)
             groups[key].append((raw, fm.path, line, value))
             langs[key] = fm.lang
@@ -285,6 +285,9 @@ def mine(families: list[Family], min_support: int, min_ratio: float = 0.5, max_r
             sup = {c for c in sup if not any(families[i].kind == "enum" for i in classes[c])}
         minimal = {c for c in sup if not any(o != c and rel.inside(classes[o], classes[c]) for o in sup)}
         supersets = [max((families[i] for i in classes[c]), key=lambda f: (len(f.names), f.id)) for c in sorted(minimal)]
+        keep = _kept(core, supersets)
+        if keep is not None:
+            out.append(keep)
         switches_only = not declares and not any(f.kind not in _USES for f in supersets)
         if switches_only and any(f.kind != "case" for f in core + supersets):
             continue  # helper functions named alike in two modules is chance, not a registry
@@ -332,6 +335,30 @@ def mine(families: list[Family], min_support: int, min_ratio: float = 0.5, max_r
             out.append(Invariant("table-equal", tables[:2]))
     out.sort(key=lambda inv: (-inv.support, -inv.files, inv.core[0].id))
     return out[:max_rules]
+
+
+KEEP_EXTRAS = 2  # a switch inside a list with at most this many more names keeps the names it shares with it
+
+
+def _kept(core: list[Family], supersets: list[Family]) -> Invariant | None:
+    """A dispatch switch inside a list that has only a name or two more: it keeps every name it shares with it.
+
+    Containment alone says nothing when the switch loses a name (a backend's type switch dropping ``Q5_0``
+    that its sibling still handles): the smaller side may always shrink. When the two differ by at most
+    ``KEEP_EXTRAS`` names (recorded: the list may hold them alone), the switch is the list less those extras,
+    and a name the list still holds that the switch dropped deviates. Switches only (a ``case`` chain is
+    what dispatch looks like), at least ``CASE_CLASS_MIN`` names, and feature predicates need twice as many.
+    """
+    if not supersets or not all(f.kind == "case" for f in core) or len(core[0].names) < CASE_CLASS_MIN:
+        return None
+    if all(_predicate(f) for f in core) and len(core[0].names) < PREDICATE_CLASS_MIN:
+        return None
+    names = set(core[0].names)
+    closest = min(supersets, key=lambda f: (len(set(f.names) - names), f.id))
+    extras = set(closest.names) - names
+    if not extras or len(extras) > KEEP_EXTRAS or any(f.repo_wide for f in core + [closest]):
+        return None
+    return Invariant("keep", list(core), [closest], exceptions={closest.id: sorted(extras)})
 
 
 def _owner(family: Family) -> str:

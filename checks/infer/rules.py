@@ -14,7 +14,7 @@ import re
 
 from checks.config import Fact, Pillar, Rule
 from checks.globs import matches
-from checks.infer.families import KIND_BY_NAME, query_text
+from checks.infer.families import _QUOTE, KIND_BY_NAME, _escape, query_text
 from checks.infer.mine import Counted, Family, Invariant
 
 LANG_GLOBS = {
@@ -106,6 +106,9 @@ def evidence(inv: Invariant, examples: int = 3) -> list[str]:
 
 
 def summary(inv: Invariant) -> str:
+    if inv.kind == "keep":
+        what = _and([f.describe() for f in inv.core])
+        return f"{what} keep{'s' if len(inv.core) == 1 else ''} the names shared with {inv.supersets[0].describe()}"
     if inv.kind == "order-equal":
         return f"{inv.core[0].describe()} and {inv.core[1].describe()} in the same order"
     if inv.kind == "table-equal":
@@ -121,7 +124,22 @@ def _and(items: list[str]) -> str:
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
+def kept_fact_for(family: Family, names: list[str]) -> Fact:
+    """The family's rows restricted to ``names`` (as written at base): what a switch kept in step with it held."""
+    kind = KIND_BY_NAME[family.kind]
+    options: dict = {"sub": {"key": [family.sub, ""]}, "case": "lower"}
+    if kind.scope:
+        options["scope"] = f"function:{family.ctx}"
+    alternation = "|".join(re.escape(n) for n in sorted(names))
+    extra = f'(#match? @key "^{_QUOTE}({_escape(alternation)}){_QUOTE}$")'
+    query = query_text(kind, family.ctx, family.lang, _label(family), extra=extra, not_labels=family.not_labels)
+    digest = hashlib.sha1(alternation.encode()).hexdigest()[:6]
+    return Fact(id=f"{family.id}#kept-{digest}", lang=family.lang, files=list(family.paths), query=query, options=options)
+
+
 def to_config(inv: Invariant, pillars: list[Pillar], severity: str = "warning") -> tuple[list[Fact], Rule]:
+    if inv.kind == "keep":
+        return _keep_config(inv, pillars, severity)
     facts = [positional_fact_for(f) if inv.kind == "order-equal" else fact_for(f) for f in inv.families]
     options: dict = {"field": "value"} if inv.kind == "order-equal" else {}
     if inv.kind == "same-set":
@@ -141,6 +159,34 @@ def to_config(inv: Invariant, pillars: list[Pillar], severity: str = "warning") 
         evidence=evidence(inv),
     )
     return facts, rule
+
+
+def _keep_config(inv: Invariant, pillars: list[Pillar], severity: str) -> tuple[list[Fact], Rule]:
+    """Every name a switch shared with its closest list at base stays in the switch while the list holds it:
+    same-set over the list's rows restricted to those names and the switch, the switch free to hold more."""
+    bigger = inv.supersets[0]
+    shared = [bigger.names[n][0] for n in inv.core[0].names if n in bigger.names]
+    core = [fact_for(f) for f in inv.core]
+    kept = kept_fact_for(bigger, shared)
+    extras = inv.exceptions.get(bigger.id, [])
+    raws = [bigger.names[n][0] for n in extras if n in bigger.names]
+    what = _and([f.describe() for f in inv.core])
+    line = (f"{what} keep{'s' if len(inv.core) == 1 else ''} every name {'it shares' if len(inv.core) == 1 else 'they share'}"
+            f" with {bigger.describe()}, which has only {_and(raws)} besides")
+    rule = Rule(
+        id=rule_id(inv),
+        kind="same-set",
+        facts=[f.id for f in core] + [kept.id],
+        pillar=pillar_of(inv.core[0].paths[0], pillars),
+        severity=severity,
+        message=f"inferred at base (support {inv.support}): {line}",
+        options={"extra_ok": [f.id for f in core]},
+        source="inferred",
+        evidence=[f"support {inv.support}: every one of the {inv.support} names of {what} is also in {bigger.describe()}",
+                  f"allowed to differ: {bigger.what()} also holds {', '.join(raws)}"]
+        + evidence(inv)[1:4],
+    )
+    return [*core, kept], rule
 
 
 def pillar_of(path: str, pillars: list[Pillar]) -> str:

@@ -1,0 +1,166 @@
+"""Lists that name other things of the tree: build lists naming source files, a package's imports and ``__all__``.
+
+Mined apart from the name families (checks/infer/mine.py): their partner is no family of another file.
+
+- **Source lists.** A Python file (setup.py, a JIT spec) or a CMake file whose strings name C-family source files
+  (``"csrc/norm.cu"``, ``add_library(x norm.cu act.cu)``), at least ``min_support`` of them, and whose named files
+  exist in the tree at base (at least 3 in 4; the rest, files built elsewhere or a submodule's, are recorded as
+  allowed): the list names files. A PR that renames or deletes a file the list still names, or adds an entry
+  for a file that is not there, deviates. Names compare by the file's stem (``csrc/norm.cu`` → ``norm``), the
+  way a path fact keys files, so a list naming a file from another directory still finds it.
+- **Exports.** A package's ``__init__.py`` whose ``__all__`` holds exactly the names it imports from its own
+  package (relative imports, or imports from a package its path names), at least ``min_support``: adding one
+  and not the other (a class exported and never imported, an import never exported) deviates.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass, field
+
+from checks.config import Fact, Pillar, Rule
+from checks.infer.families import CMAKE_SOURCE, KIND_BY_NAME, SRC_EXTS, FileMembers, query_text
+from checks.infer.rules import pillar_of
+
+STEM_SUB = r"^.*/|\..*$"  # a listed path's stem, as a path fact's {stem} is the file name up to its first dot
+
+
+def stem(path: str) -> str:
+    return path.rsplit("/", 1)[-1].split(".")[0]
+
+
+@dataclass
+class SourceList:
+    path: str
+    lang: str  # "python" | "cmake"
+    names: dict[str, tuple[str, int]] = field(default_factory=dict)  # stem → (as written, line)
+    absent: list[str] = field(default_factory=list)  # stems not in the tree at base: allowed
+    exts: tuple[str, ...] = ()
+
+
+def source_lists(files: list[FileMembers], paths: list[str], min_support: int) -> list[SourceList]:
+    on_disk = {stem(p) for p in paths if p.rsplit(".", 1)[-1] in SRC_EXTS}
+    out = []
+    for fm in files:
+        names: dict[str, tuple[str, int]] = {}
+        exts: set[str] = set()
+        for kind, _, raw, line, _ in fm.members:
+            if kind != "src-file":
+                continue
+            s = stem(raw)
+            if s:
+                names.setdefault(s, (raw, line))
+                exts.add(raw.rsplit(".", 1)[-1])
+        present = [n for n in names if n in on_disk]
+        if len(present) < min_support or len(present) * 4 < 3 * len(names):
+            continue
+        out.append(SourceList(fm.path, fm.lang, names, sorted(n for n in names if n not in on_disk), tuple(sorted(exts))))
+    return out
+
+
+def _slug(path: str) -> str:
+    return re.sub(r"[^\w.-]+", "-", path)[:40]
+
+
+def _digest(*parts: str) -> str:
+    return hashlib.sha1("\0".join(parts).encode()).hexdigest()[:6]
+
+
+def source_rule(sl: SourceList, pillars: list[Pillar], severity: str = "warning") -> tuple[list[Fact], Rule, str]:
+    """Facts and a same-set rule: every stem the list names is a file of the tree (the tree may hold more)."""
+    options = {"sub": {"key": [STEM_SUB, ""]}}
+    if sl.lang == "cmake":
+        listed = Fact(id=f"src-file@{sl.path}", lang="regex", files=[sl.path], regex=CMAKE_SOURCE, options=options)
+    else:
+        listed = Fact(id=f"src-file@{sl.path}", lang="python", files=[sl.path],
+                      query=query_text(KIND_BY_NAME["src-file"], None, "python"), options=options)
+    disk = Fact(id=f"files:{'+'.join(sl.exts)}", lang="path", files=[f"**/*.{e}" for e in sl.exts],
+                options={"key": "{stem}"})
+    rule_opts: dict = {"extra_ok": [disk.id]}
+    if sl.absent:
+        rule_opts["exceptions"] = {disk.id: list(sl.absent)}
+    n = len(sl.names) - len(sl.absent)
+    where = f"{sl.path}:{min(line for _, line in sl.names.values())}"
+    what = f"source files named in {sl.path}"
+    examples = [f"e.g. {raw} ({sl.path}:{line})" for raw, line in list(sl.names.values())[:3]]
+    rule = Rule(
+        id=f"inferred-src-files-{_slug(sl.path)}-{_digest(listed.id, disk.id)}",
+        kind="same-set",
+        facts=[listed.id, disk.id],
+        pillar=pillar_of(sl.path, pillars),
+        severity=severity,
+        message=f"inferred at base (support {n}): every {what} is a file of the tree",
+        options=rule_opts,
+        source="inferred",
+        evidence=[f"support {n}: every one of the {n} {what} ({where}) is a file of the tree", *examples]
+        + ([f"allowed to differ: {', '.join(sl.names[a][0] for a in sl.absent)} (not in the tree at base)"]
+           if sl.absent else []),
+    )
+    line = f"{rule.id}: every {what} is a file of the tree ({n} files)"
+    return [listed, disk], rule, line
+
+
+# --------------------------------------------------------------------------- exports
+
+
+@dataclass
+class Exports:
+    path: str
+    package: tuple[str, ...]  # the directories of the path: an import from one of them is the package's own
+    names: dict[str, tuple[int, int]] = field(default_factory=dict)  # name → (import line, __all__ line)
+
+
+def _own(module: str, package: tuple[str, ...]) -> bool:
+    return module.startswith(".") or module.split(".", 1)[0] in package
+
+
+def export_lists(files: list[FileMembers], min_support: int) -> list[Exports]:
+    out = []
+    for fm in files:
+        if fm.lang != "python" or fm.path.rsplit("/", 1)[-1] != "__init__.py":
+            continue
+        package = tuple(p for p in fm.path.split("/")[:-1] if p.isidentifier())
+        if not package:
+            continue
+        imported: dict[str, int] = {}
+        listed: dict[str, int] = {}
+        for kind, ctx, raw, line, _ in fm.members:
+            if kind == "py-imports" and _own(ctx, package) and not raw.startswith("_"):
+                imported.setdefault(raw, line)
+            elif kind == "list" and ctx == "__all__" and not raw.startswith("_"):
+                listed.setdefault(raw, line)
+        if len(imported) >= min_support and imported.keys() == listed.keys():
+            out.append(Exports(fm.path, package, {n: (imported[n], listed[n]) for n in imported}))
+    return out
+
+
+def export_rule(ex: Exports, pillars: list[Pillar], severity: str = "warning") -> tuple[list[Fact], Rule, str]:
+    own = "|".join(re.escape(p) for p in ex.package)
+    imports = Fact(id=f"py-imports@{ex.path}", lang="python", files=[ex.path],
+                   query=query_text(KIND_BY_NAME["py-imports"], None, "python",
+                                    extra=f'(#match? @_ctx "^([.]|({_esc(own)})([.]|$))") (#not-match? @key "^_")'))
+    exported = Fact(id=f"list:__all__@{ex.path}", lang="python", files=[ex.path],
+                    query=query_text(KIND_BY_NAME["list"], "__all__", "python", extra="(#not-match? @key \"^[\\\"']_\")"))
+    n = len(ex.names)
+    examples = [f"e.g. {name} ({ex.path}:{a}) = \"{name}\" ({ex.path}:{b})" for name, (a, b) in list(ex.names.items())[:3]]
+    rule = Rule(
+        id=f"inferred-exports-{_slug(ex.path)}-{_digest(imports.id, exported.id)}",
+        kind="same-set",
+        facts=[imports.id, exported.id],
+        pillar=pillar_of(ex.path, pillars),
+        severity=severity,
+        message=f"inferred at base (support {n}): the names {ex.path} imports from its package are its __all__",
+        options={},
+        source="inferred",
+        evidence=[f"support {n}: the {n} names {ex.path} imports from its own package are exactly its __all__",
+                  *examples],
+    )
+    return [imports, exported], rule, f"{rule.id}: the names {ex.path} imports from its package are its __all__ ({n} names)"
+
+
+def _esc(s: str) -> str:
+    return s.replace("\\", "\\\\").replace('"', '\\"')
+
+
+__all__ = ["SourceList", "Exports", "source_lists", "source_rule", "export_lists", "export_rule"]
