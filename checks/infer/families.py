@@ -109,6 +109,9 @@ KINDS: tuple[Kind, ...] = (
         whole_file=True,
         siblings=True,
     ),
+    # Cython mirrors of C++ enums (``cdef enum KNOperatorType:`` in a .pxd): read by a regex (no grammar here), one
+    # family per enum whose members share a prefix, so the rule's regex fact reads exactly that enum at head.
+    Kind("pyx-enum", ("cython",), ""),
     Kind(
         "py-enum",
         ("python",),
@@ -370,8 +373,43 @@ def _cmake_members(data: bytes) -> list[Member]:
     return out
 
 
+_CDEF_ENUM = re.compile(r"(?m)^([ \t]*)c(?:p?def|typedef)[ \t]+(?:extern[ \t]+)?enum[ \t]+(?:class[ \t]+)?(\w+)[ \t]*:[ \t]*(?:#[^\n]*)?$")
+_CDEF_MEMBER = re.compile(r"^([ \t]+)([A-Za-z_]\w*)[ \t]*(?:=[^\n#]*)?,?[ \t]*(?:#.*)?$")
+
+
+def cython_enum_regex(prefix: str) -> str:
+    """The regex fact reading one Cython enum's members at head: indented names starting with its prefix."""
+    return r"(?m)^[ \t]+(?P<key>" + re.escape(prefix) + r"\w*)[ \t]*(?:=[^\n#]*)?,?[ \t]*(?:#[^\n]*)?$"
+
+
+def _cython_members(data: bytes) -> list[Member]:
+    """Members of each ``cdef enum NAME:`` block: the indented ``NAME [= value][,]`` lines under it."""
+    lines = data.decode("utf-8", "replace").split("\n")
+    out: list[Member] = []
+    i = 0
+    while i < len(lines):
+        m = _CDEF_ENUM.match(lines[i])
+        i += 1
+        if not m:
+            continue
+        indent, name = len(m.group(1).expandtabs()), m.group(2)
+        while i < len(lines):
+            line = lines[i]
+            if not line.strip() or line.strip().startswith("#"):
+                i += 1
+                continue
+            mm = _CDEF_MEMBER.match(line)
+            if mm is None or len(mm.group(1).expandtabs()) <= indent:
+                break
+            out.append(("pyx-enum", name, mm.group(2), i + 1, ""))
+            i += 1
+    return out
+
+
 def members(lang: str, data: bytes, limit: int = MAX_BYTES) -> list[Member]:
     """Every family member one file holds, as plain tuples (picklable, cacheable)."""
+    if lang == "cython":
+        return _cython_members(data) if len(data) <= limit else []
     if lang == "cmake":
         return _cmake_members(data) if len(data) <= limit else []
     if len(data) > limit or not may_hold(lang, data):
@@ -539,6 +577,8 @@ def lang_for(path: str) -> str | None:
     name = path.rsplit("/", 1)[-1]
     if name == "CMakeLists.txt" or name.endswith(".cmake"):
         return "cmake"
+    if name.endswith((".pxd", ".pyx", ".pxi")):
+        return "cython"
     lang = syntax.lang_for_path(path)
     if lang is None and "." in path:
         lang = INFER_EXT.get(path[path.rfind("."):].lower())

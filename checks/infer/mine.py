@@ -28,7 +28,7 @@ CUT = r"[\s(<].*$"
 # Families that use names rather than declare them: a relation needs a declaring side (enum, table, registry).
 _USES = {"case", "py-functions", "py-methods"}
 _SIBLINGS = {k.name for k in KINDS if k.siblings}  # prefix groups of one file that may relate to each other
-_ORDERED = {"enum", "array", "list", "py-enum"}  # declarations whose order can carry meaning (indexed tables)
+_ORDERED = {"enum", "array", "list", "py-enum"}  # (a Cython enum mirrors its C++ enum by name: no order fact)  # declarations whose order can carry meaning (indexed tables)
 _INDEXES = {"enum", "py-enum"}  # ... the side whose positions are the indices
 _TABLES = {"array", "list"}  # ... the side indexed by them
 CASE_CLASS_MIN = 8  # switches that agree with no declared list must share at least this many labels
@@ -73,7 +73,7 @@ class Family:
         """The family in words, without its file: ``case labels in ggml_compute_forward`` (a finding adds file:line)."""
         what = {
             "enum": "enum", "case": "case labels in", "array": "array", "c-register": "registrations via",
-            "py-enum": "enum class", "dict": "dict keys of", "list": "list", "compare": "names compared with",
+            "py-enum": "enum class", "pyx-enum": "Cython enum", "dict": "dict keys of", "list": "list", "compare": "names compared with",
             "py-register": "registrations via", "c-map": "map entries of", "py-methods": "methods of class",
             "py-functions": "functions", "dict-values": "dict values of", "host-name": "kernels named",
         }.get(self.kind, self.kind)  # a kind added in families.py alone still reads
@@ -228,6 +228,8 @@ def build_families(files: list[FileMembers], min_size: int) -> list[Family]:
         prefix, suffix = _prefix(names), _suffix(names)
         if KIND_BY_NAME[kind].affixed and not label:
             continue
+        if kind == "pyx-enum" and not prefix:
+            continue  # its regex fact reads an enum by its members' prefix
         paths = sorted({p for _, p, _, _ in rows})
         fam = Family(kind, ctx, langs[key], paths, prefix, suffix, label=label, not_labels=carved.get(key, ()))
         sub = re.compile(fam.sub)
