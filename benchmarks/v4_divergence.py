@@ -266,9 +266,36 @@ def section_ablation(models: dict, runs: dict, res: dict, prompts: list[list[int
             out.append(row)
             print(f"| {op} | " + " | ".join(f"{x['match']}/{x['near-tie']}/{x['break']}" if (x := row.get(k)) else "-"
                                             for k in ("only", "all_but")) + " |")
+        if time.perf_counter() - T0 < budget:  # a rounding-order change alone, with no kernel involved
+            t = models["torch"]
+            t.ops.resolved()
+            saved = t.ops._fns["hc_post"]
+            t.ops._fns["hc_post"] = hc_post_round_once
+            try:
+                dec = V4Decoder(t, len(prompts), max(map(len, prompts)) + steps, graphs=False)
+                gens = dec.generate(prompts, steps)
+            finally:
+                t.ops._fns["hc_post"] = saved
+            comp = compare_records(ref, [GoldenRecord(i, g.prompt, g.tokens, g.margins) for i, g in enumerate(gens)],
+                                   near_tie=NEAR_TIE)
+            row = {"op": "torch, hc_post rounded once", "only": {st: sum(p.status == st for p in comp.prompts)
+                                                                 for st in ("match", "near-tie", "break")}}
+            out.append(row)
+            x = row["only"]
+            print(f"| torch with hc_post rounded once (Triton's order, no kernel) | {x['match']}/{x['near-tie']}/"
+                  f"{x['break']} | - |")
     finally:
         m.ops.use("triton")
     res["ablation"] = out
+
+
+def hc_post_round_once(o: torch.Tensor, x: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
+    """:func:`kernels.hc.hc_post_ref` with the Triton kernel's rounding: the weights cast to ``x.dtype`` as
+    the reference does, then ``post·o + combᵀx`` in fp32 and one rounding (the reference rounds the
+    product, the mix and their sum to bf16 separately, as HF does)."""
+    dt = x.dtype
+    y = post.to(dt).float().unsqueeze(-1) * o.float().unsqueeze(-2)
+    return (y + torch.matmul(comb.to(dt).float().transpose(-1, -2), x.float())).to(dt)
 
 
 def main() -> int:
