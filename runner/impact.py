@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Literal
 
-from runner.imports import ImportGraph, _absolute, _statements, imports_of, parses, run_strings
+from runner.imports import ImportGraph, _absolute, _statements, imports_of, parses, strings_run
 
 ALL: Literal["all"] = "all"
 Changed = frozenset[str] | Literal["all"]
@@ -167,18 +167,52 @@ def _walk(node: ast.AST) -> Iterator[ast.AST]:
         yield cur
 
 
-def _refs(node: ast.AST) -> set[str]:
-    out: set[str] = set()
-    for sub in _walk(node):
-        if isinstance(sub, ast.Name):
-            out.add(sub.id)
-        elif isinstance(sub, ast.Attribute):
-            out.add(sub.attr)
-        elif isinstance(sub, ast.arg):
-            out.add(sub.arg)  # pytest fixtures arrive by parameter name
-        elif isinstance(sub, ast.alias):
-            out.add((sub.asname or sub.name).split(".", 1)[0])
-    return out
+class _Scan:
+    """One walk per statement for everything ``module_info`` reads off a module's expressions: the names each
+    statement references, and, for the whole module, run-time imports, names handed to ``getattr`` & co.,
+    attribute chains off each name, the loaded names that are no chain's base, and the string constants."""
+
+    def __init__(self) -> None:
+        self.by_name = False
+        self.dynamic: set[str] = set()
+        self.attrs: dict[str, set[str]] = {}
+        self.bases: set[int] = set()
+        self.loads: list[ast.Name] = []
+        self.strings: list[str] = []
+
+    def refs(self, node: ast.AST) -> set[str]:
+        out: set[str] = set()
+        name_t, attr_t, arg_t, alias_t, call_t, const_t, load_t = (
+            ast.Name, ast.Attribute, ast.arg, ast.alias, ast.Call, ast.Constant, ast.Load)
+        for sub in _walk(node):
+            cls = sub.__class__
+            if cls is name_t:
+                out.add(sub.id)  # type: ignore[attr-defined]
+                if sub.ctx.__class__ is load_t:  # type: ignore[attr-defined]
+                    self.loads.append(sub)  # type: ignore[arg-type]
+            elif cls is attr_t:
+                out.add(sub.attr)  # type: ignore[attr-defined]
+                owner = sub.value  # type: ignore[attr-defined]
+                self.bases.add(id(owner))
+                chain = [sub.attr]  # type: ignore[attr-defined]
+                while owner.__class__ is attr_t:
+                    chain.append(owner.attr)
+                    owner = owner.value
+                if owner.__class__ is name_t:
+                    self.attrs.setdefault(owner.id, set()).update(chain)
+            elif cls is arg_t:
+                out.add(sub.arg)  # type: ignore[attr-defined]  # pytest fixtures arrive by parameter name
+            elif cls is alias_t:
+                out.add((sub.asname or sub.name).split(".", 1)[0])  # type: ignore[attr-defined]
+            elif cls is call_t:
+                fn = _decorator_name(sub.func)  # type: ignore[attr-defined]
+                if fn in ("import_module", "__import__"):
+                    self.by_name = True
+                elif fn in _DYNAMIC_CALLS and sub.args and isinstance(sub.args[0], ast.Name):  # type: ignore[attr-defined]
+                    self.dynamic.add(sub.args[0].id)  # type: ignore[attr-defined]
+            elif cls is const_t and isinstance(sub.value, str):  # type: ignore[attr-defined]
+                self.strings.append(sub.value)  # type: ignore[attr-defined]
+        return out
 
 
 def _decorator_name(node: ast.expr) -> str:
@@ -237,7 +271,7 @@ def _compound(node: ast.stmt) -> bool:
     return isinstance(node, (ast.If, ast.Try)) or node.__class__.__name__ == "TryStar"
 
 
-def _flat_statements(node: ast.stmt, imported: set[str]) -> list[tuple[Stmt, ast.stmt | None]]:
+def _flat_statements(node: ast.stmt, imported: set[str], scan: _Scan) -> list[tuple[Stmt, ast.stmt | None]]:
     """A top-level statement as Stmts, each with the node its import bindings come from (None: no bindings).
 
     A module-level ``if``/``try`` (``if triton.__version__ >= …: def …/else: raise``, ``try: from x import f;
@@ -249,19 +283,19 @@ def _flat_statements(node: ast.stmt, imported: set[str]) -> list[tuple[Stmt, ast
     if not _compound(node):
         names, effect = _bound(node, imported)
         start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
-        stmt = Stmt(start, node.end_lineno or node.lineno, frozenset(names), frozenset(_refs(node)), effect,
+        stmt = Stmt(start, node.end_lineno or node.lineno, frozenset(names), frozenset(scan.refs(node)), effect,
                     isinstance(node, (ast.Import, ast.ImportFrom)))
         return [(stmt, node)]
     out: list[tuple[Stmt, ast.stmt | None]] = []
     for inner in _block_statements(node):
-        out += _flat_statements(inner, imported)
+        out += _flat_statements(inner, imported, scan)
     names, effect = _bound(node, imported)
     heads: set[str] = set()
     if isinstance(node, ast.If):
-        heads = _refs(node.test)
+        heads = scan.refs(node.test)
     for handler in getattr(node, "handlers", None) or []:
         if handler.type is not None:
-            heads |= _refs(handler.type)
+            heads |= scan.refs(handler.type)
     out.append((Stmt(node.lineno, node.end_lineno or node.lineno, frozenset(names), frozenset(heads), effect), None))
     return out
 
@@ -309,47 +343,26 @@ def module_info(path: str, data: bytes | None) -> ModuleInfo:
     }
     stmts: list[Stmt] = []
     bindings: list[Binding] = []
-    by_name = False
-    dynamic: set[str] = set()
+    scan = _Scan()
     for index, node in enumerate(tree.body):
         if index == 0 and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) \
                 and isinstance(node.value.value, str):
             stmts.append(Stmt(node.lineno, node.end_lineno or node.lineno, frozenset({"__doc__"}), frozenset(), False))
+            scan.strings.append(node.value.value)
             continue  # argparse descriptions and --help read it
-        for stmt, leaf in _flat_statements(node, imported):
+        for stmt, leaf in _flat_statements(node, imported, scan):
             if leaf is not None:
                 bindings += _bindings(path, len(stmts), leaf)
             stmts.append(stmt)
-        for sub in _walk(node):
-            if isinstance(sub, ast.Call):
-                fn = _decorator_name(sub.func)
-                if fn in ("import_module", "__import__"):
-                    by_name = True
-                elif fn in _DYNAMIC_CALLS and sub.args and isinstance(sub.args[0], ast.Name):
-                    dynamic.add(sub.args[0].id)
     refs = frozenset().union(*(s.refs for s in stmts)) if stmts else frozenset()
     trivial = frozenset(
         n for n, line in enumerate(data.splitlines(), 1) if not line.strip() or line.lstrip().startswith(b"#")
     )
-    runs = tuple(dict.fromkeys(imp.module for imp in run_strings(tree)))
-    attrs: dict[str, set[str]] = {}
-    bases: set[int] = set()
-    loads: list[ast.Name] = []
-    for sub in _walk(tree):  # one pass: attribute chains, and the loaded names that are no chain's base
-        if isinstance(sub, ast.Attribute):
-            bases.add(id(sub.value))
-            chain, owner = [sub.attr], sub.value
-            while isinstance(owner, ast.Attribute):
-                chain.append(owner.attr)
-                owner = owner.value
-            if isinstance(owner, ast.Name):
-                attrs.setdefault(owner.id, set()).update(chain)
-        elif isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Load):
-            loads.append(sub)
-    escapes = {sub.id for sub in loads if id(sub) not in bases}
-    return ModuleInfo(tuple(stmts), tuple(bindings), refs, frozenset(dynamic), False, by_name,
-                      data if by_name else b"", trivial, runs, {k: frozenset(v) for k, v in attrs.items()},
-                      frozenset(escapes))
+    runs = tuple(dict.fromkeys(imp.module for imp in strings_run(scan.strings)))
+    escapes = {sub.id for sub in scan.loads if id(sub) not in scan.bases}
+    return ModuleInfo(tuple(stmts), tuple(bindings), refs, frozenset(scan.dynamic), False, scan.by_name,
+                      data if scan.by_name else b"", trivial, runs,
+                      {k: frozenset(v) for k, v in scan.attrs.items()}, frozenset(escapes))
 
 
 _INFO: dict[tuple[str, str], ModuleInfo] = {}
@@ -382,6 +395,10 @@ def importers(graph: ImportGraph, tests: list[str]) -> dict[str, list[str]]:
     return users
 
 
+class OverBudget(RuntimeError):
+    """``Impact.run`` would read more modules than its budget."""
+
+
 @dataclass
 class Impact:
     """Propagates changed names from changed modules to the test files that use them."""
@@ -393,6 +410,8 @@ class Impact:
     # module → {name it binds a changed module to at top level: that module's changed names} (``pkg.sub.f``)
     exports: dict[str, dict[str, Changed]] = field(default_factory=dict, init=False)
     parent: dict[str, str | None] = field(default_factory=dict, init=False)
+    budget: int | None = None  # most modules whose full table may be read; past it run() raises OverBudget
+    _read: set[str] = field(default_factory=set, init=False)
 
     def run(self, tests: list[str], users: dict[str, list[str]] | None = None) -> None:
         """Propagate from the changed modules; ``users`` is ``importers(graph, tests)`` when already known."""
@@ -439,6 +458,10 @@ class Impact:
             return ALL, {}  # fixtures by name and autouse: any change in a conftest reaches its tests
         if names != ALL and self._spells_none(user, mod, names, via):
             return frozenset(), {}
+        if self.budget is not None and user not in self._read:
+            self._read.add(user)
+            if len(self._read) > self.budget:
+                raise OverBudget(f"more than {self.budget} modules to read")
         info = self.info(user)
         if names and (info.opaque or info.may_load(mod, names)):  # dotted strings fed to import_module too
             return ALL, {}

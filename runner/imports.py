@@ -40,8 +40,13 @@ def run_strings(tree: ast.AST) -> list[Import]:
     all of it; these strings are their edges. A dotted string counts only when
     the graph resolves it to a file of the tree.
     """
+    return strings_run(_str_constants(tree))
+
+
+def strings_run(values: Iterable[str]) -> list[Import]:
+    """``run_strings`` over a file's string constants, already collected."""
     out: list[Import] = []
-    for value in _str_constants(tree):
+    for value in values:
         if len(value) > 20_000:
             continue
         if _DOTTED.fullmatch(value):
@@ -277,10 +282,33 @@ class ImportGraph:
                 continue
             leaf = name.rsplit(".", 1)[-1]
             is_module = name == imp.module
+            if not is_module and self._binds(imp.module, importer, leaf):
+                continue  # "from pkg.engine import register_cuda_postproc": a function the module defines
             if (is_module and self.module_file(name.rsplit(".", 1)[0], importer) is not None) \
                     or leaf in declared or EXTENSION_NAME.search(leaf):
                 return name
         return None
+
+    def _binds(self, module: str, importer: str, name: str) -> bool:
+        """Whether the tree's ``module`` itself defines ``name`` (so ``from module import name`` is no submodule):
+        a plain module's names are all its own; a package's ``__init__`` binds a name it defines, assigns or
+        imports from another module (``from .lower import name``), not one it imports as its submodule."""
+        path = self.module_file(module, importer)
+        if path is None:
+            return False
+        if not path.endswith("__init__.py"):
+            return True
+        data = self.read(path) or b""
+        if re.search(rb"(?m)^\s*(?:(?:async\s+)?def|class)\s+%s\b|^\s*%s\s*[:=]" % (re.escape(name.encode()),
+                                                                                re.escape(name.encode())), data):
+            return True
+        blob = self.blob_sha(path) if self.blob_sha else None
+        for imp in imports_of(path, blob, self.read):
+            if name in imp.names and not imp.run:
+                source = self.module_file(imp.module, path)
+                if source is not None and source != path:
+                    return True
+        return False
 
     def module_file(self, name: str, importer: str) -> str | None:
         """The file that ``name`` itself is (its ``__init__.py`` for a package), or None."""

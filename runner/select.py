@@ -27,7 +27,7 @@ import pathspec
 
 from checks.config import CONFIG_PATH, Config, Suite
 from checks.model import AuditOptions, ChangeSet, Findings, PillarMap, PlannedSuite, TestPlan
-from runner.impact import ALL, Binding, Changed, Impact, importers, info_of, static_bindings
+from runner.impact import ALL, Binding, Changed, Impact, OverBudget, importers, info_of, static_bindings
 from runner.imports import ImportGraph, gpu_need
 from runner.outline import Outline, touches_kept_definition
 from runner.runnable import extension_names
@@ -278,6 +278,8 @@ def _automatic(config: Config, changes: ChangeSet, paths: list[str], pillars: Pi
     return needs
 
 
+# modules read to follow compiled code by name; past it the package-wide answer (a superset) is cheaper
+KERNEL_REACH_BUDGET = 300
 KERNEL_SOURCES = (".cu", ".cuh", ".cpp", ".cc", ".cxx", ".c", ".h", ".hpp", ".hh", ".inl")
 
 
@@ -313,6 +315,7 @@ def _kernel_sources(config: Config, changes: ChangeSet, head, head_paths: set[st
     extensions = _declared_extensions(head, head_paths)
     needs: dict[str, str] = {}
     blob_sha = getattr(head, "blob_sha", None)
+    changed_tests = {f.path for f in changes.files} & set(test_files)
 
     def info(p: str):
         return info_of(p, blob_sha(p) if blob_sha else None, head.read)
@@ -322,15 +325,25 @@ def _kernel_sources(config: Config, changes: ChangeSet, head, head_paths: set[st
         reason = f"kernel source of {pkg} changed: {shown}"
         reached = _reaching(users, f"{pkg}/", set(test_files))
         seeds = _compiled_code_users(graph, info, users, reached, pkg, srcs, extensions)
+        runs: dict[str, str] = {}
         if seeds:  # the compiled code runs only where the modules that load it (or name the source) are used
-            impact = Impact(graph, info, seeds)
-            impact.run(reached, users)
-            runs: dict[str, str] = {}
-            for test_file in reached:
-                chain = impact.chain(test_file)
-                if chain is not None:
-                    runs[test_file] = chain[-1]
-            reached = sorted(runs)
+            impact = Impact(graph, info, seeds, budget=KERNEL_REACH_BUDGET)
+            try:
+                impact.run(reached, users)
+            except OverBudget:  # used all over (a compiler's runtime): every test importing the package counts
+                seeds = {}
+            else:
+                for test_file in reached:
+                    chain = impact.chain(test_file)
+                    if chain is not None:
+                        runs[test_file] = chain[-1]
+                reached = sorted(runs)
+        own = [t for t in reached if t in changed_tests]
+        if not seeds and own and len(own) < len(reached):
+            # no narrower path to the compiled code: the tests the PR brings are the ones for its change
+            others = len(reached) - len(own)
+            reason += f" (the PR's own tests; {others} other test file{'s' if others != 1 else ''} import {pkg})"
+            reached = own
         for test_file in reached:
             why = reason if not seeds else f"{reason}, run through {runs[test_file]}"
             owned = [s for s, cmd_paths in covering if _covers(cmd_paths, test_file)]

@@ -67,3 +67,13 @@ def test_without_an_extension_user_every_importer_of_the_package_counts(git_repo
             "ep/jit.py": "def combine(x):\n    return x\n"}
     got = selected(git_repo, {"csrc/api.cu": "__global__ void dispatch() { int x = 2; }\n"}, tree)
     assert sorted(got) == ["tests/test_buffer.py", "tests/test_combine.py", "tests/test_gate.py"]
+
+
+def test_with_no_narrower_path_the_prs_own_tests_stand_for_the_package(git_repo):
+    tree = {**REPO, "ep/buffer.py": "class Buffer:\n    def dispatch(self, x):\n        return x\n",
+            "ep/__init__.py": "from ep.buffer import Buffer\nfrom ep.jit import combine\n",
+            "ep/jit.py": "def combine(x):\n    return x\n"}
+    got = selected(git_repo, {"csrc/api.cu": "__global__ void dispatch() { int x = 2; }\n",
+                              "tests/test_buffer.py": "import ep\n\n\ndef test_b():\n    assert ep.Buffer().dispatch(2)\n"},
+                   tree)
+    assert sorted(got) == ["tests/test_buffer.py"]
