@@ -24,8 +24,8 @@ from typing import Any
 
 from checks.config import Config, Fact, Pillar, Rule
 from checks.infer.families import VERSION, BlobCache, source_files, tree_members
-from checks.infer.mine import build_families, counted_families, mine, mine_counts
-from checks.infer.rules import count_rule, summary, to_config
+from checks.infer.mine import build_families, counted_families, mine, mine_counts, named_constants, self_named
+from checks.infer.rules import count_rule, named_rule, self_named_rule, summary, to_config
 from checks.infer.sources import export_lists, export_rule, source_lists, source_rule
 
 MIN_SUPPORT = 4
@@ -100,6 +100,8 @@ def infer(
     families = build_families(members, min_size=min_support)
     invariants = mine(families, min_support)
     counts = mine_counts(counted_families(members, min_support), min_support)
+    named = self_named(families, min_support)
+    handed = named_constants(members, min_support)
     lists = source_lists(members, tree.paths(), min_support)
     exports = export_lists(members, min_support)
     t2 = time.perf_counter()
@@ -120,6 +122,24 @@ def infer(
         seen.add((a.path, a.ctx, b.path, b.ctx))
         facts, rule, line = count_rule(a, b, pillars, severity)
         out.labels[facts[0].id], out.labels[facts[1].id] = a.what(), b.what()
+        out.facts += facts
+        out.rules.append(rule)
+        out.lines.append(line)
+    for fam in named:
+        facts, rule, line = self_named_rule(fam, pillars, severity)
+        out.labels[facts[0].id] = f"the strings of {fam.what()}"
+        out.labels[facts[1].id] = f"the keys of {fam.what()}"
+        out.facts += facts
+        out.rules.append(rule)
+        out.lines.append(line)
+    done: set[tuple[str, str, frozenset]] = set()
+    for nm in handed:
+        fns = frozenset(fn for _, fn, _ in nm.values.values())
+        if (nm.path, nm.callee, fns) in done:
+            continue  # one function set reached by its prefix and by its suffix
+        done.add((nm.path, nm.callee, fns))
+        facts, rule, line = named_rule(nm, pillars, severity)
+        out.labels[facts[0].id] = f"the constants functions {nm.affix} hand {nm.callee}()"
         out.facts += facts
         out.rules.append(rule)
         out.lines.append(line)

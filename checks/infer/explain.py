@@ -272,6 +272,10 @@ class Explainer:
                             f"(one indexes the other), but the {_nth(pos)} name (bound markers such as COUNT not counted) is {_quote(ra)} at {pa}:{la} and "
                             f"{_quote(rb)} at {pb}:{lb} (inferred: at the base both listed the same names in the same "
                             f"order). Fix: reorder one of them to match the other. {_fix(rule)}")
+                if a_id.endswith("#names") and b_id.endswith("#keys"):  # a map that spells its keys, misspelt
+                    owner = self.label(a_id).removeprefix("the strings of ")
+                    return (f"{owner} spells its key {_quote(rb)} as {_quote(ra)} at {pa}:{la}; at the base every "
+                            f"entry's string named its key. Fix: write the key's name there. {_fix(rule)}")
                 return (f"{_quote(m.group('key'))} maps to {_quote(ra)} in {self.label(a_id)} at {pa}:{la} but to "
                         f"{_quote(rb)} in {self.label(b_id)} at {pb}:{lb} (inferred: at the base the two tables were "
                         f"equal). Fix: make the two entries equal. {_fix(rule)}")
@@ -300,6 +304,21 @@ class Explainer:
             if not d:
                 return None
             key = d.group("key")
+            if rule.id.startswith("inferred-handed-"):  # a function handing on another function's constant
+                got = {p.group("field"): p for p in _PART.finditer(d.group("parts"))}
+                if "task" not in got:
+                    return None
+                where = got["task"].group("where")
+                path, _, line = where.rpartition(":")
+                fact = self.facts.get(rule.facts[0])
+                eq = re.search(r'#eq\? @_\w+ "([^"]+)"', fact.query or "") if fact is not None else None
+                callee = eq.group(1) if eq else "its callee"
+                fn = raw_name(reader, fact, "key", key, path, int(line), up=400) or key
+                const = raw_name(reader, fact, "task", got["task"].group("value"), path, int(line)) or got["task"].group("value")
+                scope = str((fact.options if fact is not None else {}).get("scope", "")).removeprefix("function:")
+                return (f"`{fn}` hands {callee}() `{const}` ({where}), the constant of another function: at the base each "
+                        f"of the functions {scope} there handed it the constant named like itself. Fix: pass the "
+                        f"constant named after `{fn}`. {_fix(rule)}")
             parts, seen = [], set()
             for p in _PART.finditer(d.group("parts")):
                 fid, value = p.group("ref"), p.group("value")

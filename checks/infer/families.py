@@ -26,7 +26,7 @@ import tree_sitter as ts
 from checks import syntax
 from checks.facts import read_blobs
 
-VERSION = 18  # bump when a pattern changes: cached rows of an older pattern set are not reused
+VERSION = 20  # bump when a pattern changes: cached rows of an older pattern set are not reused
 MAX_BYTES = 1_000_000  # generated tables and vendored amalgamations say nothing about the code's intent (ggml.c is 0.6 MB, by hand)
 MAX_CACHED = 60_000  # blobs kept in a repo's on-disk member cache before it is pruned to one tree
 
@@ -91,13 +91,29 @@ KINDS: tuple[Kind, ...] = (
         _C,
         "(assignment_expression left: (subscript_expression argument: [(identifier) (field_expression)] @_ctx "
         "indices: (subscript_argument_list [(identifier) (qualified_identifier) (string_literal)] @key)) "
-        "right: (string_literal){pred})",
+        "right: (string_literal) @value{pred})",
+        values=True,
+    ),
+    # ``if (name == "linear") ... else if (name == "rmsnorm")``: the names a C++ value is tested against.
+    Kind(
+        "c-compare",
+        _C,
+        '(binary_expression left: [(identifier) (field_expression)] @_ctx operator: "==" right: (string_literal) @key{pred})',
     ),
     Kind(
         "c-int",
         _C,
         "(declaration declarator: (init_declarator declarator: (identifier) @_ctx value: (number_literal) @key){pred})",
         ctx_filter=r"^num_\w+$",
+        fn_key=True,
+    ),
+    # The constant a function hands on: ``register_task_variant(TASK_RMSNORM, code)`` in ``register_rmsnorm_task``
+    # (member: the enclosing function, value: the constant). See mine.named_constants.
+    Kind(
+        "c-call-const",
+        _C,
+        "(call_expression function: [(identifier) (field_expression) (qualified_identifier)] @_ctx "
+        'arguments: (argument_list . (identifier) @key (#match? @key "^[A-Z][A-Z0-9]*_[A-Z0-9_]*[A-Z0-9]$")){pred})',
         fn_key=True,
     ),
     # Metal kernels by the name the host looks them up with: ``[[host_name("kernel_mul_mm_q4_0_f32")]]``.
@@ -289,6 +305,7 @@ _C_FAST = tuple(re.compile(p) for p in (
     rb"\]\s*=\s*\{\s*[A-Za-z_\"{]", rb"\]\s*=\s*\"", rb"num_\w+\s*=\s*\d", rb"register\w*\s*\(\s*\"",
     rb"def\w*\s*\(\s*\"", rb"impl\w*\s*\(\s*\"", rb"define\w*\s*\(\s*\"", rb"custom_op\w*\s*\(\s*\"",
     rb"_op\w*\s*\(\s*\"", rb"host_name\s*\(\s*\"",
+    rb"\(\s*[A-Z][A-Z0-9]*_[A-Z0-9_]*[A-Z0-9]\s*[,)]",  # a call handed a constant first
 ))
 
 
@@ -321,10 +338,19 @@ def _chain(piece: bytes) -> bool:
     return False
 
 
+_C_STR_EQ = re.compile(rb'==\s*"')
+
+
+def _string_chain(piece: bytes) -> bool:
+    """Whether ``piece`` compares with at least ``_C_EQ_MIN`` string literals (``name == "linear"``)."""
+    return piece.count(b'"') >= 2 * _C_EQ_MIN and len(_C_STR_EQ.findall(piece)) >= _C_EQ_MIN
+
+
 def _hint(data: bytes, start: int = 0, end: int | None = None) -> bool:
     """Whether ``data[start:end]`` can hold a C-family member."""
     piece = data[start:end] if start or end is not None else data
-    return any(_word(piece, w) for w in _C_WORDS) or any(r.search(piece) for r in _C_FAST) or _chain(piece)
+    return (any(_word(piece, w) for w in _C_WORDS) or any(r.search(piece) for r in _C_FAST) or _chain(piece)
+            or _string_chain(piece))
 
 
 def may_hold(lang: str, data: bytes) -> bool:

@@ -74,7 +74,7 @@ class Family:
         what = {
             "enum": "enum", "case": "case labels in", "array": "array", "c-register": "registrations via",
             "py-enum": "enum class", "pyx-enum": "Cython enum", "dict": "dict keys of", "list": "list", "compare": "names compared with",
-            "py-register": "registrations via", "c-map": "map entries of", "py-methods": "methods of class",
+            "py-register": "registrations via", "c-map": "map entries of", "c-compare": "names compared with", "py-methods": "methods of class",
             "py-functions": "functions", "dict-values": "dict values of", "host-name": "kernels named",
         }.get(self.kind, self.kind)  # a kind added in families.py alone still reads
         if self.label and self.kind == "case":
@@ -363,6 +363,30 @@ def _kept(core: list[Family], supersets: list[Family]) -> Invariant | None:
     return Invariant("keep", list(core), [closest], exceptions={closest.id: sorted(extras)})
 
 
+def self_named(families: list[Family], min_support: int) -> list[Family]:
+    """Maps that name each key: ``task_type_to_name[TASK_LINEAR] = "TASK_LINEAR"``, ``names[OP_ADD] = "add"``.
+
+    When every entry's string, normalised as the keys are, is its key (at least ``min_support`` entries), the
+    map spells its keys, and an entry spelled otherwise (``"TASK_LINAER"``) is a typo the compiler cannot see.
+    """
+    out = []
+    for fam in families:
+        if fam.kind != "c-map" or len(fam.names) < min_support or len(fam.values) != len(fam.names):
+            continue
+        sub = re.compile(fam.sub)
+        strings = [_unquoted(fam.values[n]) for n in fam.names]
+        if not all(NAME.match(v) for v in strings):
+            continue  # descriptions ("rmsnorm kernel"), not names: the cut before a space would make them look alike
+        if all(normalise(v, sub) == n for v, n in zip(strings, fam.names, strict=True)):
+            out.append(fam)
+    return out
+
+
+def _unquoted(text: str) -> str:
+    text = text.strip()
+    return text[1:-1] if len(text) >= 2 and text[0] == text[-1] and text[0] in "\"'" else text
+
+
 def _owner(family: Family) -> str:
     """The class declaring an enum family, when it is nested in one (see families._owner_class)."""
     return next((v[len(OWNER):] for v in family.values.values() if v.startswith(OWNER)), "")
@@ -567,7 +591,7 @@ def counted_families(files: list[FileMembers], min_size: int) -> list[Counted]:
     langs: dict[tuple[str, str, str], str] = {}
     for fm in files:
         for kind, ctx, fn, line, value in fm.members:
-            if KIND_BY_NAME[kind].fn_key and fn and "*" not in fn and "?" not in fn and "[" not in fn:
+            if kind in ("py-calls", "c-int") and fn and "*" not in fn and "?" not in fn and "[" not in fn:
                 per[(kind, fm.path, ctx)][fn].append((line, value))
                 langs[(kind, fm.path, ctx)] = fm.lang
     out: list[Counted] = []
@@ -634,4 +658,56 @@ def _affix_groups(names: list[str], min_size: int) -> list[tuple[str, str]]:
     for s in _prefix_groups([n[::-1] for n in names], min_size):
         suffix = s[::-1]
         out.append((f"*{suffix}", "|".join([CUT, re.escape(suffix) + "$", AFFIXES, "[_-]"])))
+    return out
+
+
+# --------------------------------------------------------------------------- functions named after their constant
+
+
+@dataclass
+class Named:
+    """Functions sharing an affix that each hand ``callee`` the constant named like them (``register_x_task`` →
+    ``register_task_variant(TASK_X, ...)``)."""
+
+    path: str
+    lang: str
+    callee: str
+    affix: str  # the functions' fnmatch scope (``register_*``)
+    sub: str  # function name → key
+    const_sub: str  # constant → key
+    values: dict[str, tuple[str, str, int]] = field(default_factory=dict)  # key → (constant, function, line)
+
+
+def named_constants(files: list[FileMembers], min_support: int) -> list[Named]:
+    """Per file and callee: an affix group of at least ``min_support`` functions, each calling ``callee`` once with
+    a constant, where every constant (its shared ``_`` prefix and the usual affixes dropped) is the function's key.
+    A function handing on another's constant (``register_embedding_task`` passing ``TASK_RMSNORM``) deviates."""
+    per: dict[tuple[str, str], dict[str, list[tuple[int, str]]]] = defaultdict(lambda: defaultdict(list))
+    langs: dict[tuple[str, str], str] = {}
+    for fm in files:
+        for kind, ctx, fn, line, value in fm.members:
+            if kind == "c-call-const" and fn and NAME.match(fn) and NAME.match(ctx.replace("->", ".")):
+                per[(fm.path, ctx)][fn].append((line, value))
+                langs[(fm.path, ctx)] = fm.lang
+    out: list[Named] = []
+    for (path, callee), by_fn in per.items():
+        once = {fn: rows[0] for fn, rows in by_fn.items() if len(rows) == 1}
+        if len(once) < min_support:
+            continue
+        for affix, sub in _affix_groups(sorted(once), min_support):
+            fns = [fn for fn in sorted(once) if _fnmatch(fn, affix)]
+            consts = [once[fn][1] for fn in fns]
+            prefix = _prefix(sorted(set(consts)))
+            const_sub = "|".join([CUT] + (["^" + re.escape(prefix)] if prefix else []) + [AFFIXES, "[_-]"])
+            pattern, cpattern = re.compile(sub), re.compile(const_sub)
+            got = Named(path, langs[(path, callee)], callee, affix, sub, const_sub)
+            for fn in fns:
+                key = pattern.sub("", fn).lower()
+                line, const = once[fn]
+                if not key or normalise(const, cpattern) != key or key in got.values:
+                    break
+                got.values[key] = (const, fn, line)
+            else:
+                if len(got.values) >= min_support and len(set(consts)) == len(consts):
+                    out.append(got)
     return out

@@ -15,7 +15,7 @@ import re
 from checks.config import Fact, Pillar, Rule
 from checks.globs import matches
 from checks.infer.families import _QUOTE, KIND_BY_NAME, _escape, cython_enum_regex, query_text
-from checks.infer.mine import Counted, Family, Invariant
+from checks.infer.mine import Counted, Family, Invariant, Named
 
 LANG_GLOBS = {
     "python": ["**/*.py", "**/*.pyi"],
@@ -192,6 +192,36 @@ def _keep_config(inv: Invariant, pillars: list[Pillar], severity: str) -> tuple[
     return [*core, kept], rule
 
 
+def self_named_rule(family: Family, pillars: list[Pillar], severity: str = "warning") -> tuple[list[Fact], Rule, str]:
+    """A map whose every string names its key: table-equal between the strings and the keys themselves."""
+    kind = KIND_BY_NAME[family.kind]
+    options: dict = {"sub": {"key": [family.sub, ""], "value": [family.sub, ""]}, "case": {"key": "lower", "value": "lower"}}
+    query = query_text(kind, family.ctx, family.lang)
+    strings = Fact(id=f"{family.id}#names", lang=family.lang, files=list(family.paths), query=query, options=options)
+    # The key node captured as the value too: each row's value is its own key.
+    keys_query = query.replace("right: (string_literal) @value", "right: (string_literal)").replace(
+        " @key)", " @key @value)", 1)
+    keys = Fact(id=f"{family.id}#keys", lang=family.lang, files=list(family.paths), query=keys_query, options=options)
+    n = len(family.names)
+    where = family.describe()
+    examples = [f"e.g. {family.names[k][0]} = {family.values[k]} ({family.names[k][1]}:{family.names[k][2]})"
+                for k in list(family.names)[:3]]
+    digest = hashlib.sha1(family.id.encode()).hexdigest()[:6]
+    slug = re.sub(r"[^\w.-]+", "-", family.ctx).strip("-")[:40]
+    rule = Rule(
+        id=f"inferred-names-{slug}-{digest}",
+        kind="table-equal",
+        facts=[strings.id, keys.id],
+        pillar=pillar_of(family.paths[0], pillars),
+        severity=severity,
+        message=f"inferred at base (support {n}): every string of {where} names its key",
+        options={"field": "value"},
+        source="inferred",
+        evidence=[f"support {n}: every one of the {n} strings of {where} spells its key", *examples],
+    )
+    return [strings, keys], rule, f"{rule.id}: every string of {where} names its key ({n} entries)"
+
+
 def pillar_of(path: str, pillars: list[Pillar]) -> str:
     for p in pillars:
         if p.id != "other" and p.paths and matches(p.paths, path):
@@ -250,3 +280,37 @@ def count_rule(a: Counted, b: Counted, pillars: list[Pillar], severity: str = "w
         evidence=evidence,
     )
     return [calls, declared], rule, f"{rule.id}: {line} (support {len(shared)}, 2 files)"
+
+
+# --------------------------------------------------------------------------- functions named after their constant
+
+
+def named_rule(nm: Named, pillars: list[Pillar], severity: str = "warning") -> tuple[list[Fact], Rule, str]:
+    """join-equal within one fact: each function's key equals the key of the constant it hands ``callee``."""
+    digest = hashlib.sha1("\0".join([nm.path, nm.callee, nm.affix]).encode()).hexdigest()[:6]
+    slug = re.sub(r"\W+", "_", nm.callee).strip("_")[:32]
+    fid = f"handed_{slug}_{digest}"
+    query = (f"(call_expression function: [(identifier) (field_expression) (qualified_identifier)] @_ctx "
+             f'arguments: (argument_list . (identifier) @task) (#eq? @_ctx "{_escape(nm.callee)}"))')
+    if nm.lang == "c":
+        query = query.replace(" (qualified_identifier)", "")
+    fact = Fact(id=fid, lang=nm.lang, files=[nm.path], query=query,
+                options={"key": "@function", "scope": f"function:{nm.affix}",
+                         "sub": {"key": [nm.sub, ""], "task": [nm.const_sub, ""]},
+                         "case": {"key": "lower", "task": "lower"}})
+    n = len(nm.values)
+    what = f"functions {nm.affix} in {nm.path}"
+    examples = [f"e.g. {fn} ({nm.path}:{line}) calls {nm.callee}({const}, ...)"
+                for const, fn, line in list(nm.values.values())[:3]]
+    rule = Rule(
+        id=f"inferred-handed-{slug}-{digest}",
+        kind="join-equal",
+        facts=[fid],
+        pillar=pillar_of(nm.path, pillars),
+        severity=severity,
+        message=f"inferred at base (support {n}): each of the {what} hands {nm.callee}() the constant named like it",
+        options={"equal": [f"{fid}.key", f"{fid}.task"]},
+        source="inferred",
+        evidence=[f"support {n}: each of the {n} {what} calls {nm.callee}() with the constant named like it", *examples],
+    )
+    return [fact], rule, f"{rule.id}: each of the {what} hands {nm.callee}() the constant named like it ({n} functions)"
