@@ -12,6 +12,7 @@ work.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import hmac
 import logging
 import re
@@ -28,7 +29,7 @@ from starlette.routing import Route
 
 from bot.events import Ignored, read_delivery
 from bot.payloads import PayloadError
-from bot.queue import JobRow, JobStore
+from bot.queue import JobRow, JobStore, ReplayedDelivery
 from bot.security import page_key, signature_matches, verify_signature
 from bot.settings import BotSettings
 from checks.model import Audit, from_json
@@ -91,7 +92,11 @@ def _decide(settings: BotSettings, store: JobStore, event: str, delivery: str, b
     except PayloadError as exc:
         return _Answer(400, {"error": f"malformed {event} payload: {exc}"[:500], "field": exc.field[:200]})
     job = None if isinstance(decision, Ignored) else decision
-    new, job_id = store.accept(delivery, event, job, max_attempts=settings.max_attempts)
+    try:
+        new, job_id = store.accept(delivery, event, job, max_attempts=settings.max_attempts,
+                                   body_sha=hashlib.sha256(body).hexdigest())
+    except ReplayedDelivery as exc:
+        return _Answer(409, {"error": f"{exc}; a replayed delivery is not acted on"})
     if not new:
         return _Answer(200, {"status": "duplicate", "delivery": delivery, "job": job_id})
     if isinstance(decision, Ignored):

@@ -15,6 +15,7 @@ key run one at a time, and a newer head SHA supersedes an older one.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from bot.commands import MAX_BODY
 from bot.jobs import AuditJob, CollectJob, CommandJob, InstallationJob, Job, JobLoadError, RerunJob
@@ -63,6 +64,22 @@ def is_untrusted(pr: Fields) -> bool:
     return fork or pr.get("author_association", str, required=False) in UNTRUSTED_ASSOCIATIONS
 
 
+def epoch(stamp: str | None) -> float:
+    """GitHub's ISO 8601 time (``2019-05-15T15:20:21Z``) as epoch seconds; 0.0 when absent or unreadable."""
+    if not stamp:
+        return 0.0
+    try:
+        when = datetime.fromisoformat(stamp)
+    except ValueError:
+        return 0.0
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    try:
+        return max(when.timestamp(), 0.0)
+    except (OverflowError, OSError, ValueError):
+        return 0.0
+
+
 def pr_key(repo: str, number: int) -> str:
     return f"{repo}#{number}"
 
@@ -108,6 +125,7 @@ def job_for(event: str, payload: dict, *, audit_drafts: bool = False, app_id: in
             options=AuditOptions(run=True),
             untrusted=is_untrusted(pr),
             actor=pr.get("user.login", str, required=False),
+            pushed=epoch(pr.get("updated_at", str, required=False)),
         )
 
     if event == "issue_comment":
@@ -129,6 +147,7 @@ def job_for(event: str, payload: dict, *, audit_drafts: bool = False, app_id: in
             comment_id=comment.get("id", int),
             body=body,
             actor=comment.get("user.login", str),
+            written=epoch(comment.get("created_at", str, required=False)),
         )
 
     if event == "check_run":
@@ -180,6 +199,14 @@ def job_for(event: str, payload: dict, *, audit_drafts: bool = False, app_id: in
         ours = run_of_event(payload)
         if ours is None:
             return Ignored("workflow run that is not a Drift Audit GPU run")
+        if run.get("event", str, required=False) != "workflow_dispatch":
+            # the bot starts GPU runs with workflow_dispatch, which needs write access; a fork's pull_request
+            # run of its own copy of the workflow can take the same path and run-name, and must not stand in
+            # for (or use up) the run the bot is waiting for
+            return Ignored("workflow run not started by workflow_dispatch (a GPU run is dispatched by the bot)")
+        head_repo = run.get("head_repository.full_name", str, required=False)
+        if head_repo is not None and head_repo != repo:
+            return Ignored("workflow run of another repository's code")
         run_id, audit_id, label = ours
         return CollectJob(
             **common,

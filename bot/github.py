@@ -238,6 +238,7 @@ class GitHubApp:
         self.settings = settings
         self._sleep, self._clock = sleep, clock
         self._tokens: dict[int, _Token] = {}
+        self._issued: list[str] = []  # every token this process minted, newest last: redacted from error text
         self._lock = threading.Lock()
         self._app_auth = Auth.AppAuth(settings.app_id, settings.private_key)
 
@@ -273,7 +274,13 @@ class GitHubApp:
                 auth = self.integration().get_access_token(installation_id)
                 tok = _Token(auth.token, auth.expires_at.timestamp())
                 self._tokens[installation_id] = tok
+                self._issued = [*self._issued[-255:], tok.value]
             return tok.value
+
+    def issued_tokens(self) -> list[str]:
+        """Installation tokens minted by this process (the last 256), for ``bot.security.Redactor``."""
+        with self._lock:
+            return list(self._issued)
 
     def installation_for(self, repo: str) -> int:
         owner, name = repo.split("/", 1)

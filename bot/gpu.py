@@ -10,6 +10,7 @@ that failed.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from typing import Any
 
 from bot.security import Gate
@@ -26,8 +27,10 @@ def actions_module() -> Any | None:
 
 
 class GpuDispatch:
-    def __init__(self, repo, *, gate: Gate, head_sha: str, workflow: str, ref: str):
+    def __init__(self, repo, *, gate: Gate, head_sha: str, workflow: str, ref: str,
+                 redact: Callable[[str], str] = lambda text: text):
         self.repo, self.gate, self.head_sha, self.workflow, self.ref = repo, gate, head_sha, workflow, ref
+        self.redact = redact  # a failed dispatch's reason is published: no secret in it
         self.pending: list[str] = []  # labels dispatched, results not back yet
         self.dispatched: list[str] = []
 
@@ -43,7 +46,7 @@ class GpuDispatch:
                 try:
                     actions.Dispatcher(self.repo, workflow=self.workflow, ref=self.ref).dispatch(plan, labels=[label])
                 except Exception as exc:  # a failed dispatch is a reported outcome, not a crashed audit
-                    reason = f"dispatch to the {label} runners failed: {str(exc)[:300]}"
+                    reason = f"dispatch to the {label} runners failed: {self.redact(str(exc))[:300]}"
                 else:
                     self.pending.append(label)
                     self.dispatched.append(label)

@@ -98,6 +98,7 @@ class AuditJob(_Job):
     actor: str | None = None
     check_run_id: int | None = None  # a re-requested merge-queue run: conclude this run again
     note: str = ""
+    pushed: float = 0.0  # the PR's updated_at (epoch, GitHub's clock) in this push's payload; 0 unknown
 
     @property
     def trigger(self) -> str:
@@ -123,6 +124,7 @@ class AuditJob(_Job):
         _check(self, "actor", str, optional=True)
         _id(self, "check_run_id", optional=True)
         _check(self, "note", str)
+        _check(self, "pushed", (int, float))
 
 
 @dataclass(kw_only=True)
@@ -140,6 +142,8 @@ class CommandJob(_Job):
     actor: str
     head_sha: str | None = None
     received: float = 0.0
+    written: float = 0.0  # the comment's created_at (epoch, GitHub's clock); 0 unknown
+    predates: str | None = None  # the recorded head this comment was written before (it approves nothing)
 
     @property
     def trigger(self) -> str:
@@ -157,6 +161,8 @@ class CommandJob(_Job):
         _check(self, "actor", str)
         _sha(self, "head_sha", optional=True)
         _check(self, "received", (int, float))
+        _check(self, "written", (int, float))
+        _sha(self, "predates", optional=True)
 
 
 @dataclass(kw_only=True)

@@ -110,7 +110,8 @@ class Mirrors:
         if res.returncode != 0:
             err = res.stderr.strip()
             if token:
-                err = err.replace(token, "***")
+                basic = base64.b64encode(f"x-access-token:{token}".encode()).decode()
+                err = err.replace(basic, "***").replace(token, "***")
             raise MirrorError(f"git {' '.join(a for a in args if '://' not in a)[:200]} failed: {err[-500:]}")
 
 

@@ -16,12 +16,14 @@ schema be missing.
 from __future__ import annotations
 
 import json
+import re
 from functools import lru_cache
 from importlib import resources
 from typing import Any
 
 MAX_DEPTH = 64  # GitHub's payloads nest about 8 deep; deeper is hostile and would recurse in validators
 _MISSING = object()
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class PayloadError(ValueError):
@@ -33,9 +35,13 @@ class PayloadError(ValueError):
 
 
 def decode(body: bytes) -> dict[str, Any]:
-    """JSON object, nesting capped at ``MAX_DEPTH``."""
+    """A JSON object in UTF-8, nesting capped at ``MAX_DEPTH``, every string valid Unicode."""
     try:
-        data = json.loads(body)
+        text = body.decode("utf-8")  # GitHub sends UTF-8; json.loads(bytes) would also guess UTF-16 and UTF-32
+    except UnicodeDecodeError as exc:
+        raise PayloadError("$", f"not UTF-8 ({str(exc)[:120]})") from None
+    try:
+        data = json.loads(text)
     except RecursionError:
         raise PayloadError("$", f"nested deeper than {MAX_DEPTH} levels") from None
     except (UnicodeDecodeError, ValueError) as exc:
@@ -47,15 +53,24 @@ def decode(body: bytes) -> dict[str, Any]:
 
 
 def _check_depth(data: Any) -> None:
+    """Nesting capped, and every string (keys too) valid Unicode: JSON's ``\\ud800`` escape decodes to a lone
+    surrogate, which GitHub never sends and which no UTF-8 sink (SQLite, the REST API, a log) can encode."""
     stack: list[tuple[Any, int]] = [(data, 1)]
     while stack:
         value, depth = stack.pop()
         if depth > MAX_DEPTH:
             raise PayloadError("$", f"nested deeper than {MAX_DEPTH} levels")
         if isinstance(value, dict):
-            stack.extend((v, depth + 1) for v in value.values() if isinstance(v, dict | list))
-        elif isinstance(value, list):
-            stack.extend((v, depth + 1) for v in value if isinstance(v, dict | list))
+            if any(_SURROGATE.search(k) for k in value):
+                raise PayloadError("$", "an object key holds a lone surrogate (not valid Unicode)")
+            items: Any = value.values()
+        else:
+            items = value
+        for v in items:
+            if isinstance(v, dict | list):
+                stack.append((v, depth + 1))
+            elif isinstance(v, str) and _SURROGATE.search(v):
+                raise PayloadError("$", "a string holds a lone surrogate (not valid Unicode)")
 
 
 def _type(value: Any) -> str:

@@ -91,8 +91,11 @@ class Publisher:
 
     # ------------------------------------------------------------------ comments
     def _ours(self, comment: Any, marker: str) -> bool:
+        """Written by our account and *opening* with ``marker``: the marker text can also appear inside a
+        code span of a comment we wrote (a commenter's quoted command, a PR's file name), which must never
+        make that comment count as another one."""
         user = comment.user
-        return (marker in (comment.body or "") and user is not None and user.type == "Bot"
+        return (_first_line(comment.body or "") == marker and user is not None and user.type == "Bot"
                 and (user.login or "").lower() == self.login.lower())
 
     def find_comment(self, pr: int, marker: str = COMMENT_MARKER):
@@ -102,7 +105,7 @@ class Publisher:
         return None
 
     def upsert_comment(self, pr: int, body: str, marker: str = COMMENT_MARKER) -> int:
-        if marker not in body:
+        if _first_line(body) != marker:
             body = f"{marker}\n{body}"
         if len(body) > COMMENT_LIMIT:
             body, _ = split_comment(body)
@@ -180,6 +183,10 @@ class Publisher:
 
     def conclude(self, run, conclusion: str, title: str, summary: str) -> None:
         run.edit(status="completed", conclusion=conclusion, output={"title": cap(title, 1000), "summary": cap(summary)})
+
+
+def _first_line(body: str) -> str:
+    return body.split("\n", 1)[0].rstrip("\r")
 
 
 def _annotation(a: Annotation) -> dict:

@@ -39,6 +39,12 @@ class StoreError(RuntimeError):
     """The database cannot be used by this build; the message says why and what to do."""
 
 
+class ReplayedDelivery(ValueError):
+    """A body accepted before arrives under another ``X-GitHub-Delivery``. GitHub keeps the GUID when it
+    redelivers, and the GUID (like the event name) is not covered by the signature, so this is a captured
+    delivery sent again: nothing is recorded or queued."""
+
+
 @dataclass
 class JobRow:
     id: int
@@ -81,8 +87,10 @@ class JobStore(ABC):
     """What handlers and workers need from storage; swap the backend without touching them."""
 
     @abstractmethod
-    def accept(self, delivery: str, event: str, job: Job | None, *, max_attempts: int = 5) -> tuple[bool, int | None]:
-        """Record a delivery and enqueue its job: (first time seen, job id)."""
+    def accept(self, delivery: str, event: str, job: Job | None, *, max_attempts: int = 5,
+               body_sha: str | None = None) -> tuple[bool, int | None]:
+        """Record a delivery and enqueue its job: (first time seen, job id). ``body_sha``: the SHA-256 of the
+        signed body; the same body under another delivery GUID raises ``ReplayedDelivery``."""
 
     @abstractmethod
     def mark_head(self, job_id: int, head_sha: str) -> None:
@@ -230,6 +238,10 @@ class SqliteJobStore(JobStore):
                 if name not in have:
                     tx.execute(f"ALTER TABLE jobs ADD COLUMN {name} {decl}")
             tx.execute("CREATE INDEX IF NOT EXISTS jobs_runs ON jobs(run_state, status)")
+            for table, name, decl in (("deliveries", "body_sha", "TEXT"), ("heads", "updated", "REAL NOT NULL DEFAULT 0")):
+                if name not in {r["name"] for r in tx.execute(f"PRAGMA table_info({table})")}:
+                    tx.execute(f"ALTER TABLE {table} ADD COLUMN {name} {decl}")
+            tx.execute("CREATE INDEX IF NOT EXISTS deliveries_body ON deliveries(body_sha)")
             tx.execute("INSERT OR REPLACE INTO meta(name, value) VALUES ('schema', ?)", (str(STORE_SCHEMA),))
 
     def _db(self) -> sqlite3.Connection:
@@ -258,15 +270,18 @@ class SqliteJobStore(JobStore):
         return self._Tx(self._db())
 
     # ------------------------------------------------------------------ intake
-    def accept(self, delivery: str, event: str, job: Job | None, *, max_attempts: int = 5) -> tuple[bool, int | None]:
+    def accept(self, delivery: str, event: str, job: Job | None, *, max_attempts: int = 5,
+               body_sha: str | None = None) -> tuple[bool, int | None]:
         now = time.time()
         with self._tx() as db:
-            cur = db.execute(
-                "INSERT OR IGNORE INTO deliveries(guid, event, received) VALUES (?, ?, ?)", (delivery, event, now)
-            )
-            if cur.rowcount == 0:
-                row = db.execute("SELECT job_id FROM deliveries WHERE guid = ?", (delivery,)).fetchone()
-                return False, row["job_id"]
+            row = db.execute("SELECT job_id FROM deliveries WHERE guid = ?", (delivery,)).fetchone()
+            if row is not None:
+                return False, row["job_id"]  # GitHub's redelivery keeps the GUID
+            if body_sha is not None and db.execute(
+                    "SELECT 1 FROM deliveries WHERE body_sha = ? LIMIT 1", (body_sha,)).fetchone() is not None:
+                raise ReplayedDelivery("this body was delivered before under another X-GitHub-Delivery")
+            db.execute("INSERT INTO deliveries(guid, event, received, body_sha) VALUES (?, ?, ?, ?)",
+                       (delivery, event, now, body_sha))
             if job is None:
                 return True, None
             job = self._pin(db, job, now)
@@ -285,13 +300,19 @@ class SqliteJobStore(JobStore):
     def _pin(db: sqlite3.Connection, job: Job, now: float) -> Job:
         """A PR push records the PR's head; a command is pinned to the head recorded when it arrives."""
         if isinstance(job, AuditJob) and job.cause == "pull_request" and job.pr is not None:
-            db.execute(
-                "INSERT INTO heads(repo, pr, head_sha, seen) VALUES (?, ?, ?, ?) ON CONFLICT(repo, pr)"
-                " DO UPDATE SET head_sha = excluded.head_sha, seen = excluded.seen",
-                (job.repo, job.pr, job.head_sha, now),
+            db.execute(  # ``updated``: when GitHub says this head arrived (kept while the head stays the same)
+                "INSERT INTO heads(repo, pr, head_sha, seen, updated) VALUES (?, ?, ?, ?, ?) ON CONFLICT(repo, pr)"
+                " DO UPDATE SET updated = CASE WHEN heads.head_sha = excluded.head_sha THEN heads.updated"
+                " ELSE excluded.updated END, head_sha = excluded.head_sha, seen = excluded.seen",
+                (job.repo, job.pr, job.head_sha, now, job.pushed),
             )
         if isinstance(job, CommandJob) and job.head_sha is None:
-            row = db.execute("SELECT head_sha FROM heads WHERE repo = ? AND pr = ?", (job.repo, job.pr)).fetchone()
+            row = db.execute("SELECT head_sha, updated FROM heads WHERE repo = ? AND pr = ?",
+                             (job.repo, job.pr)).fetchone()
+            if row is not None and job.written and row["updated"] and job.written <= row["updated"]:
+                # written before that head was pushed (a delivery that arrives late, a redelivery, a replay):
+                # the writer approved an older commit, never this one
+                return replace(job, head_sha=None, predates=row["head_sha"], received=now)
             job = replace(job, head_sha=row["head_sha"] if row else None, received=now)
         return job
 

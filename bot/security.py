@@ -8,9 +8,11 @@ from the payload's ``author_association`` alone.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
-from collections.abc import Iterable
+import logging
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +48,51 @@ def signature_matches(secret: str, blocks: Iterable[bytes], header: str | None) 
     return hmac.compare_digest(("sha256=" + mac.hexdigest()).encode(), header.strip().encode())
 
 
+class Redactor:
+    """Removes every secret the service holds from text bound for a log line, a check run, a comment, the
+    details page or the job table: the webhook secret, the results key, the App's private key (whole and line
+    by line), and each installation token minted so far (raw, and in the Basic form git sends). Error text
+    comes from libraries, git and GitHub, which may echo a header or a URL; this is the last filter before it
+    leaves the process."""
+
+    MIN_LENGTH = 6  # shorter "secrets" are not secret, and replacing them would garble every message
+
+    def __init__(self, settings: Any, tokens: Callable[[], Iterable[str]] = lambda: ()):
+        self.settings, self.tokens = settings, tokens
+
+    def secrets(self) -> list[str]:
+        s = self.settings
+        found = [s.webhook_secret, s.results_key, s.private_key.strip()]
+        found += [line.strip() for line in s.private_key.splitlines() if "-----" not in line]
+        for token in self.tokens():
+            found += [token, base64.b64encode(f"x-access-token:{token}".encode()).decode()]
+        return sorted({v for v in found if v and len(v) >= self.MIN_LENGTH}, key=len, reverse=True)
+
+    def __call__(self, text: str) -> str:
+        for secret in self.secrets():
+            if secret in text:
+                text = text.replace(secret, "***")
+        return text
+
+
+class RedactingFilter(logging.Filter):
+    """A logging filter that passes every record through a ``Redactor``, its traceback included."""
+
+    def __init__(self, redact: Redactor):
+        super().__init__()
+        self.redact = redact
+        self._format = logging.Formatter()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.msg, record.args = self.redact(record.getMessage()), ()
+        if record.exc_info and not record.exc_text:
+            record.exc_text = self._format.formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = self.redact(record.exc_text)
+        record.exc_info = None if record.exc_text else record.exc_info
+        return True
+
+
 def page_key(secret: str, page: str) -> str:
     """The capability in a details-page link: audit pages of private repos are not for anyone who guesses ids."""
     return hmac.new(secret.encode(), f"audit-page:{page}".encode(), hashlib.sha256).hexdigest()[:32]
@@ -68,7 +115,8 @@ class Permission:
 
     @property
     def writes(self) -> bool:
-        return self.push or self.permission in ("admin", "write") or self.role_name in WRITER_PERMISSIONS
+        """By what the role grants, never by its name: a custom role may be called anything."""
+        return self.push or self.permission in ("admin", "write")
 
 
 def permission_of(repo: Any, login: str | None) -> Permission:
@@ -95,12 +143,13 @@ def is_writer(repo: Any, login: str | None) -> bool:
     return permission_of(repo, login).writes
 
 
-def gpu_gate(repo: Any, *, trigger: str, untrusted: bool, actor: str | None) -> Gate:
-    """May this request's suites go to self-hosted runners?"""
+def gpu_gate(repo: Any, *, trigger: str, untrusted: bool, actor: str | None, writer: bool | None = None) -> Gate:
+    """May this request's suites go to self-hosted runners? ``writer``: the actor's write access when the
+    caller has asked already (else it is asked here)."""
     if trigger == "merge_group":
         return Gate(True, "")  # only code a writer queued reaches the merge queue
     if trigger in ("comment", "check_run"):
-        if is_writer(repo, actor):
+        if writer if writer is not None else is_writer(repo, actor):
             return Gate(True, "")
         return Gate(False, f"GPU suites need a /audit from someone with write access (@{actor} has none)")
     if untrusted:

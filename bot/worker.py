@@ -38,7 +38,7 @@ from bot.mirror import Mirrors
 from bot.payloads import Fields
 from bot.publish import Publisher, reply_marker, split_comment
 from bot.queue import DONE, FAILED, SUPERSEDED, AuditRecord, JobRow, JobStore
-from bot.security import Gate, details_url, gpu_gate
+from bot.security import Gate, RedactingFilter, Redactor, details_url, gpu_gate, is_writer
 from bot.settings import BotSettings
 from bot.sweeper import Sweeper
 from checks.config import ConfigError
@@ -47,6 +47,7 @@ from runner.report.safe import code
 from runner.select import SelectionError
 
 log = logging.getLogger("drift_audit.worker")
+LOGGERS = ("drift_audit.worker", "drift_audit.sweeper", "drift_audit.app")  # what a Service's redactor filters
 PERMANENT_HTTP = (400, 401, 404, 410, 422)
 
 
@@ -138,6 +139,10 @@ class Service:
         self._login: str | None = settings.bot_login or None
         self.sweeper = Sweeper(store, self._repo_of, settings.check_name, gpu_timeout=settings.gpu_timeout,
                                announce_wait=settings.announce_wait)
+        self.redact = Redactor(settings, self.app.issued_tokens)  # every error text passes it on its way out
+        self._log_filter = RedactingFilter(self.redact)
+        for name in LOGGERS:
+            logging.getLogger(name).addFilter(self._log_filter)
 
     # ------------------------------------------------------------------ pool
     def start(self, workers: int | None = None) -> None:
@@ -159,6 +164,8 @@ class Service:
         self._announce.set()
         for t in self._threads:
             t.join(timeout=30)
+        for name in LOGGERS:
+            logging.getLogger(name).removeFilter(self._log_filter)
 
     def wake(self) -> None:
         self._wake.set()
@@ -247,14 +254,15 @@ class Service:
 
     def _failed_attempt(self, row: JobRow, owner: str, exc: Exception) -> None:
         permanent = isinstance(exc, GithubException) and exc.status in PERMANENT_HTTP
-        text = f"{type(exc).__name__}: {exc}"
+        text = self.redact(f"{type(exc).__name__}: {exc}")
         log.warning("job %s attempt %s failed: %s", row.id, row.attempts, text)
         if permanent:
             self.store.finish(row.id, owner, FAILED, error=text)
             status = FAILED
         else:
             delay = self.settings.retry_backoff * 2 ** max(row.attempts - 1, 0)
-            status = self.store.retry_later(row.id, owner, text + "\n" + traceback.format_exc()[-1500:], delay)
+            trace = self.redact(traceback.format_exc())[-1500:]
+            status = self.store.retry_later(row.id, owner, text + "\n" + trace, delay)
         if status == FAILED:
             self._report_failure(row, text)
 
@@ -351,7 +359,7 @@ class Service:
         mirror = self.mirrors.fetch(job.repo, clone, [task.base_sha, task.head_sha], token)
         dispatch = GpuDispatch(
             repo, gate=task.gate, head_sha=task.head_sha, workflow=self.settings.gpu_workflow,
-            ref=repo.default_branch,
+            ref=repo.default_branch, redact=self.redact,
         )
         request = AuditRequest(
             repo=mirror, base=task.base_sha, head=task.head_sha, pr=task.pr, trigger=task.trigger,  # type: ignore[arg-type]
@@ -361,7 +369,7 @@ class Service:
         audit = _plan_and_run(request, dispatch, blob_url=blob_url, details_url=details)
         beat.check()
         if isinstance(audit, Unrunnable):
-            task.outcome = audit
+            audit = task.outcome = Unrunnable(self.redact(audit.message))
             pub.conclude(run, "neutral", "The audit could not run", code(audit.message[:3000]))
             self.store.close_run(row.id)
             if task.reply_to and task.pr is not None:
@@ -468,6 +476,12 @@ class Service:
                                   "to audit the new head.")
             pub.react(job.comment_id, "confused")
             return SUPERSEDED
+        writer = is_writer(repo, job.actor)
+        refusal = None if writer else self._refusal(job, cmd, head)
+        if refusal:
+            self._reply(pub, job, refusal)
+            pub.react(job.comment_id, "confused")
+            return DONE
         options = cmd.options
         if cmd.action == "retry":
             last = self.store.latest_audit(job.repo, job.pr)
@@ -481,18 +495,39 @@ class Service:
             self.store.record_head(job.repo, job.pr, head)  # so the next /audit is pinned to it
         self.store.mark_head(row.id, head)
         untrusted = is_untrusted(Fields(pr.raw_data))
-        gate = self._command_gate(repo, job, cmd, untrusted, head)
+        gate = self._command_gate(repo, job, cmd, untrusted, head, writer)
         task = AuditTask(
             head_sha=head, base_sha=pr.base.sha, pr=job.pr, trigger="comment", options=options, gate=gate,
             external_id=f"job:{row.id}", reply_to=job.comment_id, command=cmd.text,
         )
         status = self._audit(row, task, job, repo, beat)
-        denied = cmd.wants_gpu and not gate.allowed
+        denied = (cmd.wants_gpu or job.predates is not None) and not gate.allowed
         pub.react(job.comment_id, "confused" if denied or task.outcome else "rocket")
         return status
 
-    def _command_gate(self, repo: Any, job: CommandJob, cmd: Command, untrusted: bool, head: str) -> Gate:
-        gate = gpu_gate(repo, trigger="comment", untrusted=untrusted, actor=job.actor)
+    def _refusal(self, job: CommandJob, cmd: Command, head: str) -> str | None:
+        """Why a command from someone without write access changes nothing, or None when it may run.
+
+        Only a plain ``/audit`` of a head the bot has not audited yet runs (its GPU suites wait for a writer).
+        Anything else would publish a new check run and comment for a head that already has them, from an
+        audit that ran less (GPU suites not run, pillars or suites narrowed): GitHub shows the newest run of
+        a check, so a failed GPU suite or finding would read as passed without anything having passed."""
+        who = f"{job.actor} has none"
+        if cmd.action != "audit":
+            return (f"{code(cmd.text[:200])} changes what the audit runs or reports, which needs write access to "
+                    f"the repository ({who}). A writer can say it instead.")
+        last = self.store.latest_audit(job.repo, job.pr)
+        if last is not None and last.head_sha == head:
+            return (f"The audit of `{head[:12]}` stands: re-running it needs write access to the repository "
+                    f"({who}).")
+        return None
+
+    def _command_gate(self, repo: Any, job: CommandJob, cmd: Command, untrusted: bool, head: str,
+                      writer: bool) -> Gate:
+        gate = gpu_gate(repo, trigger="comment", untrusted=untrusted, actor=job.actor, writer=writer)
+        if gate.allowed and untrusted and job.predates:
+            return Gate(False, f"this command was written before {job.predates[:12]} was pushed, and an approval "
+                               f"covers the commit it was written for; say /audit again to approve {head[:12]}")
         if gate.allowed and untrusted and job.head_sha is None:
             return Gate(False, "the bot had not seen this pull request's head when the command arrived, so it "
                                f"approves no commit for GPU runners; say /audit again to approve {head[:12]}")
@@ -534,7 +569,7 @@ class Service:
         except Exception as exc:  # missing / malformed / oversized artifact: error rows, never a silent pass
             if isinstance(exc, GithubException) and exc.status >= 500:
                 raise
-            reason = f"results unusable: {exc}"[:600]
+            reason = self.redact(f"results unusable: {exc}")[:600]
             incoming = Results(
                 record.audit_id,
                 record.head_sha,

@@ -246,5 +246,7 @@ def workflow_run_payload(run: dict, *, repo: str = REPO, installation: int = 1) 
     p = fixture_payload("workflow_run.completed")
     p["installation"] = installation_lite(installation)
     p["repository"]["full_name"] = repo
-    p["workflow_run"].update({k: run[k] for k in ("id", "head_sha", "display_title", "path", "status", "conclusion")})
+    p["workflow_run"].update({k: run[k] for k in ("id", "head_sha", "display_title", "path", "status", "conclusion",
+                                                  "event")})
+    p["workflow_run"]["head_repository"] = dict(p["workflow_run"]["head_repository"], full_name=repo)
     return p

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 
 from bot.publish import COMMENT_MARKER, reply_marker
 from checks.model import DeviceFingerprint, Results, SuiteResult
@@ -26,7 +27,8 @@ def _comment_payload(number: int, body: str, user: str, comment_id: int) -> dict
     p["installation"] = installation_lite(1)
     p["repository"]["full_name"] = REPO
     p["issue"].update(number=number, pull_request={"url": f"https://api.github.com/repos/{REPO}/pulls/{number}"})
-    p["comment"].update(id=comment_id, body=body)
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())  # written now, after every push the tests make
+    p["comment"].update(id=comment_id, body=body, created_at=now, updated_at=now)
     p["comment"]["user"] = dict(p["comment"]["user"], login=user, type="User")
     return p
 
@@ -249,6 +251,7 @@ def test_pillars_command_restricts_the_report(bot_factory, engine_repo):
     bot.settle()
     everything = bot.store.latest_audit(REPO, 16)
     assert {"weights", "runtime"} <= {p["id"] for p in json.loads(everything.audit_json)["pillars"]["pillars"]}
+    state.set_permission(REPO, "alice", "write")  # narrowing the report is a writer's call (test_hostile_results)
     asked = state.add_comment(REPO, 16, "/audit pillars=weights", user="alice")
     bot.deliver("issue_comment", _comment_payload(16, "/audit pillars=weights", "alice", asked["id"]))
     bot.settle()
@@ -334,7 +337,9 @@ def test_rerequested_pr_check_run_is_concluded_again_in_place(bot_factory, engin
 
     newer = commit(repo_path, {"README.md": "moved on\n"}, "newer")
     state.pulls[(REPO, 18)]["head"]["sha"] = newer
-    bot.deliver("check_run", rerun)  # re-running the old head's check never audits (or dispatches) the new head
+    rerun["check_run"]["completed_at"] = state.check_runs[run["id"]]["completed_at"]  # a second click: a new event
+    assert bot.deliver("check_run", rerun).status_code == 202
+    # re-running the old head's check never audits (or dispatches) the new head
     bot.settle()
     assert state.check_runs_for(REPO, newer) == []
     assert state.check_runs[run["id"]]["conclusion"] == "cancelled"

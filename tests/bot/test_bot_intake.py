@@ -124,7 +124,8 @@ def test_every_fixture_maps_to_the_right_job():
 
     assert isinstance(job_for("workflow_run", fixture_payload("workflow_run.completed")), Ignored)  # not our workflow
     ours = fixture_payload("workflow_run.completed")
-    ours["workflow_run"].update(display_title=run_title("da-abc", "sm90"), path=".github/workflows/drift-audit-gpu.yml")
+    ours["workflow_run"].update(display_title=run_title("da-abc", "sm90"), path=".github/workflows/drift-audit-gpu.yml",
+                                event="workflow_dispatch")
     wr = job_for("workflow_run", ours)
     assert (wr.kind, wr.run_id, wr.audit_id, wr.label) == ("collect", ours["workflow_run"]["id"], "da-abc", "sm90")
     inst = job_for("installation", fixture_payload("installation.created"))

@@ -1,0 +1,163 @@
+"""Nothing a PR (or a drive-by commenter) controls may make the comment or the check run say what no audit
+earned: a newer check run from an audit that ran less, a comment edited as another one because it quotes our
+hidden marker, a fork's own workflow run standing in for the GPU run the bot is waiting for."""
+
+from __future__ import annotations
+
+from bot.publish import COMMENT_MARKER, reply_marker
+from checks.model import Results, SuiteResult
+from runner.actions import artifact_name, run_title
+from tests.bot.conftest import REPO, pr_payload, signed_results, workflow_run_payload
+from tests.bot.test_bot_flows import _comment_payload, _marked
+from tests.gitrepo import commit
+
+
+def _gpu_pr_that_fails(state, gpu_repo, number: int, outcome: str = "failed") -> tuple[str, list[dict]]:
+    """A writer's branch PR whose sm90 suite runs on the GPU runners and comes back ``outcome``."""
+    repo_path, base, head = gpu_repo
+    state.add_repo(REPO, str(repo_path))
+    state.add_pull(REPO, number, head_sha=head, base_sha=base)
+    state.add_workflow(REPO)
+    state.set_permission(REPO, "maintainer", "write")
+    runs: list[dict] = []
+
+    def on_dispatch(st, record):
+        inputs = record["inputs"]
+        run = st.add_run(REPO, head_sha=inputs["head_sha"], display_title=run_title(inputs["audit_id"], inputs["label"]))
+        results = Results(inputs["audit_id"], inputs["head_sha"], [SuiteResult("parity-loader", "sm90", outcome)])
+        st.add_artifact(run["id"], artifact_name(inputs["audit_id"], inputs["label"]),
+                        signed_results(REPO, inputs["label"], results))
+        runs.append(run)
+
+    state.on_dispatch = on_dispatch
+    return head, runs
+
+
+def _say(bot, state, number: int, body: str, user: str) -> dict:
+    asked = state.add_comment(REPO, number, body, user=user)
+    assert bot.deliver("issue_comment", _comment_payload(number, body, user, asked["id"])).status_code == 202
+    bot.settle()
+    return asked
+
+
+def test_a_non_writers_audit_does_not_turn_a_failed_gpu_check_green(bot_factory, gpu_repo):
+    make, state = bot_factory
+    head, runs = _gpu_pr_that_fails(state, gpu_repo, 51)
+    bot = make()
+    bot.deliver("pull_request", pr_payload("opened", number=51, head=head, base=gpu_repo[1]))
+    bot.settle()
+    bot.deliver("workflow_run", workflow_run_payload(runs[0]))
+    bot.settle()
+    (failed,) = state.check_runs_for(REPO, head)
+    assert failed["conclusion"] == "failure"
+    (comment,) = _marked(state, 51)
+    before = comment["body"]
+
+    for body in ("/audit", "/audit pillars=runtime", "/audit run parity-loader"):
+        asked = _say(bot, state, 51, body, "stranger")  # read access: anyone on a public repository
+        assert [r["content"] for r in state.reactions[asked["id"]]] == ["eyes", "confused"], body
+        (reply,) = [c for c in state.comments_on(REPO, 51) if c["body"].startswith(reply_marker(asked["id"]))]
+        assert "write access" in reply["body"], body
+    # GitHub shows the newest run of a check: a second one, from an audit that ran no GPU suite, would read green
+    assert [c["id"] for c in state.check_runs_for(REPO, head)] == [failed["id"]]
+    assert state.check_runs[failed["id"]]["conclusion"] == "failure"
+    assert state.comments[comment["id"]]["body"] == before
+    assert len(state.dispatches) == 1
+
+    _say(bot, state, 51, "/audit retry", "maintainer")  # a writer may re-run it
+    assert len(state.dispatches) == 2
+
+
+def test_a_non_writers_audit_runs_on_a_head_not_audited_yet(bot_factory, gpu_repo):
+    make, state = bot_factory
+    head, _ = _gpu_pr_that_fails(state, gpu_repo, 52)
+    bot = make()  # installed after the PR opened: no audit of its head yet
+    asked = _say(bot, state, 52, "/audit", "stranger")
+    assert state.dispatches == []  # the GPU suite waits for a writer
+    (run,) = state.check_runs_for(REPO, head)
+    assert run["status"] == "completed"
+    (comment,) = _marked(state, 52)
+    assert "write access" in comment["body"]
+    assert [r["content"] for r in state.reactions[asked["id"]]] == ["eyes", "rocket"]
+
+
+def test_our_marker_quoted_in_a_reply_does_not_make_it_the_audit_comment(bot_factory, engine_repo):
+    make, state = bot_factory
+    repo_path, base, head = engine_repo
+    state.add_repo(REPO, str(repo_path))
+    state.add_pull(REPO, 53, head_sha=head, base_sha=base, draft=True)
+    bot = make()
+    assert bot.deliver("pull_request", pr_payload("opened", number=53, head=head, base=base, draft=True)).json()[
+        "status"] == "ignored"
+    # a backslash-escaped "<" is plain text to CommonMark, so the command text carries the marker verbatim
+    asked = _say(bot, state, 53, "/audit run \\<!-- drift-audit:comment -->", "stranger")
+    (reply,) = [c for c in state.comments_on(REPO, 53) if c["body"].startswith(reply_marker(asked["id"]))]
+    assert COMMENT_MARKER in reply["body"]  # quoted, inside a code span
+    reply_body = reply["body"]
+
+    state.pulls[(REPO, 53)]["draft"] = False
+    bot.deliver("pull_request", pr_payload("ready_for_review", number=53, head=head, base=base))
+    bot.settle()
+    assert state.comments[reply["id"]]["body"] == reply_body  # the reply was not turned into the audit comment
+    (comment,) = _marked(state, 53)
+    assert comment["id"] != reply["id"] and head[:12] in comment["body"]
+
+
+def test_a_reply_marker_in_a_file_name_does_not_make_the_audit_comment_a_reply(bot_factory, engine_repo):
+    make, state = bot_factory
+    repo_path, base, _ = engine_repo
+    state.add_repo(REPO, str(repo_path))
+    asked = state.add_comment(REPO, 54, "/audit frobnicate", user="stranger")  # ids are guessable on GitHub
+    head = commit(repo_path, {f"engine/{reply_marker(asked['id'])}.py": "x = 1\n"}, "a file named like our marker")
+    state.add_pull(REPO, 54, head_sha=head, base_sha=base)
+    bot = make()
+    bot.deliver("pull_request", pr_payload("opened", number=54, head=head, base=base))
+    bot.settle()
+    (comment,) = _marked(state, 54)
+    assert reply_marker(asked["id"]) in comment["body"]  # the file name, quoted in a code span
+    audit_body = comment["body"]
+
+    bot.deliver("issue_comment", _comment_payload(54, "/audit frobnicate", "stranger", asked["id"]))
+    bot.settle()
+    assert state.comments[comment["id"]]["body"] == audit_body  # not overwritten by the help reply
+    (reply,) = [c for c in state.comments_on(REPO, 54) if c["body"].startswith(reply_marker(asked["id"]))]
+    assert reply["id"] != comment["id"] and "unknown option" in reply["body"]
+
+
+def test_a_forks_own_run_with_our_run_name_does_not_stand_in_for_the_gpu_run(bot_factory, gpu_repo):
+    make, state = bot_factory
+    head, runs = _gpu_pr_that_fails(state, gpu_repo, 55, outcome="passed")
+    bot = make()
+    bot.deliver("pull_request", pr_payload("opened", number=55, head=head, base=gpu_repo[1]))
+    bot.settle()
+    (dispatch,) = state.dispatches
+    audit_id = dispatch["inputs"]["audit_id"]  # public: it is the dispatched run's title
+    (pending,) = state.check_runs_for(REPO, head)
+    assert pending["status"] == "in_progress"
+
+    # a fork's pull_request workflow, its own copy of drift-audit-gpu.yml, titled like our run
+    forged = state.add_run(REPO, head_sha=head, event="pull_request", head_branch="feature",
+                           display_title=run_title(audit_id, "sm90"))
+    fake = Results(audit_id, head, [SuiteResult("parity-loader", "sm90", "failed", reason="forged")])
+    state.add_artifact(forged["id"], artifact_name(audit_id, "sm90"), {"results.json": fake.audit_id}, signed=False)
+    payload = workflow_run_payload(forged)
+    payload["workflow_run"]["head_repository"]["full_name"] = "stranger/octo-repo"
+    assert bot.deliver("workflow_run", payload).json()["status"] == "ignored"
+    same_repo = workflow_run_payload(forged)  # even from a branch of the repository: not a dispatch
+    assert bot.deliver("workflow_run", same_repo).json()["status"] == "ignored"
+    bot.settle()
+    assert state.check_runs[pending["id"]]["status"] == "in_progress"
+    assert bot.store.audit(audit_id).pending == ["sm90"]
+
+    bot.deliver("workflow_run", workflow_run_payload(runs[0]))  # the dispatched run still counts
+    bot.settle()
+    assert state.check_runs[pending["id"]]["conclusion"] == "success"
+
+
+def test_a_role_counts_by_what_it_grants_never_by_its_name():
+    from bot.security import Permission
+
+    assert not Permission(role_name="maintain", permission="read").writes  # a custom role named like a built-in
+    assert not Permission(role_name="write", permission="triage").writes
+    assert Permission(role_name="maintain", permission="write").writes  # the built-in maintain role
+    assert Permission(role_name="release-engineer", permission="read", push=True).writes
