@@ -126,15 +126,22 @@ def normalise(raw: str, sub: re.Pattern) -> str:
 
 
 def _prefix(raws: list[str]) -> str:
-    """The ``_``-ended prefix every member shares (``GGML_OP_``, ``register_``), or ""."""
+    """The ``_``- or ``::``-ended prefix every member shares (``GGML_OP_``, ``register_``, ``MaskMode::``), with the
+    ``k`` of constants written ``kCausal`` after it (``MaskMode::kCausal`` and ``kCausal`` both name ``causal``), or ""."""
     if len(raws) < 3:
         return ""
     common = raws[0][: len(_common(raws))]
-    cut = common.rfind("_")
-    if cut <= 0:
-        return ""
-    common = common[: cut + 1]
-    return "" if any(len(r) == len(common) for r in raws) else common
+    cut, colon = common.rfind("_"), common.rfind("::")
+    if colon >= 0 and colon + 2 > cut + 1:
+        common = common[: colon + 2]
+    elif cut > 0:
+        common = common[: cut + 1]
+    else:
+        common = ""
+    rest = [r[len(common):] for r in raws]
+    if all(len(x) > 1 and x[0] == "k" and (x[1].isupper() or x[1].isdigit()) for x in rest):
+        common += "k"
+    return "" if not common or any(len(r) == len(common) for r in raws) else common
 
 
 def _prefix_groups(raws: list[str], min_size: int) -> list[str]:

@@ -87,3 +87,23 @@ def test_functions_handing_constants_named_otherwise_are_no_rule(tmp_path):
     swapped = list(zip(TASKS, [modes[1], modes[0], *modes[2:]], strict=True))
     head = r.commit_files({"src/task_register.cc": registers(swapped)}, "swap modes")
     assert inferred(audit(r.path, base, head)) == []
+
+
+def test_a_cpp_enum_written_kCamel_keeps_in_step_with_its_python_mirror(tmp_path):
+    # `kRoPELlama` and `ROPE_LLAMA` name one mode; `MaskMode::kCausal` labels name the enum's `kCausal`.
+    modes = ["None", "RoPELlama", "ALiBi", "XPos"]
+    py = ["NONE", "ROPE_LLAMA", "ALIBI", "XPOS"]
+
+    def cpp(ms: list[str]) -> str:
+        return "enum class PosEncodingMode {\n" + "".join(f"  k{m} = {i}U,\n" for i, m in enumerate(ms)) + "};\n"
+
+    def python(ms: list[str]) -> str:
+        return "from enum import Enum\n\nclass PosEncodingMode(Enum):\n" + "".join(f"    {m} = {i}\n" for i, m in enumerate(ms))
+
+    r = GitRepo(tmp_path / "modes")
+    base = r.commit_files({"include/lib/pos_enc.cuh": cpp(modes), "lib/utils.py": python(py)}, "four modes")
+    head = r.commit_files({"include/lib/pos_enc.cuh": cpp(modes + ["YaRN"])}, "yarn in C++ only")
+    new = inferred(audit(r.path, base, head))
+    assert len(new) == 1, [f.message for f in new]
+    assert new[0].message.startswith("`kYaRN` is in enum PosEncodingMode (include/lib/pos_enc.cuh:"), new[0].message
+    assert "missing from enum class PosEncodingMode (lib/utils.py:" in new[0].message
