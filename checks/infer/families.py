@@ -26,7 +26,7 @@ import tree_sitter as ts
 from checks import syntax
 from checks.facts import read_blobs
 
-VERSION = 20  # bump when a pattern changes: cached rows of an older pattern set are not reused
+VERSION = 21  # bump when a pattern changes: cached rows of an older pattern set are not reused
 MAX_BYTES = 1_000_000  # generated tables and vendored amalgamations say nothing about the code's intent (ggml.c is 0.6 MB, by hand)
 MAX_CACHED = 60_000  # blobs kept in a repo's on-disk member cache before it is pruned to one tree
 
@@ -143,7 +143,9 @@ KINDS: tuple[Kind, ...] = (
     Kind(
         "list",
         ("python",),
-        "(assignment left: [(identifier) (attribute)] @_ctx right: [(list (string) @key) (tuple (string) @key) (set (string) @key)]{pred})",
+        "(assignment left: [(identifier) (attribute)] @_ctx right: [(list (string) @key) (tuple (string) @key) (set (string) @key)]{pred})\n"
+        # ``ffi_funcs=["init", "step"]``, ``choices=["flash", "triton"]``: a list handed over by keyword
+        "(keyword_argument name: (identifier) @_ctx value: [(list (string) @key) (tuple (string) @key) (set (string) @key)]{pred})",
     ),
     Kind(
         "py-methods",

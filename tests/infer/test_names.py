@@ -107,3 +107,24 @@ def test_a_cpp_enum_written_kCamel_keeps_in_step_with_its_python_mirror(tmp_path
     assert len(new) == 1, [f.message for f in new]
     assert new[0].message.startswith("`kYaRN` is in enum PosEncodingMode (include/lib/pos_enc.cuh:"), new[0].message
     assert "missing from enum class PosEncodingMode (lib/utils.py:" in new[0].message
+
+
+def test_a_keyword_list_keeps_in_step_with_the_registry_it_names(tmp_path):
+    # `choices=[...]` of a CLI flag lists the registry's backends: a backend registered and not offered is drift.
+    backends = ["flash", "triton", "torch_sdpa", "flex"]
+
+    def registry(names: list[str]) -> str:
+        return "BACKENDS = {\n" + "".join(f'    "{n}": "{n}_impl",\n' for n in names) + "}\n"
+
+    def cli(names: list[str]) -> str:
+        return ("import argparse\np = argparse.ArgumentParser()\n"
+                f'p.add_argument("--attention-backend", choices=[{", ".join(repr(n) for n in names)}])\n'
+                'p.add_argument("--dtype", choices=["auto", "half", "bfloat16", "float"])\n')
+
+    r = GitRepo(tmp_path / "cli")
+    base = r.commit_files({"engine/attention/registry.py": registry(backends), "engine/args.py": cli(backends)}, "cli")
+    head = r.commit_files({"engine/attention/registry.py": registry(backends + ["paged"])}, "paged backend")
+    new = inferred(audit(r.path, base, head))
+    assert len(new) == 1, [f.message for f in new]
+    assert new[0].message.startswith('"paged" is in dict keys of BACKENDS (engine/attention/registry.py:'), new[0].message
+    assert "missing from list choices (engine/args.py:" in new[0].message
