@@ -292,10 +292,23 @@ def _compress_pipe_kernel(kv_ptr, gate_ptr, w_ptr, cos_ptr, sin_ptr, slot_ptr, p
 
 
 @triton.jit
+def _chunk(kv_ptr, gate_ptr, eid, l0, rows, col, ok5, L: tl.constexpr, EVICT: tl.constexpr):
+    """Window rows ``l0 + rows`` of entries ``eid``: gates (fp32) and sources as ``[C, E, 8, 16, 4]``."""
+    r = l0 + rows
+    off = ((eid[None, :] * L + r[:, None]) * 512)[:, :, None, None, None] + col[None, None]
+    msk = ok5 & (r < L)[:, None, None, None, None]
+    g = tl.load(gate_ptr + off, mask=msk, other=float("-inf"), eviction_policy=EVICT)
+    x = tl.load(kv_ptr + off, mask=msk, other=0.0, eviction_policy=EVICT)
+    return g, x
+
+
+@triton.jit
 def _compress_tile_kernel(kv_ptr, gate_ptr, w_ptr, cos_ptr, sin_ptr, slot_ptr, pool8_ptr, pool32_ptr, pool64_ptr, n,
                           eps, L: tl.constexpr, ENTRIES: tl.constexpr, CHUNK: tl.constexpr, HW_CAST: tl.constexpr,
-                          EXACT: tl.constexpr, EVICT: tl.constexpr, NT: tl.constexpr = N_TILES):
-    """``ENTRIES`` entries per program, the window ``CHUNK`` rows per load. Every tensor is ``[.., tile 8,
+                          EXACT: tl.constexpr, EVICT: tl.constexpr, PREFETCH: tl.constexpr = False,
+                          NT: tl.constexpr = N_TILES):
+    """``ENTRIES`` entries per program, the window ``CHUNK`` rows per load (``PREFETCH``: the next chunk is
+    loaded before the current one is pooled, for long windows). Every tensor is ``[.., tile 8,
     quad 16, 4]`` over the 512 channels (tile 7 = rope) with the window rows outermost, so a thread owns 4
     adjacent channels of every row: one load issues all of a chunk's rows at once (16-byte gate and 8-byte
     source vectors), the pooling over the rows and the tile amax need no shared memory (only the RMS sum
@@ -312,12 +325,15 @@ def _compress_tile_kernel(kv_ptr, gate_ptr, w_ptr, cos_ptr, sin_ptr, slot_ptr, p
     lsum = tl.zeros([ENTRIES, 8, 16, 4], dtype=tl.float32)
     acc = tl.zeros([ENTRIES, 8, 16, 4], dtype=tl.float32)
     ok5 = live[None, :, None, None, None]
+    if PREFETCH:
+        g_next, x_next = _chunk(kv_ptr, gate_ptr, eid, 0, rows, col, ok5, L, EVICT)
     for l0 in range(0, L, CHUNK):
-        r = l0 + rows
-        off = ((eid[None, :] * L + r[:, None]) * 512)[:, :, None, None, None] + col[None, None]  # [C, E, 8, 16, 4]
-        msk = ok5 & (r < L)[:, None, None, None, None]
-        g = tl.load(gate_ptr + off, mask=msk, other=float("-inf"), eviction_policy=EVICT)
-        x = tl.load(kv_ptr + off, mask=msk, other=0.0, eviction_policy=EVICT).to(tl.float32)
+        if PREFETCH:  # the next chunk's loads go out before this chunk's math
+            g, x = g_next, x_next
+            g_next, x_next = _chunk(kv_ptr, gate_ptr, eid, l0 + CHUNK, rows, col, ok5, L, EVICT)
+        else:
+            g, x = _chunk(kv_ptr, gate_ptr, eid, l0, rows, col, ok5, L, EVICT)
+        x = x.to(tl.float32)
         m_new = tl.maximum(m, tl.max(g, axis=0))
         safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         p = tl.exp(g - safe[None])
@@ -362,7 +378,9 @@ def _programs(device: torch.device) -> int:
 def compress_store(kv, gate, norm_weight, eps, cos, sin, pool, slots, *, impl: str | None = None,
                    block_l: int | None = None, num_warps: int | None = None, entries: int | None = None,
                    stages: int | None = None, programs: int | None = None, evict: str = "") -> torch.Tensor:
-    """Triton :func:`compress_store_ref`. ``impl``: ``"pipe"``, software-pipelined loads (``stages`` deep) with
+    """Triton :func:`compress_store_ref`. ``impl``: ``"tile"``, ``entries`` per program, the window ``block_l``
+    rows per load with each thread owning 4 adjacent channels (``stages``: prefetch the next rows; ``evict``:
+    the L2 hint of loads and stores); ``"pipe"``, software-pipelined loads (``stages`` deep) with
     ``programs`` persistent programs striding over the entries when the window fits ``block_l`` rows, else
     one program per entry pipelining its window ``block_l`` rows at a time; ``"unrolled"``, ``entries`` per program streaming the
     window row by row through an elementwise online softmax; ``"words"``, one entry per program pooling
@@ -396,7 +414,8 @@ def compress_store(kv, gate, norm_weight, eps, cos, sin, pool, slots, *, impl: s
         chunk = min(block_l or TILE_CHUNK, triton.next_power_of_2(length))
         _compress_tile_kernel[(triton.cdiv(n, ent),)](*args, flat, flat.view(torch.int32), words, n, float(eps),
                                                       L=length, ENTRIES=ent, CHUNK=chunk, HW_CAST=hw, EXACT=exact,
-                                                      EVICT=evict, num_warps=num_warps or TILE_WARPS)
+                                                      EVICT=evict, PREFETCH=bool(stages) and chunk < length,
+                                                      num_warps=num_warps or TILE_WARPS)
     elif words is not None and impl == "unrolled":
         ent = entries or COMPRESS_ENTRIES
         _compress_unrolled_kernel[(triton.cdiv(n, ent),)](*args, words, n, length, float(eps), ENTRIES=ent,

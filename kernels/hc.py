@@ -308,6 +308,82 @@ def _hc_fused_kernel(x_ptr, fn_ptr, base_ptr, scale_ptr, col_ptr, post_ptr, comb
 
 
 @triton.jit
+def _hc_lag_kernel(x_ptr, fn_ptr, base_ptr, scale_ptr, col_ptr, post_ptr, comb_ptr, acc_ptr, cnt_ptr, T, D,
+                   K_SPLIT, D_SPLIT, n_blocks, iters, eps, norm_eps, N: tl.constexpr, NMIX: tl.constexpr,
+                   BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, S: tl.constexpr,
+                   DS: tl.constexpr, LAG: tl.constexpr, SPLIT3: tl.constexpr, PREC: tl.constexpr,
+                   FENCE: tl.constexpr, BLOCK_T2: tl.constexpr = 16):
+    """One HBM pass over x, the collapse re-reading x from L2. Program ids come in steps of ``S + DS``: step
+    i holds the ``S`` K-slice logits programs of token block i (x slice → 3-way-split MMAs → atomics into
+    ``acc`` → count in; they never wait) and then the ``DS`` D-slice collapse programs of block ``i - LAG``,
+    which wait for that block's count (dispatched ``LAG`` steps after its producers, so the wait is short or
+    none), compute the weights and Sinkhorn, and collapse their D slice while the block's x, loaded
+    ``LAG`` blocks ago, is still in L2. A waiting program waits only on programs with smaller ids (in-order
+    dispatch), and under the interpreter (programs run in id order) never waits."""
+    pid = tl.program_id(0)
+    step = pid // (S + DS)
+    role = pid % (S + DS)
+    K = N * D
+    mix_i = tl.arange(0, NMIX)
+    if role < S:
+        tb = step
+        if tb < n_blocks:
+            t = tb.to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+            tm = t < T
+            acc = tl.zeros([BLOCK_T, NMIX], dtype=tl.float32)
+            ss = tl.zeros([BLOCK_T], dtype=tl.float32)
+            for k0 in range(role * K_SPLIT, role * K_SPLIT + K_SPLIT, BLOCK_K):
+                kk = k0 + tl.arange(0, BLOCK_K)
+                km = kk < K
+                xv = tl.load(x_ptr + t[:, None] * K + kk[None, :], mask=tm[:, None] & km[None, :], other=0.0,
+                             eviction_policy="evict_last")
+                xf = xv.to(tl.float32)
+                ss += tl.sum(xf * xf, axis=1)
+                if SPLIT3:
+                    acc = _fn_dot(xv, fn_ptr, kk, km, K, acc, N, NMIX, SPLIT3, PREC)
+                else:
+                    acc = _fn_dot(xf, fn_ptr, kk, km, K, acc, N, NMIX, SPLIT3, PREC)
+            tl.atomic_add(acc_ptr + t[:, None] * (NMIX + 1) + mix_i[None, :], acc,
+                          mask=tm[:, None] & (mix_i[None, :] < (2 + N) * N), sem="relaxed")
+            tl.atomic_add(acc_ptr + t * (NMIX + 1) + NMIX, ss, mask=tm, sem="relaxed")
+            if FENCE:
+                _fence_gpu(tm.to(tl.int32))
+            tl.debug_barrier()
+            tl.atomic_add(cnt_ptr + tb, 1, sem="release")
+    else:
+        tb = step - LAG
+        if tb >= 0:
+            n_in = tl.atomic_add(cnt_ptr + tb, 0, sem="acquire")
+            while n_in < S:
+                n_in = tl.atomic_add(cnt_ptr + tb, 0, sem="acquire")
+            tl.debug_barrier()
+            jn = tl.arange(0, N)
+            ds = role - S
+            for sub in range(0, BLOCK_T, BLOCK_T2):  # BLOCK_T2 tokens at a time: the Sinkhorn's registers stay few
+                t = tb.to(tl.int64) * BLOCK_T + sub + tl.arange(0, BLOCK_T2)
+                tm = t < T
+                tot = tl.load(acc_ptr + t[:, None] * (NMIX + 1) + mix_i[None, :], mask=tm[:, None], other=0.0,
+                              cache_modifier=".cg")
+                tss = tl.load(acc_ptr + t * (NMIX + 1) + NMIX, mask=tm, other=0.0, cache_modifier=".cg")
+                pre, post, comb = _hc_weights(tot, tss, base_ptr, scale_ptr, K, iters, eps, norm_eps, N, NMIX,
+                                              BLOCK_T2)
+                if ds == 0:
+                    nn = tl.arange(0, N * N)
+                    tl.store(post_ptr + t[:, None] * N + jn[None, :], post, mask=tm[:, None])
+                    tl.store(comb_ptr + t[:, None] * (N * N) + nn[None, :], tl.reshape(comb, [BLOCK_T2, N * N]),
+                             mask=tm[:, None])
+                for d0 in range(ds * D_SPLIT, ds * D_SPLIT + D_SPLIT, BLOCK_D):
+                    d = d0 + tl.arange(0, BLOCK_D)
+                    dm = d < D
+                    xv = tl.load(x_ptr + (t[:, None, None] * N + jn[None, :, None]) * D + d[None, None, :],
+                                 mask=tm[:, None, None] & dm[None, None, :], other=0.0,
+                                 eviction_policy="evict_first").to(tl.float32)
+                    c = tl.sum(pre[:, :, None] * xv, axis=1)
+                    tl.store(col_ptr + t[:, None] * D + d[None, :], c.to(col_ptr.dtype.element_ty),
+                             mask=tm[:, None] & dm[None, :])
+
+
+@triton.jit
 def _hc_persist_kernel(x_ptr, fn_ptr, base_ptr, scale_ptr, col_ptr, post_ptr, comb_ptr, acc_ptr, sync_ptr, pre_ptr,
                        T, D, S, n_items, G, iters, eps, norm_eps, N: tl.constexpr, NMIX: tl.constexpr,
                        BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, SPLIT3: tl.constexpr, PREC: tl.constexpr,
@@ -433,9 +509,10 @@ def _hc_post_kernel(o_ptr, x_ptr, post_ptr, comb_ptr, y_ptr, D, N: tl.constexpr,
         tl.store(y_ptr + t * N * D + i * D + d, y.to(y_ptr.dtype.element_ty), mask=dm)
 
 
-#: hc_pre launch choices; the benchmark round picks them (``variant``: fused | split | v1)
+#: hc_pre launch choices; the benchmark round picks them (``variant``: lag | fused | persist | split | v1)
 HC_PRE = {"variant": "split", "split": {"bt": 64, "bk": 64, "s": 4, "bt2": 16, "ds": 4, "bd": 128, "warps": 4,
                                         "warps2": 4, "rev": False},
+          "lag": {"bt": 64, "bk": 64, "s": 16, "ds": 16, "bd": 64, "bt2": 16, "lag": 12, "warps": 4},
           "fused": {"bt": 64, "bd": 64, "warps": 8}, "persist": {"bt": 64, "bd": 64, "warps": 8, "per_sm": 2,
                                                                           "overlap": True}}
 
@@ -498,6 +575,25 @@ def hc_pre(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.T
         _hc_collapse_kernel[(triton.cdiv(t, bt2), n_d)](xc, part, bc, sc, col, post, comb, t, d, n_s, d_split, iters,
                                                         eps, norm_eps, N=n, NMIX=nmix, BLOCK_T=bt2, BLOCK_D=bd,
                                                         REV=bool(p["rev"]), num_warps=p["warps2"])
+    elif v == "lag":
+        p = {**HC_PRE["lag"], **tune}
+        bt, bk, bd = p["bt"], min(p["bk"], max(16, next_pow2(k))), min(p["bd"], max(16, next_pow2(d)))
+        bt2 = min(p["bt2"], bt)
+        if interp:
+            bt, bk, bd, bt2 = 16, 32, 32, 8
+        n_s = max(1, min(p["s"], triton.cdiv(k, bk)))
+        k_split = triton.cdiv(triton.cdiv(k, n_s), bk) * bk
+        n_s = triton.cdiv(k, k_split)
+        n_d = max(1, min(p["ds"], triton.cdiv(d, bd)))
+        d_split = triton.cdiv(triton.cdiv(d, n_d), bd) * bd
+        n_d = triton.cdiv(d, d_split)
+        n_tb = triton.cdiv(t, bt)
+        lag = max(0, p["lag"])
+        scratch = torch.zeros(t * (nmix + 1) + n_tb, dtype=torch.float32, device=x.device)
+        _hc_lag_kernel[((n_tb + lag) * (n_s + n_d),)](
+            xc, fnc, bc, sc, col, post, comb, scratch[:t * (nmix + 1)], scratch[t * (nmix + 1):].view(torch.int32),
+            t, d, k_split, d_split, n_tb, iters, eps, norm_eps, N=n, NMIX=nmix, BLOCK_T=bt, BLOCK_K=bk, BLOCK_D=bd,
+            S=n_s, DS=n_d, LAG=lag, SPLIT3=split3, PREC=prec, FENCE=not interp, BLOCK_T2=bt2, num_warps=p["warps"])
     elif v == "fused":
         if interp:
             raise ValueError("hc_pre: the fused variant needs a GPU (its programs wait on each other)")

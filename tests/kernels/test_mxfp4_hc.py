@@ -159,6 +159,22 @@ def test_w4a8_one_expert_over_several_tiles_and_block_32(device):
     assert not torch.allclose(ref, mxfp4.mxfp4_moe_ref(**inp), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_w4a8_non_default_tiles_bm32_bn64_8_warps_block_32(device):
+    """The config that once hit "misaligned address" on the H200 (32 pairs per tile, 64 columns, 8 warps,
+    activation block 32): at a small shape everywhere and, on a GPU, at V4-Flash's H 4096 / I 2048."""
+    path, why = mxfp4.w4a8_select(_cap(device))
+    if path is None:
+        pytest.skip(why)
+    shapes = [(20, 4, 128, 64, 2)] + ([(32, 16, 4096, 2048, 6)] if device == "cuda" else [])
+    for shape in shapes:
+        gen = torch.Generator(device=device).manual_seed(6)
+        inp = mxfp4._moe_inputs(Case("x", {"shape": shape}, dtype=torch.bfloat16), torch.device(device), gen)
+        ref = mxfp4.mxfp4_moe_w4a8_ref(**inp, block=32).float()
+        out = mxfp4.mxfp4_moe_w4a8(**inp, block=32, bm=32, bn=64, warps=8).float()
+        assert ((out - ref).pow(2).sum() / ref.pow(2).sum()).item() < 1e-5, shape
+
+
 def _hc_inputs(t, n, d, device, dtype):
     return hc._pre_inputs(Case("x", {"shape": (t, n, d)}, dtype=dtype), torch.device(device),
                           torch.Generator(device=device).manual_seed(3))
@@ -170,6 +186,18 @@ def test_hc_pre_split_over_k_and_d_slices(device):
     ref = hc.hc_pre_ref(**inp)
     for tune in ({"s": 1, "ds": 1}, {"s": 3, "ds": 3, "rev": True}):
         out = hc.hc_pre(**inp, variant="split", **tune)
+        for o, r in zip(out, ref):
+            torch.testing.assert_close(o, r, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_hc_pre_lag_one_pass_matches_the_reference(device):
+    """The lagged one-pass design: logits programs count in, collapse programs LAG steps later wait for
+    their block (never under the interpreter, which runs programs in id order); partial blocks and slices."""
+    inp = _hc_inputs(19, 4, 72, device, torch.float32)
+    ref = hc.hc_pre_ref(**inp)
+    for tune in ({"s": 3, "ds": 3, "lag": 1}, {"lag": 0}, {"s": 2, "ds": 5, "lag": 4}):
+        out = hc.hc_pre(**inp, variant="lag", **tune)
         for o, r in zip(out, ref):
             torch.testing.assert_close(o, r, rtol=1e-4, atol=1e-5)
 

@@ -166,7 +166,8 @@ def test_word_store_on_a_pool_not_8_byte_aligned_falls_back(device):
 COMPRESS_VARIANTS = [{"impl": "row"}, {"impl": "words", "block_l": 4},
                      {"impl": "unrolled", "entries": 2, "block_l": 4, "num_warps": 4},
                      {"impl": "pipe", "block_l": 4, "stages": 2}, {"impl": "pipe", "programs": 1, "stages": 3},
-                     {"impl": "tile"}, {"impl": "tile", "entries": 2, "block_l": 4, "num_warps": 8}]
+                     {"impl": "tile"}, {"impl": "tile", "entries": 2, "block_l": 4, "num_warps": 8},
+                     {"impl": "tile", "block_l": 4, "stages": 1}]
 
 
 @pytest.mark.parametrize("device", DEVICES)
