@@ -367,6 +367,8 @@ def _kept(core: list[Family], supersets: list[Family]) -> Invariant | None:
     extras = set(closest.names) - names
     if not extras or len(extras) > KEEP_EXTRAS or any(f.repo_wide for f in core + [closest]):
         return None
+    if any(not set(f.paths).isdisjoint(closest.paths) for f in core):
+        return None  # sibling tables of one file (per-arch tuning) drop entries on purpose; backends in two files do not
     return Invariant("keep", list(core), [closest], exceptions={closest.id: sorted(extras)})
 
 

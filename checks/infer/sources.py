@@ -90,14 +90,14 @@ def source_rule(sl: SourceList, pillars: list[Pillar], severity: str = "warning"
         facts=[listed.id, disk.id],
         pillar=pillar_of(sl.path, pillars),
         severity=severity,
-        message=f"inferred at base (support {n}): every {what} is a file of the tree",
+        message=f"inferred at base (support {n}): every source file {sl.path} names is a file of the tree",
         options=rule_opts,
         source="inferred",
         evidence=[f"support {n}: every one of the {n} {what} ({where}) is a file of the tree", *examples]
         + ([f"allowed to differ: {', '.join(sl.names[a][0] for a in sl.absent)} (not in the tree at base)"]
            if sl.absent else []),
     )
-    line = f"{rule.id}: every {what} is a file of the tree ({n} files)"
+    line = f"{rule.id}: every source file {sl.path} names is a file of the tree ({n} files)"
     return [listed, disk], rule, line
 
 

@@ -76,3 +76,13 @@ def test_a_feature_predicate_may_drop_a_type(tmp_path):
     head = r.commit_files({"src/riscv/ime.cpp": predicate("ime_supports", [t for t in TYPES if t != "Q5_0"])},
                           "riscv: no Q5_0 reorder")
     assert inferred(audit(r.path, base, head)) == []
+
+
+def test_sibling_tables_of_one_file_may_drop_an_entry(tmp_path):
+    # Two per-arch tuning switches in one file: one dropping a type (falling back to the default) is a tuning choice.
+    r = GitRepo(tmp_path / "tuning")
+    both = switch("max_batch_rdna4", TYPES) + switch("max_batch_pascal", TYPES + ["BF16"])
+    base = r.commit_files({"src/cuda/mmvq.cu": both}, "two tuning tables")
+    fewer = switch("max_batch_rdna4", [t for t in TYPES if t != "Q5_0"]) + switch("max_batch_pascal", TYPES + ["BF16"])
+    head = r.commit_files({"src/cuda/mmvq.cu": fewer}, "rdna4: Q5_0 falls back to the default")
+    assert inferred(audit(r.path, base, head)) == []
