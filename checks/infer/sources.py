@@ -3,9 +3,9 @@
 Mined apart from the name families (checks/infer/mine.py): their partner is no family of another file.
 
 - **Source lists.** A Python file (setup.py, a JIT spec) or a CMake file whose strings name C-family source files
-  (``"csrc/norm.cu"``, ``add_library(x norm.cu act.cu)``), at least ``min_support`` of them, and whose named files
-  exist in the tree at base (at least 3 in 4; the rest, files built elsewhere or a submodule's, are recorded as
-  allowed): the list names files. A PR that renames or deletes a file the list still names, or adds an entry
+  (``"csrc/norm.cu"``, ``add_library(x norm.cu act.cu)``) that all exist in the tree at base (two are enough: a
+  JIT spec naming a kernel and its binding), or at least ``min_support`` of which do, 3 in 4 (the rest, files built
+  elsewhere or a submodule's, are recorded as allowed): the list names files. A PR that renames or deletes a file the list still names, or adds an entry
   for a file that is not there, deviates. Names compare by the file's stem (``csrc/norm.cu`` → ``norm``), the
   way a path fact keys files, so a list naming a file from another directory still finds it.
 - **Exports.** A package's ``__init__.py`` whose ``__all__`` holds exactly the names it imports from its own
@@ -23,6 +23,7 @@ from checks.config import Fact, Pillar, Rule
 from checks.infer.families import CMAKE_SOURCE, KIND_BY_NAME, SRC_EXTS, FileMembers, query_text
 from checks.infer.rules import pillar_of
 
+SMALL_LIST = 2  # entries a build list needs (all of them files of the tree) to be a rule
 STEM_SUB = r"^.*/|\..*$"  # a listed path's stem, as a path fact's {stem} is the file name up to its first dot
 
 
@@ -53,7 +54,10 @@ def source_lists(files: list[FileMembers], paths: list[str], min_support: int) -
                 names.setdefault(s, (raw, line))
                 exts.add(raw.rsplit(".", 1)[-1])
         present = [n for n in names if n in on_disk]
-        if len(present) < min_support or len(present) * 4 < 3 * len(names):
+        # A build list names real files by nature, so two entries are enough, when both are files of the tree; from
+        # min_support entries on, one in four may be built elsewhere (a submodule's, a generated one).
+        if len(present) < SMALL_LIST or (len(present) < len(names) and (len(present) < min_support
+                                                                          or len(present) * 4 < 3 * len(names))):
             continue
         out.append(SourceList(fm.path, fm.lang, names, sorted(n for n in names if n not in on_disk), tuple(sorted(exts))))
     return out

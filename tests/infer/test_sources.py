@@ -100,3 +100,16 @@ def test_imports_from_other_packages_and_private_names_are_not_exports(tmp_path)
     head = r.commit_files({"fla/models/__init__.py": init_py(MODELS, MODELS, extra + "from torch import nn\n")},
                           "torch import")
     assert [f for f in audit(r.path, base, head).findings if f.source == "inferred"] == []
+
+
+def test_a_two_file_jit_spec_is_a_rule_and_a_half_missing_one_is_not(tmp_path):
+    spec = 'def gen_norm():\n    return spec("norm", [CSRC / "norm.cu", CSRC / "norm_binding.cu"])\n'
+    odd = 'def gen_act():\n    return spec("act", [CSRC / "act.cu", CSRC / "act_generated.cu"])\n'  # one built at JIT time
+    r = GitRepo(tmp_path / "small")
+    base = r.commit_files({"lib/jit/norm.py": spec, "lib/jit/act.py": odd, **kernels(["norm", "norm_binding", "act"])},
+                          "two specs")
+    head = r.commit_files({"csrc/norm_binding.cu": None, "csrc/act.cu": None, **kernels(["binding_norm", "activation"])},
+                          "rename two kernels")
+    new = [f for f in audit(r.path, base, head).with_status("new") if f.source == "inferred"]
+    assert [f.locations[0].path for f in new] == ["lib/jit/norm.py"], [f.message for f in new]
+    assert new[0].message.startswith('"norm_binding.cu" is in the source files lib/jit/norm.py names'), new[0].message
