@@ -71,7 +71,8 @@ def variant(name: str, b: int) -> sparse_mla.SparseConfig | None:
                                    spec.get("prefetch", True), spec.get("part_bf16", False),
                                    spec.get("lazy", True), spec.get("xchg", False), spec.get("idx_prefetch", False),
                                    spec.get("fused_combine", False), spec.get("l2_prefetch", 0),
-                                   spec.get("fast_launch", True), spec.get("gluon", False))
+                                   spec.get("fast_launch", True), spec.get("gluon", False),
+                                   spec.get("early_parts", 4))
 
 
 def decode_fn(name: str, b: int):
@@ -96,6 +97,7 @@ VARIANTS: dict[str, dict] = {  # in the order they are timed (a run short of tim
     "g2-l2": {**GLUON, "l2_prefetch": 1},
     "g2-bf16": {**GLUON, "part_bf16": True},
     "g2-half": {**GLUON, "waves": 0.5},
+    "g2-e2": {**GLUON, "early_parts": 2},
     "x64e-l2": {**X64E, "l2_prefetch": 1},
     "x64e-l2d2": {**X64E, "l2_prefetch": 2},
     "x64e-l2-fu": {**X64E, "l2_prefetch": 1, "fused_combine": True},

@@ -81,6 +81,7 @@ class SparseConfig:
     l2_prefetch: int = 0  # tiles ahead (0: none)
     fast_launch: bool = True
     gluon: bool = False  # the Gluon kernel (sm90, 64 heads a block, 64-slot tiles, num_stages ring stages)
+    early_parts: int = 4  # Gluon: parts of a tile dequantised while the last tile's value MMAs run (1-4)
 
 
 def sparse_config(batch: int, heads: int, k: int, cap: tuple[int, int] | None, low: bool = True,
@@ -481,7 +482,7 @@ if HAVE_GLUON:
     @gluon.jit
     def _sparse_decode_gluon(q_ptr, pool_ptr, pool16_ptr, idx_ptr, sink_ptr, o_ptr, lse_ptr, K, H, qk_scale,
                              SPLIT: gl.constexpr, STAGES: gl.constexpr, ROW: gl.constexpr, WIDE: gl.constexpr,
-                             L2PF: gl.constexpr):
+                             L2PF: gl.constexpr, EARLY: gl.constexpr):
         """:func:`_sparse_decode_kernel`'s online softmax for sm90 with explicit shared memory: the raw bytes of
         the rows ``STAGES - 1`` tiles ahead are gathered by cp.async into a ring while this tile is
         dequantised; the dequantised tile (bf16, wgmma's swizzled layout, one buffer per part of the row so
@@ -536,12 +537,11 @@ if HAVE_GLUON:
         _g_qpart(q_ptr, row, H, h0, q3, 448, 64, BH, G)
 
         hs = h0 + gl.arange(0, BH, layout=gl.SliceLayout(1, S_L))
-        if SPLIT:
-            m = gl.full([BH], -1e30, gl.float32, layout=gl.SliceLayout(1, S_L))  # finite: an empty chunk stays NaN-free
-            lsum = gl.zeros([BH], gl.float32, layout=gl.SliceLayout(1, S_L))
-        else:
-            m = gl.load(sink_ptr + hs, mask=hs < H, other=0.0).to(gl.float32) * 1.4426950408889634
-            lsum = gl.full([BH], 1.0, gl.float32, layout=gl.SliceLayout(1, S_L))
+        # the sink joins after the loop (unsplit) or in the combine (split)
+        m = gl.full([BH], -1e30, gl.float32, layout=gl.SliceLayout(1, S_L))  # finite: an empty chunk stays NaN-free
+        lsum = gl.zeros([BH], gl.float32, layout=gl.SliceLayout(1, S_L))
+        if not SPLIT:
+            sink = gl.load(sink_ptr + hs, mask=hs < H, other=0.0).to(gl.float32) * 1.4426950408889634
         a0t = warpgroup_mma_init(gl.zeros([BH, 256], gl.float32, layout=O0))
         a1t = warpgroup_mma_init(gl.zeros([BH, 128], gl.float32, layout=O1))
         a2t = warpgroup_mma_init(gl.zeros([BH, 64], gl.float32, layout=O2))
@@ -549,7 +549,10 @@ if HAVE_GLUON:
         s0 = gl.zeros([BH, BT], gl.float32, layout=S_L)
         ts_ = gl.arange(0, BT, layout=gl.SliceLayout(0, S_L))
         fence_async_shared()
-        for it in range(0, gl.cdiv(hi - lo, BT)):
+        # at least one trip (an empty chunk's tile is all masked: it adds nothing): a loop the compiler
+        # may skip gets a second path to the final MMA wait that writes the accumulators, and ptxas then
+        # serialises every wgmma of the kernel
+        for it in range(0, gl.maximum(gl.cdiv(hi - lo, BT), 1)):
             t0 = lo + it * BT
             nxt = (it + STAGES - 1) % STAGES
             _g_issue(pool_ptr, pool16_ptr, idx_ptr, row, K, t0 + (STAGES - 1) * BT, hi, r0.index(nxt), r1.index(nxt),
@@ -561,15 +564,26 @@ if HAVE_GLUON:
             gl.thread_barrier()  # and every thread's
             cur = it % STAGES
             w = rw.index(cur)
+            # the first EARLY parts are dequantised while the last tile's value MMAs run (their registers
+            # wait for the MMAs to release the kv buffers), the rest after
             k0 = _g_deq(r0.index(cur), w.slice(0, 4, dim=1), 4, BT, L3)
-            k1 = _g_deq(r1.index(cur), w.slice(4, 2, dim=1), 2, BT, L3)
-            k2 = _g_deq(r2.index(cur), w.slice(6, 1, dim=1), 1, BT, L3)
-            k3 = rr.index(cur).load(G).to(gl.bfloat16, bitcast=True)
+            if EARLY >= 2:
+                k1 = _g_deq(r1.index(cur), w.slice(4, 2, dim=1), 2, BT, L3)
+            if EARLY >= 3:
+                k2 = _g_deq(r2.index(cur), w.slice(6, 1, dim=1), 1, BT, L3)
+            if EARLY >= 4:
+                k3 = rr.index(cur).load(G).to(gl.bfloat16, bitcast=True)
             a0, a1, a2, a3 = warpgroup_mma_wait(num_outstanding=0, deps=(a0t, a1t, a2t, a3t))
             gl.thread_barrier()  # both warpgroups' value MMAs of the last tile are done with the kv and p buffers
             kv0.store(k0)
+            if EARLY < 2:
+                k1 = _g_deq(r1.index(cur), w.slice(4, 2, dim=1), 2, BT, L3)
             kv1.store(k1)
+            if EARLY < 3:
+                k2 = _g_deq(r2.index(cur), w.slice(6, 1, dim=1), 1, BT, L3)
             kv2.store(k2)
+            if EARLY < 4:
+                k3 = rr.index(cur).load(G).to(gl.bfloat16, bitcast=True)
             kv3.store(k3)
             fence_async_shared()
             gl.thread_barrier()
@@ -589,13 +603,17 @@ if HAVE_GLUON:
             p_s.store(p.to(gl.bfloat16))
             fence_async_shared()
             gl.thread_barrier()
-            a0t = warpgroup_mma(p_s, kv0, a0 * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, O0)), 1),
-                                is_async=True)
-            a1t = warpgroup_mma(p_s, kv1, a1 * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, O1)), 1),
-                                is_async=True)
+            # every accumulator rescaled before the first value MMA goes out (an instruction writing an
+            # accumulator among the MMAs would make ptxas serialise them)
+            a0 = a0 * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, O0)), 1)
+            a1 = a1 * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, O1)), 1)
             al2 = gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, O2)), 1)
-            a2t = warpgroup_mma(p_s, kv2, a2 * al2, is_async=True)
-            a3t = warpgroup_mma(p_s, kv3, a3 * al2, is_async=True)
+            a2 = a2 * al2
+            a3 = a3 * al2
+            a0t = warpgroup_mma(p_s, kv0, a0, is_async=True)
+            a1t = warpgroup_mma(p_s, kv1, a1, is_async=True)
+            a2t = warpgroup_mma(p_s, kv2, a2, is_async=True)
+            a3t = warpgroup_mma(p_s, kv3, a3, is_async=True)
         a0, a1, a2, a3 = warpgroup_mma_wait(num_outstanding=0, deps=(a0t, a1t, a2t, a3t))
         async_copy.wait_group(0)  # the ring's copies past the chunk's end
 
@@ -606,7 +624,9 @@ if HAVE_GLUON:
             gl.store(lse_ptr + (row * nsp + sp) * H + hs, lse, mask=hs < H)
             base = (row * nsp + sp) * H
         else:
-            inv = 1.0 / lsum
+            mx = gl.maximum(m, sink)
+            keep = gl.exp2(m - mx)
+            inv = keep / (lsum * keep + gl.exp2(sink - mx))
             base = row * H
         _g_store(o_ptr, base, h0 + gl.arange(0, BH, layout=gl.SliceLayout(1, O0)), H, a0, inv, 0, 256, O0)
         _g_store(o_ptr, base, h0 + gl.arange(0, BH, layout=gl.SliceLayout(1, O1)), H, a1, inv, 256, 128, O1)
@@ -653,7 +673,7 @@ def sparse_mla_decode(q: torch.Tensor, pool: torch.Tensor, indices: torch.Tensor
         al = (qc.data_ptr() | pools[0].data_ptr() | idx.data_ptr() | sk.data_ptr() | o.data_ptr()) & 15 == 0
     if args["GLUON"]:
         gargs = {"SPLIT": n_split > 1, "STAGES": args["num_stages"], "ROW": TOKEN_BYTES, "WIDE": args["WIDE"],
-                 "L2PF": bool(args["L2PF"]), "num_warps": 8}
+                 "L2PF": bool(args["L2PF"]), "EARLY": args["EARLY"], "num_warps": 8}
         if n_split == 1:
             _launch(_sparse_decode_gluon, fast and (fast, 4, al), grid, (qc, pools[0], pools[1], idx, sk, o, sk, k, h,
                     qk), gargs)
@@ -696,7 +716,7 @@ def _launch(fn, key, grid, pos: tuple, args: dict, **more) -> None:
         if hit is not None:
             hit[0][grid](*pos, *hit[1])
             return
-    kw = {n: v for n, v in args.items() if n not in ("FAST", "GLUON")}
+    kw = {n: v for n, v in args.items() if n not in ("FAST", "GLUON", "EARLY")}
     kw.update(more)
     compiled = fn[grid](*pos, **kw)
     if key and compiled is not None and hasattr(compiled, "__getitem__"):
@@ -725,6 +745,7 @@ def _plan(b: int, h: int, k: int, dtype: torch.dtype, dev_type: str, dev_index: 
                 L2PF=0 if interp else min(int(cfg.l2_prefetch), 2), FAST=cfg.fast_launch and not interp,
                 num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     args["GLUON"] = use_gluon(cfg, cap, low, interp)
+    args["EARLY"] = min(4, max(1, cfg.early_parts))
     progs = b * n_split * hb
     n_part, n_lse = (b * n_split * h * 512, b * n_split * h) if n_split > 1 else (0, 0)
     n_p, n_m = (2 * progs * cfg.block_h * bt, 2 * progs * cfg.block_h) if cfg.xchg and not args["GLUON"] else (0, 0)
