@@ -166,12 +166,37 @@ _MARKED_ARCH = re.compile(rb"pytest\.mark\.sm_?(\d{2,3})[a-z]?\b")
 KNOWN_GPU_LABELS = ("sm90", "sm100", "sm120")
 
 
-def implicit_label(config: Config, test_file: str, text: bytes | None) -> tuple[str, str]:
+def _known_labels(config: Config) -> set[str]:
+    known = {lbl for s in config.suites for lbl in s.runners} | set(KNOWN_GPU_LABELS)
+    return known | set(getattr(config.settings, "runner_labels", []) or [])
+
+
+def change_arch(config: Config, changes: ChangeSet) -> tuple[str, str] | None:
+    """(label, a file) when every code file the change touches outside the tests names one and the same known
+    arch (``flash_fwd_sm100.py``, ``copy_sm100.h``): the changed code only runs on that arch."""
+    tests = spec(tuple(config.settings.test_paths)) if config.settings.test_paths else None
+    labels: set[str] = set()
+    first = ""
+    for path in changed_paths(changes):
+        if not path.endswith((".py", *KERNEL_SOURCES)) or (tests is not None and tests.match_file(path)):
+            continue
+        found = {f"sm{m.group(1)}" for m in _NAMED_ARCH.finditer(posixpath.basename(path))}
+        if len(found) != 1:
+            return None
+        labels |= found
+        first = first or path
+    if len(labels) == 1 and next(iter(labels)) in _known_labels(config):
+        return next(iter(labels)), first
+    return None
+
+
+def implicit_label(config: Config, test_file: str, text: bytes | None,
+                   arch: tuple[str, str] | None = None) -> tuple[str, str]:
     """(label, how it was chosen) for a test file whose imports need a GPU. An arch its name or marks
     state wins when that label is known (declared by a suite, standard, or in [settings] runner_labels):
-    an SM100-only test sent to sm90 would fail there for no fault of the change."""
-    known = {lbl for s in config.suites for lbl in s.runners} | set(KNOWN_GPU_LABELS)
-    known |= set(getattr(config.settings, "runner_labels", []) or [])
+    an SM100-only test sent to sm90 would fail there for no fault of the change. Else the arch the changed
+    code states (``arch``, from ``change_arch``): on another GPU the test would not run that code."""
+    known = _known_labels(config)
     for m in _NAMED_ARCH.finditer(posixpath.basename(test_file)):
         if f"sm{m.group(1)}" in known:
             return f"sm{m.group(1)}", f"its name says sm{m.group(1)}"
@@ -179,6 +204,8 @@ def implicit_label(config: Config, test_file: str, text: bytes | None) -> tuple[
         label = f"sm{marked.group(1).decode()}"
         if label in known:
             return label, f"it is marked {label}"
+    if arch is not None:
+        return arch[0], f"the changed code is {arch[0]} code: {arch[1]}"
     label = gpu_runner(config)
     configured = getattr(config.settings, "gpu_runner", None)
     chosen = configured or any(lbl != "cpu" for s in config.suites for lbl in s.runners)
@@ -216,6 +243,7 @@ def select_tests(
     if not options.suites:  # asking for suites by id runs just those
         needs = _automatic(config, changes, paths, pillars, findings, options, head, head_paths, picks, inert)
     planned: list[PlannedSuite] = []
+    arch = change_arch(config, changes) if not options.suites else None
     for sid, reasons in picks.reasons.items():
         if sid in suites:
             s = suites[sid]
@@ -227,7 +255,7 @@ def select_tests(
             if need is None and sid in options.suites:  # asked for by id: it still runs where its imports say
                 need = _need_of(head, head_paths, test_file)
             if need:
-                label, how = implicit_label(config, test_file, head.read(test_file))
+                label, how = implicit_label(config, test_file, head.read(test_file), arch)
                 on = f"runs on {label}" + (f" ({how})" if how else "")
                 planned.append(pytest_suite(test_file, [*reasons, f"{on}: {need}"], runner=label))
             else:

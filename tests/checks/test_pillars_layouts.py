@@ -11,6 +11,9 @@ from checks.pillars import PillarMatcher
 LAYOUT = {
     "flash_attn/cute/flash_bwd_sm100.py": {"wiring"},  # CuTe-DSL device kernel
     "flash_attn/cute/interface.py": {"wiring"},  # its Python entry points
+    "flash_attn/cute/tile_scheduler.py": {"wiring"},  # a kernel's tile scheduler, no runtime scheduler
+    "include/gemm/tile_scheduler.py": {"wiring"},
+    "vllm/v1/core/sched/scheduler.py": {"runtime"},
     "pkg/ops/flash_fwd_sm90.py": {"wiring"},
     "deep_gemm/legacy/sm90_bf16_gemm.py": {"wiring"},  # an arch in the name: a kernel
     "lightllm/models/vit/triton_kernel/flashattention_nopad.py": {"topology", "wiring"},
@@ -29,3 +32,14 @@ LAYOUT = {
 def test_layout_paths_land_in_their_pillars(path):
     matcher = PillarMatcher(default_config().pillars)
     assert {pid for pid, _glob in matcher.by_path(path)} == LAYOUT[path]
+
+
+def test_an_autograd_forward_in_a_dsl_kernel_package_is_no_topology():
+    from checks.pillars import PillarMatcher as M
+
+    matcher = M(default_config().pillars)
+    symbol_pillars = {pid for pid, raw, name_re in matcher.symbol_patterns("flash_attn/cute/interface.py")
+                      if name_re.match("FlashAttnFunc.forward")}
+    assert "topology" not in symbol_pillars
+    assert "topology" in {pid for pid, raw, name_re in matcher.symbol_patterns("engine/model_runner.py")
+                          if name_re.match("Model.forward")}

@@ -1,0 +1,44 @@
+"""A change made only of code for one arch (``flash_fwd_sm100.py``) runs its GPU tests on that arch's label."""
+
+from __future__ import annotations
+
+from checks.config import load_config
+from checks.diff import build_changeset
+from checks.model import AuditOptions, AuditRequest, Findings
+from checks.pillars import map_pillars
+from checks.workspace import Tree, checkout, open_repo
+from runner.select import select_tests
+
+REPO = {
+    "attn/__init__.py": "",
+    "attn/fwd_sm100.py": "def fwd(x):\n    return x + 1\n",
+    "attn/fwd_sm90.py": "def fwd(x):\n    return x + 2\n",
+    "attn/interface.py": "from attn import fwd_sm90, fwd_sm100\n\n\ndef run(x, arch):\n"
+                         "    return (fwd_sm100 if arch >= 100 else fwd_sm90).fwd(x)\n",
+    "tests/test_attn.py": "import torch\nfrom attn.interface import run\n\n\ndef test_run():\n"
+                          "    assert run(torch.ones(1).cuda(), 90)\n",
+}
+
+
+def runners(git_repo, files):
+    base = git_repo.commit_files(REPO, "base")
+    head = git_repo.commit_files(files)
+    co = checkout(AuditRequest(repo=str(git_repo.path), base=base, head=head))
+    config = load_config(open_repo(co.repo), co.base_sha)
+    changes = build_changeset(co)
+    plan = select_tests(config, changes, map_pillars(co, config, changes), Findings(), AuditOptions(),
+                        Tree(co.repo, co.head_sha), "aid")
+    return {s.id.removeprefix("pytest:"): (s.runner, s.reasons[-1]) for s in plan.suites}
+
+
+def test_code_for_one_arch_runs_its_tests_there(git_repo):
+    got = runners(git_repo, {"attn/fwd_sm100.py": "def fwd(x):\n    return x + 3\n"})
+    assert got == {"tests/test_attn.py": (
+        "sm100", "runs on sm100 (the changed code is sm100 code: attn/fwd_sm100.py): "
+                 "tests/test_attn.py uses CUDA tensors")}
+
+
+def test_code_for_several_archs_keeps_the_default_label(git_repo):
+    got = runners(git_repo, {"attn/fwd_sm100.py": "def fwd(x):\n    return x + 3\n",
+                             "attn/fwd_sm90.py": "def fwd(x):\n    return x + 4\n"})
+    assert got["tests/test_attn.py"][0] == "sm90" and "guessed" in got["tests/test_attn.py"][1]
