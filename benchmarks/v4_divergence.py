@@ -311,6 +311,8 @@ def main() -> int:
     if args.smoke:
         args.preset, args.device, args.prompts, args.steps = "tiny", "cpu", 3, 2
     dev = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    torch.backends.cuda.matmul.allow_tf32 = False  # the fp32 model and fp32 replays are true fp32
+    torch.backends.cudnn.allow_tf32 = False
     res: dict = {"preset": args.preset, "device": str(dev), "steps": args.steps}
     models = build(args.preset, dev)
     cfg = models["torch"].cfg
