@@ -152,8 +152,8 @@ def job_for(event: str, payload: dict, *, audit_drafts: bool = False, app_id: in
 
     if event == "check_run":
         run = f.obj("check_run")
-        if app_id is not None and run.get("app.id", int, required=False) not in (None, app_id):
-            return Ignored("check run of another app")
+        if app_id is not None and run.get("app.id", int, required=False) != app_id:
+            return Ignored("check run of another app")  # or of no app: only our own runs are re-run
         prs = run.items("pull_requests")
         if prs:
             number = prs[0].get("number", int)

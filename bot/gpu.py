@@ -28,19 +28,38 @@ def actions_module() -> Any | None:
 
 class GpuDispatch:
     def __init__(self, repo, *, gate: Gate, head_sha: str, workflow: str, ref: str,
-                 redact: Callable[[str], str] = lambda text: text):
+                 redact: Callable[[str], str] = lambda text: text, earlier: Results | None = None,
+                 awaited: set[str] | None = None):
         self.repo, self.gate, self.head_sha, self.workflow, self.ref = repo, gate, head_sha, workflow, ref
         self.redact = redact  # a failed dispatch's reason is published: no secret in it
+        self.earlier = earlier  # what earlier audits of this commit ran: kept when this one may not run it
+        self.awaited = awaited or set()  # labels an earlier audit of this commit dispatched, results not back
         self.pending: list[str] = []  # labels dispatched, results not back yet
         self.dispatched: list[str] = []
 
     def __call__(self, plan: TestPlan) -> Results:
         results = Results(audit_id=plan.audit_id, head_sha=plan.head_sha)
         actions = actions_module()
+        ran = {(s.suite, s.runner): s for s in (self.earlier.suites if self.earlier else [])}
         for label in plan.runners:
             if not self.gate.allowed:
-                reason = self.gate.reason
-            elif actions is None:
+                # An audit that may not run a suite never reports less than one that did on this commit: GitHub
+                # shows the newest check run, so a not-run row here would hide a failure (a reopened fork PR, a
+                # command that approves nothing). The earlier outcome stands.
+                kept = [ran[(s.id, label)] for s in plan.for_runner(label) if (s.id, label) in ran]
+                results.suites.extend(kept)
+                results.devices.extend(d for d in (self.earlier.devices if self.earlier and kept else [])
+                                       if d.label == label)
+                missing = [s for s in plan.for_runner(label) if (s.id, label) not in ran]
+                waiting = bool(missing) and label in self.awaited
+                if waiting:  # the run an earlier audit started will report here too (bot.worker._collect)
+                    self.pending.append(label)
+                for suite in missing:
+                    why = "an earlier audit of this commit dispatched it; results pending" if waiting else \
+                        self.gate.reason
+                    results.suites.append(SuiteResult(suite=suite.id, runner=label, outcome="not-run", reason=why))
+                continue
+            if actions is None:
                 reason = f"no {label} runner dispatcher is installed on this bot"
             else:
                 try:

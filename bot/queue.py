@@ -174,6 +174,10 @@ class JobStore(ABC):
     @abstractmethod
     def latest_audit(self, repo: str, pr: int) -> AuditRecord | None: ...
 
+    @abstractmethod
+    def audits_of_head(self, repo: str, head_sha: str) -> list[AuditRecord]:
+        """Every audit of one commit, newest first (whatever became of it)."""
+
     def close(self) -> None:  # noqa: B027  (optional: a backend without connections has nothing to close)
         """Release this process's connections."""
 
@@ -571,6 +575,12 @@ class SqliteJobStore(JobStore):
             .fetchone()
         )
         return _audit(row) if row else None
+
+    def audits_of_head(self, repo: str, head_sha: str) -> list[AuditRecord]:
+        rows = self._db().execute(
+            "SELECT * FROM audits WHERE repo = ? AND head_sha = ? ORDER BY updated DESC", (repo, head_sha)
+        ).fetchall()
+        return [_audit(r) for r in rows]
 
     def close(self) -> None:
         db = getattr(self._local, "db", None)

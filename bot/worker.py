@@ -360,6 +360,9 @@ class Service:
         dispatch = GpuDispatch(
             repo, gate=task.gate, head_sha=task.head_sha, workflow=self.settings.gpu_workflow,
             ref=repo.default_branch, redact=self.redact,
+            earlier=None if task.gate.allowed else self._earlier_results(job.repo, task.head_sha),
+            awaited=set() if task.gate.allowed else {
+                lab for rec in self.store.awaiting(job.repo, head_sha=task.head_sha) for lab in rec.pending},
         )
         request = AuditRequest(
             repo=mirror, base=task.base_sha, head=task.head_sha, pr=task.pr, trigger=task.trigger,  # type: ignore[arg-type]
@@ -389,6 +392,22 @@ class Service:
         if task.pr is not None:
             self._retire_older(repo, pub, job.repo, task, audit)
         return DONE
+
+    def _earlier_results(self, full_name: str, head_sha: str) -> Results:
+        """The outcomes earlier audits of this commit got from the runners, newest first per suite and label."""
+        rows: dict[tuple[str, str], SuiteResult] = {}
+        devices: dict[str, Any] = {}
+        for record in self.store.audits_of_head(full_name, head_sha):
+            try:
+                earlier = from_json(Audit, record.audit_json).results
+            except Exception:  # a record this build cannot read adds nothing
+                continue
+            for row in earlier.suites if earlier else []:
+                if row.outcome not in ("not-run", "not-runnable", "skipped"):
+                    rows.setdefault((row.suite, row.runner), row)
+            for device in earlier.devices if earlier else []:
+                devices.setdefault(device.label, device)
+        return Results("", head_sha, list(rows.values()), list(devices.values()))
 
     def _cancel_if_superseded(self, pub: Publisher, run: Any, row: JobRow, task: AuditTask, summary: str) -> bool:
         """A newer push of this PR is queued: close ``run`` as cancelled, ``summary`` naming ``{newer}`` and
@@ -554,30 +573,40 @@ class Service:
 
     # ------------------------------------------------------------------ GPU results
     def _collect(self, row: JobRow, job: CollectJob, beat: _Heartbeat) -> str:
-        """A GPU workflow run finished: fold its Results into the audit it belongs to and publish again."""
+        """A GPU workflow run finished: fold its Results into the audit it belongs to and publish again; also
+        into later audits of the same commit that are waiting for that label (an audit that could not dispatch
+        it waits for the run an earlier one started, see ``GpuDispatch``)."""
         record = self.store.audit(job.audit_id)
         if record is None or job.label not in record.pending:
             log.info("workflow run %s: no audit %s waiting for %s", job.run_id, job.audit_id, job.label)
             return DONE
         repo = self._repo(job)
-        audit = from_json(Audit, record.audit_json)
         actions = actions_module()
+        reason = ""
+        incoming: Results | None = None
         try:
             if actions is None:
                 raise RuntimeError("no GPU results collector is installed on this bot")
-            incoming = actions.Collector(repo, key=self.settings.results_key or None).collect(job.run_id, record.audit_id, head_sha=record.head_sha)
+            incoming = actions.Collector(repo, key=self.settings.results_key or None).collect(
+                job.run_id, record.audit_id, head_sha=record.head_sha)
         except Exception as exc:  # missing / malformed / oversized artifact: error rows, never a silent pass
             if isinstance(exc, GithubException) and exc.status >= 500:
                 raise
             reason = self.redact(f"results unusable: {exc}")[:600]
-            incoming = Results(
-                record.audit_id,
-                record.head_sha,
-                [
-                    SuiteResult(suite=s.id, runner=s.runner, outcome="error", reason=reason)
-                    for s in (audit.plan.for_runner(job.label) if audit.plan else [])
-                ],
-            )
+        self._fold(repo, job, record, incoming, reason, beat)
+        for later in self.store.awaiting(job.repo, head_sha=record.head_sha):
+            if later.audit_id != record.audit_id and job.label in later.pending:
+                self._fold(repo, job, later, incoming, reason, beat)
+        return DONE
+
+    def _fold(self, repo: Any, job: CollectJob, record: AuditRecord, incoming: Results | None, reason: str,
+              beat: _Heartbeat) -> None:
+        audit = from_json(Audit, record.audit_json)
+        if incoming is None:
+            incoming = Results(record.audit_id, record.head_sha, [
+                SuiteResult(suite=s.id, runner=s.runner, outcome="error", reason=reason)
+                for s in (audit.plan.for_runner(job.label) if audit.plan else [])
+            ])
         labels = {s.runner for s in incoming.suites} | {d.label for d in incoming.devices} | {job.label}
         audit.results = merge_results(audit.results, incoming, labels)
         pending = [lab for lab in record.pending if lab not in labels]
@@ -603,7 +632,6 @@ class Service:
                           complete=not pending)
         elif pr is not None:
             pub.upsert_comment(pr, split_comment(audit.report.markdown, details)[0])
-        return DONE
 
 
 # ---------------------------------------------------------------------- the GitHub-free pipeline

@@ -4,7 +4,10 @@ hidden marker, a fork's own workflow run standing in for the GPU run the bot is 
 
 from __future__ import annotations
 
+import json
+
 from bot.publish import COMMENT_MARKER, reply_marker
+from bot.security import Redactor
 from checks.model import Results, SuiteResult
 from runner.actions import artifact_name, run_title
 from tests.bot.conftest import REPO, pr_payload, signed_results, workflow_run_payload
@@ -66,6 +69,9 @@ def test_a_non_writers_audit_does_not_turn_a_failed_gpu_check_green(bot_factory,
 
     _say(bot, state, 51, "/audit retry", "maintainer")  # a writer may re-run it
     assert len(state.dispatches) == 2
+    # the tested code can read workflow_dispatch inputs (the event payload on the runner's disk): no secret there
+    secrets = Redactor(bot.settings, bot.service.app.issued_tokens).secrets()
+    assert secrets and not [s[:6] for s in secrets if s in json.dumps(state.dispatches)]
 
 
 def test_a_non_writers_audit_runs_on_a_head_not_audited_yet(bot_factory, gpu_repo):
@@ -161,3 +167,48 @@ def test_a_role_counts_by_what_it_grants_never_by_its_name():
     assert not Permission(role_name="write", permission="triage").writes
     assert Permission(role_name="maintain", permission="write").writes  # the built-in maintain role
     assert Permission(role_name="release-engineer", permission="read", push=True).writes
+
+
+def test_a_forks_reopen_does_not_paint_over_its_gpu_run_pending_or_failed(bot_factory, gpu_repo):
+    from tests.bot.test_bot_approvals import _approve, _fork_pr, _opened
+
+    make, state = bot_factory
+    _, base, head = _fork_pr(state, gpu_repo, 56)
+    runs: list[dict] = []
+
+    def on_dispatch(st, record):
+        inputs = record["inputs"]
+        run = st.add_run(REPO, head_sha=inputs["head_sha"], display_title=run_title(inputs["audit_id"], inputs["label"]))
+        results = Results(inputs["audit_id"], inputs["head_sha"], [SuiteResult("parity-loader", "sm90", "failed")])
+        st.add_artifact(run["id"], artifact_name(inputs["audit_id"], inputs["label"]),
+                        signed_results(REPO, inputs["label"], results))
+        runs.append(run)
+
+    def newest() -> dict:
+        return max(state.check_runs_for(REPO, head), key=lambda r: r["id"])
+
+    state.on_dispatch = on_dispatch
+    bot = make()
+    bot.deliver("pull_request", _opened(56, head, base))
+    bot.settle()
+    _approve(bot, state, 56)
+    bot.settle()
+    assert len(state.dispatches) == 1 and newest()["status"] == "in_progress"
+
+    # the fork's author closes and reopens while the approved GPU run is still going: an audit that may not
+    # dispatch anything must not conclude a newer, green check run over the one waiting for the GPU
+    bot.deliver("pull_request", _opened(56, head, base, action="reopened"))
+    bot.settle()
+    assert newest()["status"] == "in_progress", newest()  # was: completed / success
+    bot.deliver("workflow_run", workflow_run_payload(runs[0]))
+    bot.settle()
+    unapproved, approved, reopened = sorted(state.check_runs_for(REPO, head), key=lambda r: r["id"])
+    assert unapproved["conclusion"] == "success"  # before the approval: suites "wait for a writer" (STATUS.md)
+    assert approved["conclusion"] == reopened["conclusion"] == "failure"  # the run's result reached both
+
+    bot.deliver("pull_request", _opened(56, head, base, action="ready_for_review"))  # and once it has failed
+    bot.settle()
+    assert newest()["status"] == "completed" and newest()["conclusion"] == "failure"  # was: success
+    assert len(state.dispatches) == 1
+    (comment,) = _marked(state, 56)
+    assert "parity-loader" in comment["body"] and "❌" in comment["body"]
