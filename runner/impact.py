@@ -34,7 +34,18 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Literal
 
-from runner.imports import ImportGraph, _absolute, _statements, imports_of, parses, strings_run
+from runner.imports import (
+    Import,
+    ImportGraph,
+    _absolute,
+    _statements,
+    imports_of,
+    parse_imports,
+    parses,
+    remember_imports,
+    statement_imports,
+    strings_run,
+)
 
 ALL: Literal["all"] = "all"
 Changed = frozenset[str] | Literal["all"]
@@ -333,10 +344,31 @@ def static_bindings(path: str, data: bytes | None) -> tuple[Binding, ...] | None
 def module_info(path: str, data: bytes | None) -> ModuleInfo:
     if data is None:
         return ModuleInfo(opaque=True)
+    return analyse(path, data)[0]
+
+
+def analyse(path: str, data: bytes) -> tuple[ModuleInfo, tuple[Import, ...], bool]:
+    """One parse of a file: its table, its imports (as ``parse_imports`` reads them), whether ``ast`` parsed it."""
     try:
         tree = ast.parse(data, filename=path)
     except (SyntaxError, ValueError):
-        return ModuleInfo(opaque=True)
+        return ModuleInfo(opaque=True), tuple(parse_imports(path, data)), False
+    info, strings = _tree_info(path, data, tree)
+    return info, tuple(statement_imports(path, tree) + strings_run(strings)), True
+
+
+def analyse_into_caches(path: str, blob: str | None, data: bytes) -> tuple[ModuleInfo, tuple[Import, ...]]:
+    """``analyse``, remembered in both caches (this module's tables, ``runner.imports``' imports)."""
+    info, found, parsed = analyse(path, data)
+    remember_imports(path, blob, found, parsed)
+    if blob is not None:
+        if len(_INFO) > 50_000:
+            _INFO.clear()
+        _INFO[(path, blob)] = info
+    return info, found
+
+
+def _tree_info(path: str, data: bytes, tree: ast.Module) -> tuple[ModuleInfo, list[str]]:
     imported = {
         (a.asname or a.name).split(".", 1)[0]
         for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom)) for a in node.names
@@ -362,7 +394,7 @@ def module_info(path: str, data: bytes | None) -> ModuleInfo:
     escapes = {sub.id for sub in scan.loads if id(sub) not in scan.bases}
     return ModuleInfo(tuple(stmts), tuple(bindings), refs, frozenset(scan.dynamic), False, scan.by_name,
                       data if scan.by_name else b"", trivial, runs,
-                      {k: frozenset(v) for k, v in scan.attrs.items()}, frozenset(escapes))
+                      {k: frozenset(v) for k, v in scan.attrs.items()}, frozenset(escapes)), scan.strings
 
 
 _INFO: dict[tuple[str, str], ModuleInfo] = {}
@@ -372,12 +404,10 @@ def info_of(path: str, blob: str | None, read: Callable[[str], bytes | None]) ->
     """ModuleInfo cached by (path, blob): replaying a history re-parses only what changed."""
     if blob is not None and (path, blob) in _INFO:
         return _INFO[(path, blob)]
-    got = module_info(path, read(path))
-    if blob is not None:
-        if len(_INFO) > 50_000:
-            _INFO.clear()
-        _INFO[(path, blob)] = got
-    return got
+    data = read(path)
+    if data is None:
+        return ModuleInfo(opaque=True)
+    return analyse_into_caches(path, blob, data)[0]
 
 
 def importers(graph: ImportGraph, tests: list[str]) -> dict[str, list[str]]:

@@ -117,6 +117,11 @@ def _parse_imports(path: str, data: bytes) -> tuple[list[Import], bool]:
         tree = ast.parse(data, filename=path)
     except (SyntaxError, ValueError):
         return _imports_tree_sitter(path, data), False
+    return statement_imports(path, tree) + run_strings(tree), True
+
+
+def statement_imports(path: str, tree: ast.Module) -> list[Import]:
+    """The import statements of a parsed file, nested blocks included (``run_strings`` adds the rest)."""
     out: list[Import] = []
     for node in _statements(tree.body):
         if isinstance(node, ast.Import):
@@ -125,7 +130,7 @@ def _parse_imports(path: str, data: bytes) -> tuple[list[Import], bool]:
             base = _absolute(path, node.module, node.level)
             if base is not None:
                 out.append(Import(base, tuple(a.name for a in node.names)))
-    return out + run_strings(tree), True
+    return out
 
 
 _BLOCKS = ("body", "orelse", "finalbody", "handlers", "cases")
@@ -153,19 +158,24 @@ def imports_of(path: str, blob: str | None, read: Callable[[str], bytes | None])
     if blob is not None and (path, blob) in _CACHE:
         return _CACHE[(path, blob)]
     data = read(path)
-    found: tuple[Import, ...] = ()
-    parsed = False
-    if data is not None:
-        got, parsed = _parse_imports(path, data)
-        found = tuple(got)
-    if blob is not None:
-        if len(_CACHE) >= _CACHE_MAX:
-            _CACHE.clear()
-            _UNPARSED.clear()
-        _CACHE[(path, blob)] = found
-        if not parsed:
-            _UNPARSED.add((path, blob))
-    return found
+    if data is None:
+        found: tuple[Import, ...] = ()
+        remember_imports(path, blob, found, False)
+        return found
+    from runner.impact import analyse_into_caches  # one parse gives the imports and the module's table
+
+    return analyse_into_caches(path, blob, data)[1]
+
+
+def remember_imports(path: str, blob: str | None, found: tuple[Import, ...], parsed: bool) -> None:
+    if blob is None:
+        return
+    if len(_CACHE) >= _CACHE_MAX:
+        _CACHE.clear()
+        _UNPARSED.clear()
+    _CACHE[(path, blob)] = found
+    if not parsed:
+        _UNPARSED.add((path, blob))
 
 
 def parses(path: str, blob: str | None, read: Callable[[str], bytes | None]) -> bool:
@@ -229,6 +239,14 @@ class ImportGraph:
     _edges: dict[str, list[str]] = field(default_factory=dict, init=False)
     _tops: set[str] | None = field(default=None, init=False)
     _needs: dict = field(default_factory=dict, init=False)  # (path, extensions) → _FileNeed, for gpu_need
+    _dirs: dict[str, list[str]] = field(default_factory=dict, init=False)
+
+    def _local_dir(self, importer: str) -> list[str]:
+        """The importer's directory as parts (pytest's rootdir-relative imports resolve there)."""
+        got = self._dirs.get(importer)
+        if got is None:
+            got = self._dirs[importer] = importer.split("/")[:-1]
+        return got
 
     def __post_init__(self) -> None:
         self.paths = set(self.paths)
@@ -252,7 +270,7 @@ class ImportGraph:
         """Files executed by importing ``name`` from ``importer``: the module and its packages."""
         out: list[str] = []
         parts = name.split(".")
-        local_dir = list(PurePosixPath(importer).parent.parts)
+        local_dir = self._local_dir(importer)
         for i in range(1, len(parts) + 1):
             dotted = ".".join(parts[:i])
             hit = self._index.get(dotted)
@@ -313,7 +331,7 @@ class ImportGraph:
     def module_file(self, name: str, importer: str) -> str | None:
         """The file that ``name`` itself is (its ``__init__.py`` for a package), or None."""
         hit = self._index.get(name)
-        local_dir = list(PurePosixPath(importer).parent.parts)
+        local_dir = self._local_dir(importer)
         if hit is None and local_dir:
             hit = self._index.get(".".join(local_dir + name.split(".")))
         return hit
