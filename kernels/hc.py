@@ -588,7 +588,7 @@ def hc_pre(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.T
         d_split = triton.cdiv(triton.cdiv(d, n_d), bd) * bd
         n_d = triton.cdiv(d, d_split)
         n_tb = triton.cdiv(t, bt)
-        lag = max(0, p["lag"])
+        lag = max(0, min(p["lag"], n_tb - 1))  # no trailing steps of idle programs for a short T
         scratch = torch.zeros(t * (nmix + 1) + n_tb, dtype=torch.float32, device=x.device)
         _hc_lag_kernel[((n_tb + lag) * (n_s + n_d),)](
             xc, fnc, bc, sc, col, post, comb, scratch[:t * (nmix + 1)], scratch[t * (nmix + 1):].view(torch.int32),

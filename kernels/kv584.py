@@ -357,6 +357,7 @@ def kv584_store(kv: torch.Tensor, pool: torch.Tensor, slots: torch.Tensor, *, im
                 rows: int | None = None, num_warps: int | None = None, evict: str = "", stages: int = 0,
                 programs: int | None = None) -> torch.Tensor:
     """Triton :func:`kv584_store_ref`. ``impl="words"``: ``rows`` tokens per program written as int64 words;
+    ``"quads"``: ``rows`` tokens per program, a thread per 4 adjacent channels (:func:`store_quads`);
     ``"row"``: one program per token with byte stores (also the path for a pool whose storage is not 8-byte
     aligned). ``None``: :data:`STORE_IMPL`. ``evict``: the word kernel's L2 eviction hint ("" or
     "evict_first", for a pool written once and read much later). ``stages`` > 0: ``programs`` persistent
