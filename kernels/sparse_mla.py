@@ -82,6 +82,7 @@ class SparseConfig:
     fast_launch: bool = True
     gluon: bool = False  # the Gluon kernel (sm90, 64 heads a block, 64-slot tiles, num_stages ring stages)
     early_parts: int = 4  # Gluon: parts of a tile dequantised while the last tile's value MMAs run (1-4)
+    wg_sums: bool = False  # Gluon: each warpgroup keeps its own running sums (no cross-warpgroup sum a tile)
 
 
 def sparse_config(batch: int, heads: int, k: int, cap: tuple[int, int] | None, low: bool = True,
@@ -482,7 +483,7 @@ if HAVE_GLUON:
     @gluon.jit
     def _sparse_decode_gluon(q_ptr, pool_ptr, pool16_ptr, idx_ptr, sink_ptr, o_ptr, lse_ptr, K, H, qk_scale,
                              SPLIT: gl.constexpr, STAGES: gl.constexpr, ROW: gl.constexpr, WIDE: gl.constexpr,
-                             L2PF: gl.constexpr, EARLY: gl.constexpr):
+                             L2PF: gl.constexpr, EARLY: gl.constexpr, LSUMW: gl.constexpr):
         """:func:`_sparse_decode_kernel`'s online softmax for sm90 with explicit shared memory: the raw bytes of
         the rows ``STAGES - 1`` tiles ahead are gathered by cp.async into a ring while this tile is
         dequantised; the dequantised tile (bf16, wgmma's swizzled layout, one buffer per part of the row so
@@ -540,13 +541,15 @@ if HAVE_GLUON:
         # the sink joins after the loop (unsplit) or in the combine (split)
         m = gl.full([BH], -1e30, gl.float32, layout=gl.SliceLayout(1, S_L))  # finite: an empty chunk stays NaN-free
         lsum = gl.zeros([BH], gl.float32, layout=gl.SliceLayout(1, S_L))
+        s0 = gl.zeros([BH, BT], gl.float32, layout=S_L)
+        if LSUMW:  # each warpgroup sums its own 32 slots of a tile; the two sums meet once, after the loop
+            lw = gl.sum(gl.reshape(s0, [BH, 2, BT // 2]), axis=2)
         if not SPLIT:
             sink = gl.load(sink_ptr + hs, mask=hs < H, other=0.0).to(gl.float32) * 1.4426950408889634
         a0t = warpgroup_mma_init(gl.zeros([BH, 256], gl.float32, layout=O0))
         a1t = warpgroup_mma_init(gl.zeros([BH, 128], gl.float32, layout=O1))
         a2t = warpgroup_mma_init(gl.zeros([BH, 64], gl.float32, layout=O2))
         a3t = warpgroup_mma_init(gl.zeros([BH, 64], gl.float32, layout=O2))
-        s0 = gl.zeros([BH, BT], gl.float32, layout=S_L)
         ts_ = gl.arange(0, BT, layout=gl.SliceLayout(0, S_L))
         fence_async_shared()
         # at least one trip (an empty chunk's tile is all masked: it adds nothing): a loop the compiler
@@ -598,7 +601,11 @@ if HAVE_GLUON:
             m_new = gl.maximum(m, gl.max(s, axis=1))
             alpha = gl.exp2(m - m_new)
             p = gl.exp2(s - gl.expand_dims(m_new, 1))
-            lsum = lsum * alpha + gl.sum(p, axis=1)
+            if LSUMW:
+                aw = gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, lw.type.layout)), 1)
+                lw = lw * aw + gl.sum(gl.reshape(p, [BH, 2, BT // 2]), axis=2)
+            else:
+                lsum = lsum * alpha + gl.sum(p, axis=1)
             m = m_new
             p_s.store(p.to(gl.bfloat16))
             fence_async_shared()
@@ -616,6 +623,8 @@ if HAVE_GLUON:
             a3t = warpgroup_mma(p_s, kv3, a3, is_async=True)
         a0, a1, a2, a3 = warpgroup_mma_wait(num_outstanding=0, deps=(a0t, a1t, a2t, a3t))
         async_copy.wait_group(0)  # the ring's copies past the chunk's end
+        if LSUMW:
+            lsum = gl.convert_layout(gl.sum(lw, axis=1), gl.SliceLayout(1, S_L))
 
         if SPLIT:
             empty = lsum == 0.0
@@ -673,7 +682,8 @@ def sparse_mla_decode(q: torch.Tensor, pool: torch.Tensor, indices: torch.Tensor
         al = (qc.data_ptr() | pools[0].data_ptr() | idx.data_ptr() | sk.data_ptr() | o.data_ptr()) & 15 == 0
     if args["GLUON"]:
         gargs = {"SPLIT": n_split > 1, "STAGES": args["num_stages"], "ROW": TOKEN_BYTES, "WIDE": args["WIDE"],
-                 "L2PF": bool(args["L2PF"]), "EARLY": args["EARLY"], "num_warps": 8}
+                 "L2PF": bool(args["L2PF"]), "EARLY": args["EARLY"], "LSUMW": args["LSUMW"],
+                 "num_warps": 8}
         if n_split == 1:
             _launch(_sparse_decode_gluon, fast and (fast, 4, al), grid, (qc, pools[0], pools[1], idx, sk, o, sk, k, h,
                     qk), gargs)
@@ -716,7 +726,7 @@ def _launch(fn, key, grid, pos: tuple, args: dict, **more) -> None:
         if hit is not None:
             hit[0][grid](*pos, *hit[1])
             return
-    kw = {n: v for n, v in args.items() if n not in ("FAST", "GLUON", "EARLY")}
+    kw = {n: v for n, v in args.items() if n not in ("FAST", "GLUON", "EARLY", "LSUMW")}
     kw.update(more)
     compiled = fn[grid](*pos, **kw)
     if key and compiled is not None and hasattr(compiled, "__getitem__"):
@@ -746,6 +756,7 @@ def _plan(b: int, h: int, k: int, dtype: torch.dtype, dev_type: str, dev_index: 
                 num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     args["GLUON"] = use_gluon(cfg, cap, low, interp)
     args["EARLY"] = min(4, max(1, cfg.early_parts))
+    args["LSUMW"] = cfg.wg_sums
     progs = b * n_split * hb
     n_part, n_lse = (b * n_split * h * 512, b * n_split * h) if n_split > 1 else (0, 0)
     n_p, n_m = (2 * progs * cfg.block_h * bt, 2 * progs * cfg.block_h) if cfg.xchg and not args["GLUON"] else (0, 0)

@@ -243,18 +243,19 @@ def _sm90() -> bool:
 
 
 @pytest.mark.skipif(not _sm90(), reason="the Gluon kernel is sm90-only (wgmma); CPU and other parts run tl")
-@pytest.mark.parametrize("b, h, k, n_split, dtype, wide", [
-    (2, 64, 70, 1, torch.bfloat16, False),  # one chunk, a partial tile, the sink in the kernel
-    (3, 72, 200, 3, torch.bfloat16, True),  # a second, mostly masked head block; chunks; rescaling
-    (2, 16, 130, 2, torch.float16, False),  # fewer heads than the block; fp16 q rounded to bf16
-    (4, 64, 640, 4, torch.bfloat16, False),  # V4-Flash's row
+@pytest.mark.parametrize("b, h, k, n_split, dtype, wide, knobs", [
+    (2, 64, 70, 1, torch.bfloat16, False, {}),  # one chunk, a partial tile, the sink in the kernel
+    (3, 72, 200, 3, torch.bfloat16, True, {}),  # a second, mostly masked head block; chunks; rescaling
+    (2, 16, 130, 2, torch.float16, False, {"l2_prefetch": 1}),  # fewer heads than the block; fp16 q
+    (4, 64, 640, 4, torch.bfloat16, False, {"early_parts": 2, "wg_sums": True}),  # V4-Flash's row
+    (2, 64, 100, 5, torch.bfloat16, True, {"wg_sums": True}),  # more chunks than tiles: empty ones
 ])
-def test_gluon_kernel_matches_the_reference(b, h, k, n_split, dtype, wide):
+def test_gluon_kernel_matches_the_reference(b, h, k, n_split, dtype, wide, knobs):
     inp = _case(b, h, k, "cuda", seed=50 + k, pages=64, dtype=dtype)
     inp["indices"][-1] = -1  # a row with only the sink
     if wide:
         inp["q"] = (inp["q"].float() * 60).to(dtype)
     ref = sparse_mla_decode_ref(**{**inp, "q": inp["q"].bfloat16()}).to(dtype)
-    out = sparse_mla_decode(**inp, config=SparseConfig(64, 64, n_split, 8, 2, gluon=True))
+    out = sparse_mla_decode(**inp, config=SparseConfig(64, 64, n_split, 8, 2, gluon=True, **knobs))
     assert torch.isfinite(out.float()).all() and out[-1].abs().max() == 0
     assert gemm_diff(out, ref).value < 2e-5
