@@ -15,7 +15,7 @@ from torch import nn
 from engine.v4.cache import LayerCache
 from engine.v4.compressor import Compressor, Step
 from engine.v4.config import SLIDING, V4Config
-from engine.v4.layers import Linear, RMSNorm, param, rope_tail, unit_rmsnorm
+from engine.v4.layers import Linear, RMSNorm, param, rope_tail_, unit_rmsnorm
 from engine.v4.ops import V4Ops
 
 
@@ -44,17 +44,21 @@ class Attention(nn.Module):
         rot = step.rope[self.rope_kind]
         q_lat = self.q_a_norm(self.q_a_proj(x))
         q = unit_rmsnorm(self.q_b_proj(q_lat).view(b, s, nh, d), c.rms_norm_eps)
-        q = rope_tail(q, rot.unsqueeze(2))
-        kv = rope_tail(self.kv_norm(self.kv_proj(x)), rot)
+        q = rope_tail_(q, rot.unsqueeze(2))  # fresh tensors: rotated in place
+        kv = rope_tail_(self.kv_norm(self.kv_proj(x)), rot)
 
-        keys, kpos = cache.window.extend(kv, step.pos, step.valid)
+        keys, kpos = cache.window.extend(kv, step.pos, step.valid, step.once)
         chosen = idx = None
-        qp = step.pos.unsqueeze(-1)
-        kp = kpos.unsqueeze(1)
-        mask = (kp >= 0) & (kp <= qp) & (kp > qp - c.sliding_window)  # [B, S, W+S]
         pooled = s == 1 and cache.pool is not None  # decode reads the 584-byte FP8 pool by row index
+
+        def window_mask():
+            qp, kp = step.pos.unsqueeze(-1), kpos.unsqueeze(1)
+            return (kp >= 0) & (kp <= qp) & (kp > qp - c.sliding_window)  # [B, S, W+S]
+
+        # every layer's window holds the same positions: one mask per forward
+        mask = None if pooled else step.once(("window_mask", c.sliding_window), window_mask)
         if self.compressor is not None:
-            n_visible = (step.pos + 1) // self.rate
+            n_visible = step.once(("n_visible", self.rate), lambda: (step.pos + 1) // self.rate)
             # every entry slot of the cache (a static shape); those past a query's n_visible are masked
             entries = self.compressor(x, step, cache.compressor)  # [B, E, D]
             e = entries.shape[1]
@@ -65,18 +69,22 @@ class Attention(nn.Module):
                 chosen.scatter_(-1, torch.where(idx >= 0, idx, e), True)
                 chosen = chosen[..., :e]
             elif idx is None:
-                chosen = torch.arange(e, device=x.device).view(1, 1, e) < n_visible.unsqueeze(-1)
+                chosen = step.once(("all_visible", self.rate, e), lambda: torch.arange(e, device=x.device).view(
+                    1, 1, e) < n_visible.unsqueeze(-1))
             if not pooled:
+                assert mask is not None and chosen is not None
                 keys = torch.cat([keys, entries.to(keys.dtype)], dim=1)
                 mask = torch.cat([mask, chosen], dim=-1)
         if pooled:
+            assert cache.pool is not None
             # CSA: the indexer's picks (k rows, not one per entry slot); HCA: every entry slot, masked
             sel = chosen[:, 0] if chosen is not None else None
-            rows = cache.decode_rows(step.pos[:, 0], sel, idx[:, 0] if idx is not None else None).to(torch.int32)
+            rows = cache.decode_rows(step.pos[:, 0], sel, idx[:, 0] if idx is not None else None,
+                                     step.once).to(torch.int32)
             o = self.ops.sparse_decode(q[:, 0], cache.pool.rows, rows, self.sinks, d ** -0.5).unsqueeze(1)
         else:
             o = self.ops.attention(q, keys, mask, self.sinks, d ** -0.5)  # [B, S, H, D]
-        o = rope_tail(o, rot.conj().unsqueeze(2))  # rotate back by the query's position
+        o = rope_tail_(o, step.once(("rot_back", self.rope_kind), lambda: rot.conj().unsqueeze(2)))  # unrotate
         g = c.o_groups
         w = self.o_a_proj.dense_weight(o.dtype).view(g, c.o_lora_rank, -1)
         grouped = torch.einsum("bsgk,grk->bsgr", o.reshape(b, s, g, -1), w)

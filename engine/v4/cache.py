@@ -15,7 +15,12 @@ yet are masked by position (``n_visible``), never sliced off.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
+
+Once = Callable[[tuple, Callable[[], Any]], Any]
 
 
 def _last_writes(pos: torch.Tensor, valid: torch.Tensor, ring: int) -> torch.Tensor:
@@ -27,6 +32,13 @@ def _last_writes(pos: torch.Tensor, valid: torch.Tensor, ring: int) -> torch.Ten
 
 def _rows_of(pos: torch.Tensor) -> torch.Tensor:
     return torch.arange(pos.shape[0], device=pos.device).unsqueeze(1).expand_as(pos)
+
+
+def _once(once: Once | None, key: tuple, make: Callable[[], Any]) -> Any:
+    """``make()``, or through ``once`` (:meth:`engine.v4.compressor.Step.once`): the caches of all layers
+    hold the same positions, so what depends only on positions (slots, masks, window indices) is made by
+    the first layer of a forward and reused by the others."""
+    return make() if once is None else once(key, make)
 
 
 class KVPool:
@@ -71,29 +83,39 @@ class WindowCache:
         self._keys.zero_()
         self._pos.fill_(-1)
 
-    def extend(self, kv: torch.Tensor, pos: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def extend(self, kv: torch.Tensor, pos: torch.Tensor, valid: torch.Tensor,
+               once: Once | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys this chunk's queries may see (``[B, window + S, D]``, the cached window then the chunk) and
         their positions (-1 where empty or invalid); then the chunk's last valid keys enter the window."""
+        def slots():
+            kpos = torch.cat([self.pos, torch.where(valid, pos, -1)], dim=1)  # read before this write
+            w = valid if pos.shape[1] == 1 else _last_writes(pos, valid, self.window)
+            return kpos, w, _rows_of(pos), torch.where(w, pos % self.window, self.window)
+
+        kpos, w, b, slot = _once(once, ("window", self.window), slots)
         keys = torch.cat([self.keys, kv.to(self.keys.dtype)], dim=1)
-        kpos = torch.cat([self.pos, torch.where(valid, pos, -1)], dim=1)
-        w = valid if pos.shape[1] == 1 else _last_writes(pos, valid, self.window)
-        b = _rows_of(pos)
-        slot = torch.where(w, pos % self.window, self.window)
         self._keys[b, slot] = kv.to(self._keys.dtype)
         self._pos[b, slot] = pos
         if self.pool is not None:
-            rows = torch.where(w, self.pool.window_rows(b, slot), self.pool.trash)
-            self.pool.write(rows, kv)
+            pool = self.pool
+            rows = _once(once, ("window_pool", self.window, pool.trash),
+                         lambda: torch.where(w, pool.window_rows(b, slot), pool.trash))
+            pool.write(rows, kv)
         return keys, kpos
 
-    def pool_rows(self, q_pos: torch.Tensor) -> torch.Tensor:
+    def pool_rows(self, q_pos: torch.Tensor, once: Once | None = None) -> torch.Tensor:
         """Pool rows of the window keys a query at ``q_pos[B]`` sees (``-1`` elsewhere), ``[B, window]``."""
-        assert self.pool is not None
-        b = torch.arange(self.pos.shape[0], device=self.pos.device).unsqueeze(1)
-        slot = torch.arange(self.window, device=self.pos.device).unsqueeze(0)
-        qp = q_pos.unsqueeze(1)
-        seen = (self.pos >= 0) & (self.pos <= qp) & (self.pos > qp - self.window)
-        return torch.where(seen, self.pool.window_rows(b, slot), torch.full_like(self.pos, -1))
+        pool = self.pool
+        assert pool is not None
+
+        def rows():
+            b = torch.arange(self.pos.shape[0], device=self.pos.device).unsqueeze(1)
+            slot = torch.arange(self.window, device=self.pos.device).unsqueeze(0)
+            qp = q_pos.unsqueeze(1)
+            seen = (self.pos >= 0) & (self.pos <= qp) & (self.pos > qp - self.window)
+            return torch.where(seen, pool.window_rows(b, slot), torch.full_like(self.pos, -1))
+
+        return _once(once, ("window_rows", self.window), rows)
 
 
 class CompressorCache:
@@ -123,7 +145,8 @@ class CompressorCache:
         self._src_pos.fill_(-1)
         self._entries.zero_()
 
-    def windows(self, kv: torch.Tensor, gate: torch.Tensor, pos: torch.Tensor, valid: torch.Tensor):
+    def windows(self, kv: torch.Tensor, gate: torch.Tensor, pos: torch.Tensor, valid: torch.Tensor,
+                once: Once | None = None):
         """The source windows this chunk may complete, ``ceil(S / rate)`` candidates per row: ``(rows,
         entry_ids, kv[n, L, proj], gate[n, L, proj], src_ok[n, L], done[n])`` with ``L`` = one window, or two
         (previous then current) with overlap; ``done`` marks the candidates whose window really completes
@@ -131,7 +154,7 @@ class CompressorCache:
         m = self.rate
         bsz, s = pos.shape
         if s == 1:
-            return self._decode_window(kv, gate, pos, valid)
+            return self._decode_window(kv, gate, pos, valid, once)
         start = pos[:, 0]
         n_c = -(-s // m)
         s_c = ((m - 1 - start) % m).unsqueeze(1) + m * torch.arange(n_c, device=pos.device)  # [B, n_c]
@@ -153,36 +176,44 @@ class CompressorCache:
         self._write_ring(kv, gate, pos, _last_writes(pos, valid, self.ring))
         return b, w, src_kv, src_gate, ok, done
 
-    def _write_ring(self, kv: torch.Tensor, gate: torch.Tensor, pos: torch.Tensor, keep: torch.Tensor) -> None:
-        wb = _rows_of(pos)
-        slot = torch.where(keep, pos % self.ring, self.ring)
+    def _write_ring(self, kv: torch.Tensor, gate: torch.Tensor, pos: torch.Tensor, keep: torch.Tensor,
+                    slots: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+        wb, slot = slots if slots is not None else (_rows_of(pos), torch.where(keep, pos % self.ring, self.ring))
         self._kv[wb, slot] = kv.to(self._kv.dtype)
         self._gate[wb, slot] = gate.float()
         self._src_pos[wb, slot] = pos
 
-    def _decode_window(self, kv: torch.Tensor, gate: torch.Tensor, pos: torch.Tensor, valid: torch.Tensor):
+    def _decode_window(self, kv: torch.Tensor, gate: torch.Tensor, pos: torch.Tensor, valid: torch.Tensor,
+                       once: Once | None = None):
         """:meth:`windows` for one token per row, in fewer steps: the token enters the ring first, and then the
         window it may complete lies wholly in the ring (its slot held position ``pos - ring``, outside the
-        window)."""
-        m = self.rate
-        self._write_ring(kv, gate, pos, valid)
-        p = pos[:, 0]
-        done = valid[:, 0] & ((p + 1) % m == 0)
-        w = p // m
-        t = (w * m - (m if self.overlap else 0)).unsqueeze(1) + torch.arange(self.ring if self.overlap else m,
-                                                                            device=pos.device)
-        b = torch.arange(pos.shape[0], device=pos.device).unsqueeze(1)
-        ri = t.remainder(self.ring)
-        ok = (t >= 0) & (self.src_pos[b, ri] == t)
+        window). Every cache of one rate and ring holds the same positions: the indices are shared."""
+        m, key = self.rate, ("ring", self.rate, self.ring)
+
+        def index():
+            p = pos[:, 0]
+            w = p // m
+            t = (w * m - (m if self.overlap else 0)).unsqueeze(1) + torch.arange(self.ring if self.overlap else m,
+                                                                                device=pos.device)
+            b = torch.arange(pos.shape[0], device=pos.device).unsqueeze(1)
+            slots = (_rows_of(pos), torch.where(valid, pos % self.ring, self.ring))
+            return slots, valid[:, 0] & ((p + 1) % m == 0), w, t, b, t.remainder(self.ring)
+
+        slots, done, w, t, b, ri = _once(once, key, index)
+        self._write_ring(kv, gate, pos, valid, slots)
+        ok = _once(once, key + ("ok",), lambda: (t >= 0) & (self.src_pos[b, ri] == t))  # after this write
         return b[:, 0], w, self.kv[b, ri], self.gate[b, ri], ok, done
 
-    def store(self, rows: torch.Tensor, entry_ids: torch.Tensor, entries: torch.Tensor, done: torch.Tensor) -> None:
+    def store(self, rows: torch.Tensor, entry_ids: torch.Tensor, entries: torch.Tensor, done: torch.Tensor,
+              once: Once | None = None) -> None:
         """Entries ``entries[n, dim]`` for ``(rows, entry_ids)`` where ``done`` (the others go to the trash)."""
-        ids = torch.where(done, entry_ids.clamp(max=self.capacity - 1), self.capacity)
+        key = ("store", self.rate, self.ring, self.capacity)
+        ids = _once(once, key, lambda: torch.where(done, entry_ids.clamp(max=self.capacity - 1), self.capacity))
         self._entries[rows, ids] = entries.to(self._entries.dtype)
         if self.pool is not None:
-            prow = torch.where(done, self.pool.entry_rows(rows, ids), self.pool.trash)
-            self.pool.write(prow, entries)
+            pool = self.pool
+            prow = _once(once, key + (pool.trash,), lambda: torch.where(done, pool.entry_rows(rows, ids), pool.trash))
+            pool.write(prow, entries)
 
 
 class LayerCache:
@@ -200,11 +231,11 @@ class LayerCache:
                 part.reset()
 
     def decode_rows(self, q_pos: torch.Tensor, chosen: torch.Tensor | None,
-                    picks: torch.Tensor | None = None) -> torch.Tensor:
+                    picks: torch.Tensor | None = None, once: Once | None = None) -> torch.Tensor:
         """Pool rows one decode query per sequence attends to: its window, then the chosen entries
         (``chosen[B, E]`` a mask over entry slots, or ``picks[B, k]`` entry ids with ``-1`` for none), ``-1``
         for none."""
-        rows = self.window.pool_rows(q_pos)
+        rows = self.window.pool_rows(q_pos, once)
         if self.pool is None:
             return rows
         if picks is not None:

@@ -9,14 +9,15 @@ Entries exist only once their window is complete, so a query at position ``p`` s
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
 from engine.v4.cache import CompressorCache
 from engine.v4.config import CSA, V4Config
-from engine.v4.layers import Linear, RMSNorm, param, rope_tail
+from engine.v4.layers import Linear, RMSNorm, param, rope_tail_
 from engine.v4.ops import V4Ops
 
 
@@ -30,6 +31,16 @@ class Step:
     rope: dict[str, torch.Tensor]  # kind -> cos + i·sin [B, S, r/2] at pos (complex64)
     tables: dict[str, torch.Tensor]  # kind -> the full cos + i·sin table [max_pos, r/2]
     routes: list | None = None  # when a list, MoE layers append their chosen experts
+    memo: dict = field(default_factory=dict)  # what every layer of this forward computes alike, made once
+
+    def once(self, key: tuple, make: Callable[[], object]):
+        """``make()`` the first time a layer asks for ``key`` in this forward, the same tensors after: every
+        layer's caches hold the same positions (one window size, one ring per compression rate), so masks,
+        slots and window indices are shared instead of recomputed layer by layer (fewer kernels per step)."""
+        v = self.memo.get(key)
+        if v is None:
+            v = self.memo[key] = make()
+        return v
 
 
 class _Pool(nn.Module):
@@ -47,7 +58,8 @@ class _Pool(nn.Module):
     def pool(self, x: torch.Tensor, step: Step, cache: CompressorCache) -> torch.Tensor:
         """Emit the entries this chunk completes into ``cache``; returns every entry slot ``[B, E, dim]``
         (the cache's capacity: slots not yet emitted are masked by the readers, by position)."""
-        rows, ids, kv, gate, ok, done = cache.windows(self.kv_proj(x), self.gate_proj(x), step.pos, step.valid)
+        rows, ids, kv, gate, ok, done = cache.windows(self.kv_proj(x), self.gate_proj(x), step.pos, step.valid,
+                                                      step.once)
         m, d = self.rate, self.dim
         bias = self.position_bias
         if self.overlap:  # previous window's first half, then this window's second half
@@ -57,16 +69,18 @@ class _Pool(nn.Module):
             gate = gate + bias
         # a candidate that completes nothing may have no valid source at all: it is pooled (to NaN) and
         # stored in the cache's trash slot, so nothing waits on the host to filter it out
-        gate = gate.masked_fill(~ok.unsqueeze(-1), float("-inf"))
-        kv = kv.masked_fill(~ok.unsqueeze(-1), 0.0)
+        key = ("pool", m, cache.ring)  # every cache of this rate and ring holds the same positions
+        miss = step.once(key + ("miss",), lambda: ~ok.unsqueeze(-1))
+        gate = gate.masked_fill(miss, float("-inf"))
+        kv = kv.masked_fill(miss, 0.0)
         # the softmax over the window's slots (dim 1) written out: torch's softmax over a non-last dim is one
         # slow kernel on CUDA, and a decode step runs five of them
         e = (gate - gate.amax(dim=1, keepdim=True)).exp()
         pooled = (kv * (e / e.sum(dim=1, keepdim=True)).to(kv.dtype)).sum(dim=1)
         rot = step.tables["compress"]
-        first = (ids * m).clamp(max=rot.shape[0] - 1)
-        entries = rope_tail(self.kv_norm(pooled), rot[first])
-        cache.store(rows, ids, entries, done)
+        at = step.once(key + ("rot",), lambda: rot[(ids * m).clamp(max=rot.shape[0] - 1)])
+        entries = rope_tail_(self.kv_norm(pooled), at)  # a fresh tensor: rotated in place
+        cache.store(rows, ids, entries, done, step.once)
         return cache.entries
 
 
@@ -94,7 +108,7 @@ class Indexer(_Pool):
         keys = self.pool(x, step, cache)  # every slot; those no query sees yet score -inf
         b, s, _ = x.shape
         q = self.q_b_proj(q_lat).view(b, s, c.index_n_heads, c.index_head_dim)
-        q = rope_tail(q, step.rope["compress"].unsqueeze(2))
+        q = rope_tail_(q, step.rope["compress"].unsqueeze(2))
         w = self.scorer.weights_proj(x).float() * c.index_n_heads ** -0.5
         return self.ops.indexer_topk(q, w, keys, n_visible, c.index_head_dim ** -0.5, c.index_topk)
 

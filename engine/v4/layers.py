@@ -95,9 +95,13 @@ def rope_tail(x: torch.Tensor, rot: torch.Tensor) -> torch.Tensor:
     ``rot`` is ``cos + i·sin`` (complex64, see :func:`rope_rot`) broadcasting against ``x[..., :rope_dim/2]``.
     :func:`kernels.rope.rope_ref`'s math (fp32, ``(x0·c − x1·s, x0·s + x1·c)`` per pair) as one complex
     product, so a decode step launches a few kernels per rope instead of a dozen."""
+    return rope_tail_(x.clone(), rot)
+
+
+def rope_tail_(x: torch.Tensor, rot: torch.Tensor) -> torch.Tensor:
+    """:func:`rope_tail` in place, for a temporary ``x`` nothing else holds (one kernel fewer per rope)."""
     r = 2 * rot.shape[-1]
     tail = x[..., -r:].float()
     rot = torch.view_as_complex(tail.reshape(*tail.shape[:-1], r // 2, 2)) * rot
-    out = x.clone()
-    out[..., -r:] = torch.view_as_real(rot).flatten(-2)
-    return out
+    x[..., -r:] = torch.view_as_real(rot).flatten(-2)
+    return x
