@@ -77,6 +77,9 @@ class Stmt:
     # a bare import statement: its names come from elsewhere, so one changed name does not change its siblings
     # (``from .interface import a, b`` in a package __init__ re-exports each name on its own)
     imports: bool = False
+    # the top-level bindings it reads: names, parameters and import aliases, not attribute names (``torch.nn.X``
+    # reads no binding ``nn``); None: take ``refs``
+    uses: frozenset[str] | None = None
 
 
 @dataclass(frozen=True)
@@ -125,12 +128,13 @@ class ModuleInfo:
             for s in self.stmts:
                 if s.imports:
                     continue
-                if s.refs & changed and not s.names <= changed:
+                uses = s.refs if s.uses is None else s.uses
+                if uses & changed and not s.names <= changed:
                     if s.effect:
                         return ALL
                     changed |= s.names
                     grew = True
-                elif s.effect and s.refs & changed:
+                elif s.effect and uses & changed:
                     return ALL
         return frozenset(changed)
 
@@ -191,14 +195,17 @@ class _Scan:
         self.loads: list[ast.Name] = []
         self.strings: list[str] = []
 
-    def refs(self, node: ast.AST) -> set[str]:
+    def refs(self, node: ast.AST) -> tuple[set[str], set[str]]:
+        """(every name and attribute name in ``node``, the bindings it reads: names, parameters, aliases)."""
         out: set[str] = set()
+        uses: set[str] = set()
         name_t, attr_t, arg_t, alias_t, call_t, const_t, load_t = (
             ast.Name, ast.Attribute, ast.arg, ast.alias, ast.Call, ast.Constant, ast.Load)
         for sub in _walk(node):
             cls = sub.__class__
             if cls is name_t:
                 out.add(sub.id)  # type: ignore[attr-defined]
+                uses.add(sub.id)  # type: ignore[attr-defined]
                 if sub.ctx.__class__ is load_t:  # type: ignore[attr-defined]
                     self.loads.append(sub)  # type: ignore[arg-type]
             elif cls is attr_t:
@@ -213,8 +220,10 @@ class _Scan:
                     self.attrs.setdefault(owner.id, set()).update(chain)
             elif cls is arg_t:
                 out.add(sub.arg)  # type: ignore[attr-defined]  # pytest fixtures arrive by parameter name
+                uses.add(sub.arg)  # type: ignore[attr-defined]
             elif cls is alias_t:
                 out.add((sub.asname or sub.name).split(".", 1)[0])  # type: ignore[attr-defined]
+                uses.add((sub.asname or sub.name).split(".", 1)[0])  # type: ignore[attr-defined]
             elif cls is call_t:
                 fn = _decorator_name(sub.func)  # type: ignore[attr-defined]
                 if fn in ("import_module", "__import__"):
@@ -223,7 +232,7 @@ class _Scan:
                     self.dynamic.add(sub.args[0].id)  # type: ignore[attr-defined]
             elif cls is const_t and isinstance(sub.value, str):  # type: ignore[attr-defined]
                 self.strings.append(sub.value)  # type: ignore[attr-defined]
-        return out
+        return out, uses
 
 
 def _decorator_name(node: ast.expr) -> str:
@@ -294,20 +303,24 @@ def _flat_statements(node: ast.stmt, imported: set[str], scan: _Scan) -> list[tu
     if not _compound(node):
         names, effect = _bound(node, imported)
         start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
-        stmt = Stmt(start, node.end_lineno or node.lineno, frozenset(names), frozenset(scan.refs(node)), effect,
-                    isinstance(node, (ast.Import, ast.ImportFrom)))
+        refs, uses = scan.refs(node)
+        stmt = Stmt(start, node.end_lineno or node.lineno, frozenset(names), frozenset(refs), effect,
+                    isinstance(node, (ast.Import, ast.ImportFrom)), frozenset(uses))
         return [(stmt, node)]
     out: list[tuple[Stmt, ast.stmt | None]] = []
     for inner in _block_statements(node):
         out += _flat_statements(inner, imported, scan)
     names, effect = _bound(node, imported)
     heads: set[str] = set()
-    if isinstance(node, ast.If):
-        heads = scan.refs(node.test)
-    for handler in getattr(node, "handlers", None) or []:
-        if handler.type is not None:
-            heads |= scan.refs(handler.type)
-    out.append((Stmt(node.lineno, node.end_lineno or node.lineno, frozenset(names), frozenset(heads), effect), None))
+    head_uses: set[str] = set()
+    parts = [node.test] if isinstance(node, ast.If) else []
+    parts += [h.type for h in getattr(node, "handlers", None) or [] if h.type is not None]
+    for part in parts:
+        refs, uses = scan.refs(part)
+        heads |= refs
+        head_uses |= uses
+    out.append((Stmt(node.lineno, node.end_lineno or node.lineno, frozenset(names), frozenset(heads), effect,
+                     False, frozenset(head_uses)), None))
     return out
 
 

@@ -444,7 +444,8 @@ def _close_by_name(mod, seeds: set[str]) -> frozenset[str]:
     while grew:
         grew = False
         for st in mod.stmts:
-            if not st.imports and not st.effect and st.refs & changed and not st.names <= changed:
+            uses = st.refs if st.uses is None else st.uses
+            if not st.imports and not st.effect and uses & changed and not st.names <= changed:
                 changed |= st.names
                 grew = True
     return frozenset(changed)
@@ -564,10 +565,27 @@ def changed_names(changes: ChangeSet, head, relevant: Callable[[str], bool] | No
         if ALL in touched:
             out[fc.path] = ALL
             continue
-        names = frozenset().union(*touched)
+        names = frozenset().union(*touched) - _same_imports(head_info, base_info)
         if names:
             out[fc.path] = head_info.close(names)
     return out
+
+
+def _same_imports(head_info, base_info) -> frozenset[str]:
+    """Names both sides bind only by imports, to the same targets: a duplicate import removed, a name added to
+    ``from m import a, b`` or an import moved leaves them as they were."""
+    def targets(info) -> tuple[dict[str, set[tuple[str, str | None]]], set[str]]:
+        by_import: dict[str, set[tuple[str, str | None]]] = {}
+        for b in info.bindings:
+            if info.stmts[b.stmt].imports:
+                by_import.setdefault(b.local, set()).add((b.module, b.name))
+        defined = {n for st in info.stmts if not st.imports for n in st.names}
+        return by_import, defined
+
+    head_imports, head_defined = targets(head_info)
+    base_imports, base_defined = targets(base_info)
+    return frozenset(n for n, got in head_imports.items()
+                     if base_imports.get(n) == got and n not in head_defined and n not in base_defined)
 
 
 def _observable(repo_path: str | None, fc, head, added: list[int], removed: list[int]) -> bool:
