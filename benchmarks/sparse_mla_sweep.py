@@ -72,7 +72,8 @@ def variant(name: str, b: int) -> sparse_mla.SparseConfig | None:
                                    spec.get("lazy", True), spec.get("xchg", False), spec.get("idx_prefetch", False),
                                    spec.get("fused_combine", False), spec.get("l2_prefetch", 0),
                                    spec.get("fast_launch", True), spec.get("gluon", False),
-                                   spec.get("early_parts", 4), spec.get("wg_sums", False))
+                                   spec.get("early_parts", 4), spec.get("wg_sums", False),
+                                   spec.get("late_issue", False))
 
 
 def decode_fn(name: str, b: int):
@@ -99,6 +100,7 @@ VARIANTS: dict[str, dict] = {  # in the order they are timed (a run short of tim
     "g2-half": {**GLUON, "waves": 0.5},
     "g2-e2": {**GLUON, "early_parts": 2},
     "g2-w": {**GLUON, "wg_sums": True},
+    "g2-li": {**GLUON, "late_issue": True, "l2_prefetch": 1},
     "x64e-l2": {**X64E, "l2_prefetch": 1},
     "x64e-l2d2": {**X64E, "l2_prefetch": 2},
     "x64e-l2-fu": {**X64E, "l2_prefetch": 1, "fused_combine": True},

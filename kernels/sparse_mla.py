@@ -83,6 +83,7 @@ class SparseConfig:
     gluon: bool = False  # the Gluon kernel (sm90, 64 heads a block, 64-slot tiles, num_stages ring stages)
     early_parts: int = 4  # Gluon: parts of a tile dequantised while the last tile's value MMAs run (1-4)
     wg_sums: bool = False  # Gluon: each warpgroup keeps its own running sums (no cross-warpgroup sum a tile)
+    late_issue: bool = False  # Gluon: a tile's gathers go out under the score MMAs (not before the dequant)
 
 
 def sparse_config(batch: int, heads: int, k: int, cap: tuple[int, int] | None, low: bool = True,
@@ -483,7 +484,7 @@ if HAVE_GLUON:
     @gluon.jit
     def _sparse_decode_gluon(q_ptr, pool_ptr, pool16_ptr, idx_ptr, sink_ptr, o_ptr, lse_ptr, K, H, qk_scale,
                              SPLIT: gl.constexpr, STAGES: gl.constexpr, ROW: gl.constexpr, WIDE: gl.constexpr,
-                             L2PF: gl.constexpr, EARLY: gl.constexpr, LSUMW: gl.constexpr):
+                             L2PF: gl.constexpr, EARLY: gl.constexpr, LSUMW: gl.constexpr, LATE: gl.constexpr):
         """:func:`_sparse_decode_kernel`'s online softmax for sm90 with explicit shared memory: the raw bytes of
         the rows ``STAGES - 1`` tiles ahead are gathered by cp.async into a ring while this tile is
         dequantised; the dequantised tile (bf16, wgmma's swizzled layout, one buffer per part of the row so
@@ -558,12 +559,15 @@ if HAVE_GLUON:
         for it in range(0, gl.maximum(gl.cdiv(hi - lo, BT), 1)):
             t0 = lo + it * BT
             nxt = (it + STAGES - 1) % STAGES
-            _g_issue(pool_ptr, pool16_ptr, idx_ptr, row, K, t0 + (STAGES - 1) * BT, hi, r0.index(nxt), r1.index(nxt),
-                     r2.index(nxt), rr.index(nxt), rw.index(nxt), BT, ROW, G, GS, WIDE)
-            async_copy.commit_group()
-            if L2PF:  # and ask L2 for the rows one tile further ahead
-                _g_prefetch(pool_ptr, idx_ptr, row, K, t0 + STAGES * BT, hi, BT, ROW, PF)
-            async_copy.wait_group(STAGES - 1)  # this thread's copies of this tile have landed
+            if not LATE:  # the gathers STAGES - 1 tiles ahead go out first (LATE: under the score MMAs)
+                _g_issue(pool_ptr, pool16_ptr, idx_ptr, row, K, t0 + (STAGES - 1) * BT, hi, r0.index(nxt),
+                         r1.index(nxt), r2.index(nxt), rr.index(nxt), rw.index(nxt), BT, ROW, G, GS, WIDE)
+                async_copy.commit_group()
+                if L2PF:  # and ask L2 for the rows one tile further ahead
+                    _g_prefetch(pool_ptr, idx_ptr, row, K, t0 + STAGES * BT, hi, BT, ROW, PF)
+                async_copy.wait_group(STAGES - 1)  # this thread's copies of this tile have landed
+            else:
+                async_copy.wait_group(STAGES - 2)
             gl.thread_barrier()  # and every thread's
             cur = it % STAGES
             w = rw.index(cur)
@@ -594,6 +598,12 @@ if HAVE_GLUON:
             st = warpgroup_mma(q1, kv1.permute((1, 0)), st, is_async=True)
             st = warpgroup_mma(q2, kv2.permute((1, 0)), st, is_async=True)
             st = warpgroup_mma(q3, kv3.permute((1, 0)), st, is_async=True)
+            if LATE:  # the ring stage of the tile before this one is free since its dequantisation
+                _g_issue(pool_ptr, pool16_ptr, idx_ptr, row, K, t0 + (STAGES - 1) * BT, hi, r0.index(nxt),
+                         r1.index(nxt), r2.index(nxt), rr.index(nxt), rw.index(nxt), BT, ROW, G, GS, WIDE)
+                async_copy.commit_group()
+                if L2PF:
+                    _g_prefetch(pool_ptr, idx_ptr, row, K, t0 + STAGES * BT, hi, BT, ROW, PF)
             t = t0 + ts_
             slot = gl.load(idx_ptr + row * K + t, mask=t < hi, other=-1)
             s = warpgroup_mma_wait(num_outstanding=0, deps=(st,))
@@ -683,7 +693,7 @@ def sparse_mla_decode(q: torch.Tensor, pool: torch.Tensor, indices: torch.Tensor
     if args["GLUON"]:
         gargs = {"SPLIT": n_split > 1, "STAGES": args["num_stages"], "ROW": TOKEN_BYTES, "WIDE": args["WIDE"],
                  "L2PF": bool(args["L2PF"]), "EARLY": args["EARLY"], "LSUMW": args["LSUMW"],
-                 "num_warps": 8}
+                 "LATE": args["LATE"], "num_warps": 8}
         if n_split == 1:
             _launch(_sparse_decode_gluon, fast and (fast, 4, al), grid, (qc, pools[0], pools[1], idx, sk, o, sk, k, h,
                     qk), gargs)
@@ -726,7 +736,7 @@ def _launch(fn, key, grid, pos: tuple, args: dict, **more) -> None:
         if hit is not None:
             hit[0][grid](*pos, *hit[1])
             return
-    kw = {n: v for n, v in args.items() if n not in ("FAST", "GLUON", "EARLY", "LSUMW")}
+    kw = {n: v for n, v in args.items() if n not in ("FAST", "GLUON", "EARLY", "LSUMW", "LATE")}
     kw.update(more)
     compiled = fn[grid](*pos, **kw)
     if key and compiled is not None and hasattr(compiled, "__getitem__"):
@@ -757,6 +767,7 @@ def _plan(b: int, h: int, k: int, dtype: torch.dtype, dev_type: str, dev_index: 
     args["GLUON"] = use_gluon(cfg, cap, low, interp)
     args["EARLY"] = min(4, max(1, cfg.early_parts))
     args["LSUMW"] = cfg.wg_sums
+    args["LATE"] = cfg.late_issue
     progs = b * n_split * hb
     n_part, n_lse = (b * n_split * h * 512, b * n_split * h) if n_split > 1 else (0, 0)
     n_p, n_m = (2 * progs * cfg.block_h * bt, 2 * progs * cfg.block_h) if cfg.xchg and not args["GLUON"] else (0, 0)

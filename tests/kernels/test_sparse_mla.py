@@ -248,7 +248,8 @@ def _sm90() -> bool:
     (3, 72, 200, 3, torch.bfloat16, True, {}),  # a second, mostly masked head block; chunks; rescaling
     (2, 16, 130, 2, torch.float16, False, {"l2_prefetch": 1}),  # fewer heads than the block; fp16 q
     (4, 64, 640, 4, torch.bfloat16, False, {"early_parts": 2, "wg_sums": True}),  # V4-Flash's row
-    (2, 64, 100, 5, torch.bfloat16, True, {"wg_sums": True}),  # more chunks than tiles: empty ones
+    (2, 64, 100, 5, torch.bfloat16, True, {"wg_sums": True}),  # more chunks than tiles: capped
+    (3, 64, 300, 1, torch.bfloat16, True, {"late_issue": True, "l2_prefetch": 1}),  # gathers under the MMAs
 ])
 def test_gluon_kernel_matches_the_reference(b, h, k, n_split, dtype, wide, knobs):
     inp = _case(b, h, k, "cuda", seed=50 + k, pages=64, dtype=dtype)
