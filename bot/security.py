@@ -15,6 +15,7 @@ import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 from github import GithubException
 
@@ -64,6 +65,7 @@ class Redactor:
         s = self.settings
         found = [s.webhook_secret, s.results_key, s.private_key.strip()]
         found += [line.strip() for line in s.private_key.splitlines() if "-----" not in line]
+        found += [urlsplit(url).password or "" for url in (s.github_url, s.public_url)]
         for token in self.tokens():
             found += [token, base64.b64encode(f"x-access-token:{token}".encode()).decode()]
         return sorted({v for v in found if v and len(v) >= self.MIN_LENGTH}, key=len, reverse=True)

@@ -8,6 +8,7 @@ over the file, so a deployment can keep secrets out of files entirely.
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
@@ -57,6 +58,9 @@ class BotSettings:
     def __post_init__(self) -> None:
         self.github_url = self.github_url.rstrip("/")
 
+    def __repr__(self) -> str:  # what ``redacted`` shows: no secret, no credentials in a URL
+        return f"BotSettings({', '.join(f'{k}={v!r}' for k, v in self.redacted().items())})"
+
     def require_app(self) -> None:
         missing = [n for n in ("app_id", "private_key", "webhook_secret") if not getattr(self, n)]
         if missing:
@@ -68,6 +72,8 @@ class BotSettings:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         for name in SECRET_FIELDS:
             out[name] = "<set>" if out[name] else "<unset>"
+        for name in ("github_url", "public_url"):  # https://user:token@host/... : the credentials go
+            out[name] = re.sub(r"(?<=://)[^/@\s]+@", "<credentials>@", str(out[name]))
         return out
 
 

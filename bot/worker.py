@@ -593,10 +593,10 @@ class Service:
             if isinstance(exc, GithubException) and exc.status >= 500:
                 raise
             reason = self.redact(f"results unusable: {exc}")[:600]
-        self._fold(repo, job, record, incoming, reason, beat)
         for later in self.store.awaiting(job.repo, head_sha=record.head_sha):
             if later.audit_id != record.audit_id and job.label in later.pending:
                 self._fold(repo, job, later, incoming, reason, beat)
+        self._fold(repo, job, record, incoming, reason, beat)  # last: a crash before it leaves the run to redo
         return DONE
 
     def _fold(self, repo: Any, job: CollectJob, record: AuditRecord, incoming: Results | None, reason: str,

@@ -64,3 +64,12 @@ def test_the_redactor_covers_the_key_whole_and_by_line_and_skips_trivial_values(
             + base64.b64encode(("x-access-token:ghs_" + "t" * 36).encode()).decode())
     assert set(redact(text).split()) == {"***"}
     assert Redactor(BotSettings(webhook_secret="main"))("main branch") == "main branch"  # too short to be one
+
+
+def test_settings_never_show_secrets_or_url_credentials():
+    settings = BotSettings(app_id=1, webhook_secret="whsec-value", results_key="rk-value-32", private_key="PEM-BODY",
+                           github_url="https://svc:ghp_tokenvalue@ghe.example/api/v3")
+    for shown in (repr(settings), str(settings), str(settings.redacted())):
+        assert not [s for s in ("whsec-value", "rk-value-32", "PEM-BODY", "ghp_tokenvalue") if s in shown], shown
+        assert "ghe.example/api/v3" in shown and "<set>" in shown
+    assert "ghp_tokenvalue" not in Redactor(settings)("GET https://svc:ghp_tokenvalue@ghe.example/api/v3/app failed")
