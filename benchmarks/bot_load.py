@@ -31,6 +31,7 @@ if any section errors.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -144,6 +145,15 @@ def poison_payloads(head: str, base: str) -> list[tuple[str, bytes]]:
     deep = json.dumps(pr_dict(78, head, base)).replace('"labels": []', '"labels": ' + "[" * 2000 + "]" * 2000, 1)
     out.append(("pull_request", deep.encode()))
     return out
+
+
+_SEQ = itertools.count()
+
+
+def unique(body: bytes) -> bytes:
+    """``body`` (a JSON object) made a new delivery: the bot answers a signed body it has seen before under
+    another X-GitHub-Delivery with 409 (a replay), so each request here carries its own sequence number."""
+    return body[:-1] + b', "delivery_seq": ' + str(next(_SEQ)).encode() + b"}"
 
 
 def headers(body: bytes, event: str = "pull_request") -> dict[str, str]:
@@ -419,16 +429,20 @@ def bench_intake(work: Path, n: int, concurrency: int, rate: float) -> tuple[lis
             return "GET", "/healthz", None, {}
 
         def webhook(i: int):
-            body = bodies[i % len(bodies)]
+            body = unique(bodies[i % len(bodies)])
             return "POST", "/webhook", body, headers(body)
+
+        def redo(*_: int):
+            body = unique(redos)
+            return "POST", "/webhook", body, headers(body, "issue_comment")
 
         hammer(svc.url, 50, concurrency, healthz)  # warm-up, and the payload validators compile on first use
         hammer(svc.url, 20, 2, webhook)
-        hammer(svc.url, 2, 1, lambda i: ("POST", "/webhook", redos, headers(redos, "issue_comment")))
+        hammer(svc.url, 2, 1, redo)
         wall_h, lat_h, err_h = hammer(svc.url, n, concurrency, healthz)
         wall_w, lat_w, err_w = hammer(svc.url, n, concurrency, webhook)
         wall_p, lat_p, err_p = paced(svc.url, n, rate, concurrency, webhook)
-        with InFlight(svc.url, lambda: ("POST", "/webhook", redos, headers(redos, "issue_comment"))) as redo:
+        with InFlight(svc.url, redo) as inflight:
             wall_r, lat_r, err_r = paced(svc.url, n, rate, concurrency, webhook)
             hz_wall, hz_lat, hz_err = paced(svc.url, max(n // 4, 10), rate, 2, healthz)
         wall_h2, lat_h2, err_h2 = hammer(svc.url, n, concurrency, healthz)  # the anchor again: how noisy is the box
@@ -450,9 +464,9 @@ def bench_intake(work: Path, n: int, concurrency: int, rate: float) -> tuple[lis
         row("GET /healthz, closed loop, again at the end", n, wall_h2, lat_h2, err_h2),
     ]
     facts = {
-        "redos_sent": len(redo.statuses),
-        "redos_accepted": sum(1 for s in redo.statuses if s == 202),
-        "redos_p99_ms": pct(redo.latencies, 99) * 1e3 if redo.latencies else float("nan"),
+        "redos_sent": len(inflight.statuses),
+        "redos_accepted": sum(1 for s in inflight.statuses if s == 202),
+        "redos_p99_ms": pct(inflight.latencies, 99) * 1e3 if inflight.latencies else float("nan"),
         "p99_paced": pct(lat_p, 99) * 1e3,
         "p99_redos": pct(lat_r, 99) * 1e3,
         "errors": err_h + err_w + err_p + err_r + hz_err + err_h2,
