@@ -307,11 +307,11 @@ def _hc_fused_kernel(x_ptr, fn_ptr, base_ptr, scale_ptr, col_ptr, post_ptr, comb
     tl.store(col_ptr + t[:, None] * D + d[None, :], c.to(col_ptr.dtype.element_ty), mask=tm[:, None] & (d < D)[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["LAG"])
 def _hc_lag_kernel(x_ptr, fn_ptr, base_ptr, scale_ptr, col_ptr, post_ptr, comb_ptr, acc_ptr, cnt_ptr, T, D,
-                   K_SPLIT, D_SPLIT, n_blocks, iters, eps, norm_eps, N: tl.constexpr, NMIX: tl.constexpr,
+                   K_SPLIT, D_SPLIT, n_blocks, LAG, iters, eps, norm_eps, N: tl.constexpr, NMIX: tl.constexpr,
                    BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, S: tl.constexpr,
-                   DS: tl.constexpr, LAG: tl.constexpr, SPLIT3: tl.constexpr, PREC: tl.constexpr,
+                   DS: tl.constexpr, SPLIT3: tl.constexpr, PREC: tl.constexpr,
                    FENCE: tl.constexpr, BLOCK_T2: tl.constexpr = 16):
     """One HBM pass over x, the collapse re-reading x from L2. Program ids come in steps of ``S + DS``: step
     i holds the ``S`` K-slice logits programs of token block i (x slice → 3-way-split MMAs → atomics into
@@ -592,8 +592,8 @@ def hc_pre(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.T
         scratch = torch.zeros(t * (nmix + 1) + n_tb, dtype=torch.float32, device=x.device)
         _hc_lag_kernel[((n_tb + lag) * (n_s + n_d),)](
             xc, fnc, bc, sc, col, post, comb, scratch[:t * (nmix + 1)], scratch[t * (nmix + 1):].view(torch.int32),
-            t, d, k_split, d_split, n_tb, iters, eps, norm_eps, N=n, NMIX=nmix, BLOCK_T=bt, BLOCK_K=bk, BLOCK_D=bd,
-            S=n_s, DS=n_d, LAG=lag, SPLIT3=split3, PREC=prec, FENCE=not interp, BLOCK_T2=bt2, num_warps=p["warps"])
+            t, d, k_split, d_split, n_tb, lag, iters, eps, norm_eps, N=n, NMIX=nmix, BLOCK_T=bt, BLOCK_K=bk,
+            BLOCK_D=bd, S=n_s, DS=n_d, SPLIT3=split3, PREC=prec, FENCE=not interp, BLOCK_T2=bt2, num_warps=p["warps"])
     elif v == "fused":
         if interp:
             raise ValueError("hc_pre: the fused variant needs a GPU (its programs wait on each other)")
