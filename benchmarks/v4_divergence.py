@@ -60,14 +60,14 @@ def bench_prompts(n: int, vocab: int) -> list[list[int]]:
     return [torch.randint(2, min(250, vocab), (k,), generator=g).tolist() for k in lens][:n]
 
 
-def build(preset: str, device: torch.device) -> dict:
+def build(preset: str, device: torch.device) -> tuple[dict, dict, dict]:
     cfg_dict = dict(PRESETS[preset])
     cfg = parse_v4_config(cfg_dict, preset)
     tensors = random_weights(cfg_dict, seed=0, dtype=torch.bfloat16)
     models = {"torch": load_v4_tensors(cfg, tensors, dtype=torch.bfloat16, device=device, backend="torch"),
               "triton": load_v4_tensors(cfg, tensors, dtype=torch.bfloat16, device=device, backend="triton"),
               "fp32": load_v4_tensors(cfg, tensors, dtype=torch.float32, device=device, backend="torch")}
-    return models
+    return models, cfg_dict, tensors
 
 
 class Run:
@@ -289,6 +289,97 @@ def section_ablation(models: dict, runs: dict, res: dict, prompts: list[list[int
     res["ablation"] = out
 
 
+VIEW_OPS = {"slice", "unsqueeze", "reshape", "view", "select", "expand", "expand_as", "transpose", "t", "view_as_complex",
+            "view_as_real", "flatten", "_unsafe_view", "alias", "squeeze", "permute", "split", "split_with_sizes",
+            "chunk", "unbind", "as_strided", "detach", "_reshape_alias", "narrow", "_conj", "conj"}
+
+
+def dispatched_ops(fn) -> int:
+    """Non-view aten ops ``fn()`` dispatches (each one kernel or more on a GPU; Triton launches not counted)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = str(func).split(".")[1] if str(func).startswith("aten.") else str(func)
+            if name not in VIEW_OPS:
+                Count.n += 1
+            return func(*args, **(kwargs or {}))
+
+    with Count():
+        fn()
+    return Count.n
+
+
+def perf_decode(engine: str, cfg_dict: dict, tensors: dict, backend: str, dev: torch.device, b: int = 4) -> dict:
+    """Decode-step cost of ``engine`` (a package with the V4 engine's layout: ``engine.v4`` or a renamed copy
+    of an older tree) at batch ``b`` on the engine bench's prompts: dispatched ops of an eager step, and on
+    CUDA the graphed step's time (20 replays, CUDA events) and kernels (profiler, 5 replays)."""
+    import importlib
+
+    config = importlib.import_module(engine + ".config")
+    loader = importlib.import_module(engine + ".loader")
+    gen = importlib.import_module(engine + ".generate")
+    m = loader.load_v4_tensors(config.parse_v4_config(cfg_dict, "perf"), tensors, dtype=torch.bfloat16, device=dev,
+                               backend=backend)
+    ps = [[5 + i % 200] * (8 + (3 * i) % 40) for i in range(b)]
+    cap = max(map(len, ps)) + 48
+    out: dict = {"engine": engine, "backend": backend, "batch": b}
+    with torch.inference_mode():
+        eager = gen.V4Decoder(m, b, cap, graphs=False)
+        eager.generate(ps, 2)
+        out["eager_ops_per_step"] = dispatched_ops(eager.step)
+        if dev.type != "cuda":
+            return out
+        dec = gen.V4Decoder(m, b, cap, graphs=True)
+        dec.generate(ps, 2)
+        out["graphed"] = dec.graphed
+        for _ in range(3):
+            dec.step()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(20):
+            dec.step()
+        end.record()
+        torch.cuda.synchronize()
+        out["step_ms"] = start.elapsed_time(end) / 20
+        out["tok_s"] = b / out["step_ms"] * 1e3
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CUDA]) as p:
+            for _ in range(5):
+                dec.step()
+            torch.cuda.synchronize()
+        dt = [float(getattr(e, "device_time_total", 0) or getattr(e, "cuda_time_total", 0) or 0)
+              for e in p.key_averages()]
+        kern = [(e, t) for e, t in zip(p.key_averages(), dt) if t > 0 and not e.key.startswith(("aten::", "cuda"))]
+        out["kernels_per_step"] = sum(e.count for e, _ in kern) / 5
+        out["device_us_per_step"] = sum(t for _, t in kern) / 5
+    del m
+    return out
+
+
+def section_perf(cfg_dict: dict, tensors: dict, dev: torch.device, res: dict, before: str | None,
+                 backends: tuple[str, ...] = ("triton", "torch")) -> None:
+    rows = []
+    engines = ([("engine_v4_before", before)] if before else []) + [("engine.v4", None)]
+    for name, path in engines:
+        if path:
+            sys.path.insert(0, path)
+        for backend in backends:
+            if time.perf_counter() - T0 > res.get("_budget", math.inf):
+                print(f"[perf stops before {name} {backend}: past the budget]")
+                break
+            rows.append(perf_decode(name, cfg_dict, tensors, backend, dev))
+            r = rows[-1]
+            print(f"perf {name:<16} {backend:<6} b{r['batch']}: eager {r['eager_ops_per_step']} dispatched ops/step"
+                  + (f"; graph {r['step_ms']:.3f} ms/step = {r['tok_s']:.0f} tok/s, {r['kernels_per_step']:.0f} "
+                     f"kernels/step, {r['device_us_per_step']:.0f} us device/step (graphed: {r['graphed']})"
+                     if "step_ms" in r else "") + f"  [{time.perf_counter() - T0:.1f}s]")
+    res["perf"] = rows
+
+
 def hc_post_round_once(o: torch.Tensor, x: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
     """:func:`kernels.hc.hc_post_ref` with the Triton kernel's rounding: the weights cast to ``x.dtype`` as
     the reference does, then ``post·o + combᵀx`` in fp32 and one rounding (the reference rounds the
@@ -306,6 +397,9 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--budget", type=float, default=1e9, help="seconds; later sections are skipped past it")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--before", default=None, help="a directory holding engine_v4_before (an older engine/v4, "
+                    "imports renamed) whose decode step the perf section measures beside this one")
+    ap.add_argument("--skip", default="", help="comma-separated sections to leave out")
     ap.add_argument("--smoke", action="store_true", help="tiny preset, CPU, 3 prompts x 3 steps (CI)")
     args = ap.parse_args()
     if args.smoke:
@@ -313,8 +407,9 @@ def main() -> int:
     dev = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     torch.backends.cuda.matmul.allow_tf32 = False  # the fp32 model and fp32 replays are true fp32
     torch.backends.cudnn.allow_tf32 = False
-    res: dict = {"preset": args.preset, "device": str(dev), "steps": args.steps}
-    models = build(args.preset, dev)
+    res: dict = {"preset": args.preset, "device": str(dev), "steps": args.steps}  # "_budget": read by sections
+    res["_budget"] = args.budget
+    models, cfg_dict, tensors = build(args.preset, dev)
     cfg = models["torch"].cfg
     prompts = bench_prompts(args.prompts, cfg.vocab_size)
     if args.smoke:  # short prompts that still cross the tiny preset's window, compression and top-k limits
@@ -335,10 +430,14 @@ def main() -> int:
         kernels = kernels[:1]
     sections = (("layers", lambda: section_layers(runs, res)), ("decode", lambda: section_decode(runs, res, lens)),
                 ("ops", lambda: section_ops(runs, res, (1,) if args.smoke else (0, 1))),
+                ("perf", lambda: section_perf(dict(PRESETS[args.preset]), tensors, dev, res, args.before,
+                                              ("torch",) if args.smoke else ("triton", "torch"))),
                 ("ablation", lambda: section_ablation(models, runs, res, prompts, args.steps, kernels,
                                                       ("only",) if args.smoke else ("only", "all_but"),
                                                       args.budget)))
     for name, fn in sections:
+        if name in args.skip.split(","):
+            continue
         if time.perf_counter() - T0 > args.budget:
             print(f"[skip {name}: past the {args.budget:.0f}s budget]")
             continue
