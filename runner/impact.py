@@ -27,6 +27,7 @@ autouse), so any change that reaches one reaches every test below it.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import re
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -80,6 +81,9 @@ class Stmt:
     # the top-level bindings it reads: names, parameters and import aliases, not attribute names (``torch.nn.X``
     # reads no binding ``nn``); None: take ``refs``
     uses: frozenset[str] | None = None
+    # a definition its decorators register into a registry of the tree (``@MODELS.register_module()``,
+    # ``@register_handler(Config)``): those bindings change with it, rather than the whole module
+    registers: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -103,6 +107,7 @@ class ModuleInfo:
     runs: tuple[str, ...] = ()  # modules run in a subprocess ("-m pkg.cli", "-c 'import pkg'"): all of them is used
     attrs: dict[str, frozenset[str]] = field(default_factory=dict)  # name → attributes read off it (m.f, a.b.c)
     escapes: frozenset[str] = frozenset()  # names used as values (in a tuple, passed on): any attribute may be read
+    registries: frozenset[str] = frozenset()  # bindings decorated definitions register into (Stmt.registers)
 
 
     def changed_at(self, lines: Iterable[int]) -> Changed:
@@ -115,7 +120,7 @@ class ModuleInfo:
                 if s.start <= line <= s.end:
                     if s.effect:
                         return ALL
-                    names |= s.names
+                    names |= s.names | s.registers
                     break
         return frozenset(names)
 
@@ -129,10 +134,10 @@ class ModuleInfo:
                 if s.imports:
                     continue
                 uses = s.refs if s.uses is None else s.uses
-                if uses & changed and not s.names <= changed:
+                if uses & changed and not (s.names | s.registers) <= changed:
                     if s.effect:
                         return ALL
-                    changed |= s.names
+                    changed |= s.names | s.registers
                     grew = True
                 elif s.effect and uses & changed:
                     return ALL
@@ -235,6 +240,34 @@ class _Scan:
         return out, uses
 
 
+def _decorator_base(node: ast.expr) -> str | None:
+    """The binding a decorator is reached through: ``MODELS`` for ``@MODELS.register_module(name=…)``,
+    ``register`` for ``@register(Config)``; None for anything else (a lambda, a subscript)."""
+    while isinstance(node, ast.Call):
+        node = node.func
+    while isinstance(node, ast.Attribute):
+        node = node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def _registering(path: str, stmts: list[Stmt], bindings: list[Binding]) -> list[Stmt]:
+    """Decorated definitions whose decorators all come from the tree's own package (imported from it, or
+    defined here) register into a registry the tree holds: the definition and that registry binding change,
+    not the whole module. Other registering decorators (a library's) keep the whole module changed."""
+    package = set(path.split("/")[:-1])
+    own = {b.local for b in bindings if stmts[b.stmt].imports and b.module.split(".", 1)[0] in package}
+    own |= {n for st in stmts if not st.imports for n in st.names}
+    out = []
+    for st in stmts:
+        if st.registers:
+            if st.registers <= own:
+                st = dataclasses.replace(st, effect=False)
+            else:
+                st = dataclasses.replace(st, registers=frozenset())
+        out.append(st)
+    return out
+
+
 def _decorator_name(node: ast.expr) -> str:
     while isinstance(node, ast.Call):
         node = node.func
@@ -304,8 +337,13 @@ def _flat_statements(node: ast.stmt, imported: set[str], scan: _Scan) -> list[tu
         names, effect = _bound(node, imported)
         start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
         refs, uses = scan.refs(node)
+        registers: frozenset[str] = frozenset()
+        if effect and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bases = [_decorator_base(d) for d in node.decorator_list if _decorator_name(d) not in PURE_DECORATORS]
+            if all(bases):
+                registers = frozenset(b for b in bases if b)  # kept only when they resolve (_registering)
         stmt = Stmt(start, node.end_lineno or node.lineno, frozenset(names), frozenset(refs), effect,
-                    isinstance(node, (ast.Import, ast.ImportFrom)), frozenset(uses))
+                    isinstance(node, (ast.Import, ast.ImportFrom)), frozenset(uses), registers)
         return [(stmt, node)]
     out: list[tuple[Stmt, ast.stmt | None]] = []
     for inner in _block_statements(node):
@@ -399,6 +437,7 @@ def _tree_info(path: str, data: bytes, tree: ast.Module) -> tuple[ModuleInfo, li
             if leaf is not None:
                 bindings += _bindings(path, len(stmts), leaf)
             stmts.append(stmt)
+    stmts = _registering(path, stmts, bindings)
     refs = frozenset().union(*(s.refs for s in stmts)) if stmts else frozenset()
     trivial = frozenset(
         n for n, line in enumerate(data.splitlines(), 1) if not line.strip() or line.lstrip().startswith(b"#")
@@ -407,7 +446,8 @@ def _tree_info(path: str, data: bytes, tree: ast.Module) -> tuple[ModuleInfo, li
     escapes = {sub.id for sub in scan.loads if id(sub) not in scan.bases}
     return ModuleInfo(tuple(stmts), tuple(bindings), refs, frozenset(scan.dynamic), False, scan.by_name,
                       data if scan.by_name else b"", trivial, runs,
-                      {k: frozenset(v) for k, v in scan.attrs.items()}, frozenset(escapes)), scan.strings
+                      {k: frozenset(v) for k, v in scan.attrs.items()}, frozenset(escapes),
+                      frozenset(n for st in stmts for n in st.registers)), scan.strings
 
 
 _INFO: dict[tuple[str, str], ModuleInfo] = {}
@@ -468,6 +508,13 @@ class Impact:
                 work.append(path)
         while work:
             mod = work.popleft()
+            for source, got in self._registered_into(mod):
+                old = self.state.get(source, frozenset())
+                new = ALL if ALL in (old, got) else frozenset(old | got)  # type: ignore[operator]
+                if new != old:
+                    self.state[source] = new
+                    self.parent.setdefault(source, mod)
+                    work.append(source)
             for user in users.get(mod, []):
                 got, exported = self._through(user, mod)
                 grew = False
@@ -487,6 +534,39 @@ class Impact:
                 if grew:
                     self.parent.setdefault(user, mod)
                     work.append(user)
+
+    def _registered_into(self, mod: str) -> list[tuple[str, Changed]]:
+        """(module, its changed names) for each registry of the tree a changed definition of ``mod`` registers
+        into: ``@MODELS.register_module()`` with ``from .base import MODELS`` changes ``MODELS`` in base.py (and
+        what there reads it: ``build_model``); ``@register_handler(C)`` changes ``register_handler`` and the
+        table its body fills. Tests reach a registered definition through the registry, not by its name."""
+        names = self.state.get(mod, frozenset())
+        if names == ALL or not names:
+            return []
+        info = self.info(mod)
+        hit = names & info.registries
+        out: list[tuple[str, Changed]] = []
+        for b in info.bindings:
+            if b.local not in hit or not info.stmts[b.stmt].imports:
+                continue
+            if b.name is None:  # "import pkg.registry as r" then "@r.MODELS.register()"
+                source = self.graph.module_file(b.module, mod)
+                seeds = set(info.attrs.get(b.local, frozenset()))
+            else:
+                source = self.graph.module_file(b.module, mod)
+                seeds = {b.name}
+            if source is None or source == mod or not seeds:
+                continue
+            src = self.info(source)
+            if src.opaque:
+                out.append((source, ALL))
+                continue
+            bound = {n for st in src.stmts if not st.imports for n in st.names}
+            for st in src.stmts:  # the registry a decorator function fills: the table its body reads
+                if st.names & seeds and not st.imports:
+                    seeds |= (st.uses if st.uses is not None else st.refs) & bound
+            out.append((source, src.close(seeds)))
+        return out
 
     def _through(self, user: str, mod: str) -> tuple[Changed, dict[str, Changed]]:
         """(what of ``user`` changes, the module bindings it re-exports) because ``mod`` changed.
@@ -550,7 +630,7 @@ class Impact:
         for local, sub_names in via.items():
             if local in seen and (sub_names == ALL or sub_names & seen):
                 users = [s for s in info.stmts if b.local in s.refs]
-                return frozenset(n for s in users for n in s.names) or ALL
+                return frozenset(n for s in users for n in s.names | s.registers) or ALL
         return frozenset()
 
     def _module_object(self, user: str, b: Binding, mod: str) -> bool:
@@ -594,7 +674,7 @@ class Impact:
         users = [s for s in info.stmts if b.local in s.refs and (s.refs & used or b.local in info.escapes)]
         if any(s.effect for s in users):
             return ALL
-        return frozenset(n for s in users for n in s.names) or frozenset(used)
+        return frozenset(n for s in users for n in s.names | s.registers) or frozenset(used)
 
     def chain(self, test: str) -> list[str] | None:
         if test not in self.state:

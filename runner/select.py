@@ -445,8 +445,8 @@ def _close_by_name(mod, seeds: set[str]) -> frozenset[str]:
         grew = False
         for st in mod.stmts:
             uses = st.refs if st.uses is None else st.uses
-            if not st.imports and not st.effect and uses & changed and not st.names <= changed:
-                changed |= st.names
+            if not st.imports and not st.effect and uses & changed and not (st.names | st.registers) <= changed:
+                changed |= st.names | st.registers
                 grew = True
     return frozenset(changed)
 
@@ -565,10 +565,17 @@ def changed_names(changes: ChangeSet, head, relevant: Callable[[str], bool] | No
         if ALL in touched:
             out[fc.path] = ALL
             continue
-        names = frozenset().union(*touched) - _same_imports(head_info, base_info)
+        names = frozenset().union(*touched)
+        names -= _same_imports(head_info, base_info) - _registry_marks(names, head_info, base_info)
         if names:
             out[fc.path] = head_info.close(names)
     return out
+
+
+def _registry_marks(names: frozenset[str], head_info, base_info) -> frozenset[str]:
+    """The registries among ``names`` that a changed registered definition brought in (not the import itself)."""
+    return frozenset(n for info in (head_info, base_info) for st in info.stmts if st.names & names
+                     for n in st.registers)
 
 
 def _same_imports(head_info, base_info) -> frozenset[str]:

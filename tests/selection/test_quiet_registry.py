@@ -1,0 +1,74 @@
+"""Registries and imports, name by name, on real git repos with no config.
+
+A definition registered into a registry of the tree (``@MODELS.register_module()``, ``@register(Config)``)
+changes that registry (and what reads it), not every name of its module; a library's registering decorator
+still changes the whole module. A duplicate import removed, or a name added to ``from m import a``, changes
+nothing else, and ``torch.nn.Linear`` reads no binding ``nn``.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from checks.config import load_config
+from checks.diff import build_changeset
+from checks.model import AuditOptions, AuditRequest, Findings
+from checks.pillars import map_pillars
+from checks.workspace import Tree, checkout, open_repo
+from runner.select import select_tests
+
+BASE = {
+    "eng/__init__.py": "",
+    "eng/registry.py": "MODELS = {}\n\n\ndef register(name):\n    def wrap(cls):\n        MODELS[name] = cls\n"
+                       "        return cls\n    return wrap\n\n\ndef build(name):\n    return MODELS[name]()\n\n\n"
+                       "def unrelated():\n    return 0\n",
+    "eng/models.py": "import torch\n\nfrom eng.registry import register\nfrom eng.util import helper\n\n\n"
+                     "@register('llama')\nclass Llama(torch.nn.Module):\n    def forward(self, x):\n        return x + 1\n\n\n"
+                     "def size():\n    return 7\n\n\nimport torch.nn as nn\n\n\ndef _unused(m: nn.Module):\n"
+                     "    return m\n",
+    "eng/lib_ops.py": "import torch\n\n\n@torch.library.custom_op('eng::add', mutates_args=())\ndef add(x):\n"
+                      "    return x + 1\n\n\ndef other():\n    return 2\n",
+    "eng/util.py": "def helper():\n    return 1\n\n\ndef extra():\n    return 2\n",
+    "tests/test_build.py": "import eng.models\nfrom eng.registry import build\n\n\ndef test_b():\n    assert build('llama')\n",
+    "tests/test_size.py": "from eng.models import size\n\n\ndef test_s():\n    assert size() == 7\n",
+    "tests/test_unrelated.py": "from eng.registry import unrelated\n\n\ndef test_u():\n    assert unrelated() == 0\n",
+    "tests/test_ops.py": "import torch\nimport eng.lib_ops\n\n\ndef test_o():\n    assert torch.ops.eng.add(1)\n",
+    "tests/test_other.py": "from eng.lib_ops import other\n\n\ndef test_x():\n    assert other() == 2\n",
+}
+
+
+@pytest.fixture
+def repo(git_repo):
+    git_repo.base = git_repo.commit_files(BASE, "base")
+    return git_repo
+
+
+def selected(repo, path, old, new):
+    assert old in BASE[path]
+    head = repo.commit_files({path: BASE[path].replace(old, new, 1)})
+    co = checkout(AuditRequest(repo=str(repo.path), base=repo.base, head=head))
+    config = load_config(open_repo(co.repo), co.base_sha)
+    changes = build_changeset(co)
+    plan = select_tests(config, changes, map_pillars(co, config, changes), Findings(), AuditOptions(),
+                        Tree(co.repo, co.head_sha), "aid")
+    return sorted(s.id.removeprefix("pytest:") for s in plan.suites)
+
+
+def test_a_registered_model_reaches_the_registry_readers_not_its_module_neighbours(repo):
+    # test_build reads the registry (build); test_size imports size from the same module, which did not change
+    assert selected(repo, "eng/models.py", "return x + 1", "return x + 2") == ["tests/test_build.py"]
+
+
+def test_a_library_registry_still_changes_the_whole_module(repo):
+    # torch.ops.eng.add is reached by name at run time: every importer of the module counts
+    assert selected(repo, "eng/lib_ops.py", "return x + 1", "return x + 2") == ["tests/test_ops.py",
+                                                                                "tests/test_other.py"]
+
+
+def test_a_duplicate_import_removed_with_an_unused_helper_selects_nothing(repo):
+    old = "\n\nimport torch.nn as nn\n\n\ndef _unused(m: nn.Module):\n    return m\n"
+    assert selected(repo, "eng/models.py", old, "\n") == []
+
+
+def test_a_name_added_to_an_import_leaves_the_others_alone(repo):
+    assert selected(repo, "eng/models.py", "from eng.util import helper", "from eng.util import extra, helper") == []
