@@ -8,6 +8,7 @@ hunk maps to the symbol that really changed rather than to its neighbours.
 
 from __future__ import annotations
 
+import subprocess
 from dataclasses import dataclass
 from typing import Any
 
@@ -97,6 +98,25 @@ def _hunks(pf) -> list[Hunk]:
     return hunks
 
 
+def _missing_object(exc: Exception) -> bool:
+    text = str(exc)
+    return "unable to read" in text or "missing blob" in text or "bad object" in text
+
+
+def _absent_blobs(repo, meta: list[_Raw]) -> set[str]:
+    """Paths of the rows whose old or new blob this clone does not hold (``git cat-file --batch-check``)."""
+    shas = sorted({sha for row in meta for sha in (row.old_blob, row.new_blob) if sha})
+    if not shas:
+        return set()
+    try:
+        out = subprocess.run(["git", f"--git-dir={repo.git_dir}", "cat-file", "--batch-check"],
+                             input="\n".join(shas) + "\n", capture_output=True, text=True, timeout=120).stdout
+    except (OSError, subprocess.SubprocessError):
+        return set()
+    missing = {line.split()[0] for line in out.splitlines() if line.endswith(" missing")}
+    return {row.path for row in meta if row.old_blob in missing or row.new_blob in missing}
+
+
 def build_changeset(checkout: Checkout) -> ChangeSet:
     repo = checkout.git if checkout.git is not None else open_repo(checkout.repo)  # the pipeline's open repo
     repo.git.set_persistent_git_options(c="core.quotepath=false")  # UTF-8 paths verbatim in patch headers
@@ -104,10 +124,31 @@ def build_changeset(checkout: Checkout) -> ChangeSet:
     common = ["--no-color", "--no-ext-diff", "-M", "--full-index"]
     try:
         raw = repo.git.diff(a, b, "--raw", "-z", "--no-abbrev", *common, stdout_as_string=False)
-        patch = repo.git.diff(a, b, "-U0", "--src-prefix=a/", "--dst-prefix=b/", *common, stdout_as_string=False)
     except Exception as exc:  # GitCommandError: range or object missing
-        raise DiffError(f"git diff {a[:12]}..{b[:12]} failed: {exc}") from None
+        if not _missing_object(exc):
+            raise DiffError(f"git diff {a[:12]}..{b[:12]} failed: {exc}") from None
+        try:  # rename detection reads blobs; the raw listing itself needs only the trees
+            raw = repo.git.diff(a, b, "--raw", "-z", "--no-abbrev", "--no-renames", "--no-color", "--no-ext-diff",
+                                "--full-index", stdout_as_string=False)
+        except Exception as exc2:
+            raise DiffError(f"git diff {a[:12]}..{b[:12]} failed: {exc2}") from None
+        common = [c for c in common if c != "-M"] + ["--no-renames"]
     meta = _parse_raw(raw)
+    absent: set[str] = set()
+    try:
+        patch = repo.git.diff(a, b, "-U0", "--src-prefix=a/", "--dst-prefix=b/", *common, stdout_as_string=False)
+    except Exception as exc:
+        absent = _absent_blobs(repo, meta) if _missing_object(exc) else set()
+        if not absent:
+            raise DiffError(f"git diff {a[:12]}..{b[:12]} failed: {exc}") from None
+        # a partial or LFS-less clone lacks some blobs: those files are listed and mapped by path only
+        skip = [f":(exclude,literal){row.path}" for row in meta if row.path in absent]
+        skip += [f":(exclude,literal){row.old_path}" for row in meta if row.path in absent and row.old_path]
+        try:
+            patch = repo.git.diff(a, b, "-U0", "--src-prefix=a/", "--dst-prefix=b/", *common, "--", ":(top)", *skip,
+                                  stdout_as_string=False)
+        except Exception as exc2:
+            raise DiffError(f"git diff {a[:12]}..{b[:12]} failed: {exc2}") from None
     try:
         patched = PatchSet(_decode(patch), metadata_only=True)
     except UnidiffParseError as exc:
@@ -121,7 +162,7 @@ def build_changeset(checkout: Checkout) -> ChangeSet:
     files = []
     for row in meta:
         pf = by_path.get(row.path)
-        binary = bool(pf is not None and pf.is_binary_file)
+        binary = bool(pf is not None and pf.is_binary_file) or row.path in absent
         hunks = [] if pf is None or binary else _hunks(pf)
         files.append(
             FileChange(
