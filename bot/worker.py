@@ -577,8 +577,11 @@ class Service:
         into later audits of the same commit that are waiting for that label (an audit that could not dispatch
         it waits for the run an earlier one started, see ``GpuDispatch``)."""
         record = self.store.audit(job.audit_id)
-        if record is None or job.label not in record.pending:
-            log.info("workflow run %s: no audit %s waiting for %s", job.run_id, job.audit_id, job.label)
+        if record is None or job.label not in record.pending or record.repo != job.repo:
+            # audit ids are no secret (they title the runs): a run of another repository, one where whoever
+            # installed the app holds that repository's results key, never reports for this one's audits
+            log.info("workflow run %s of %s: no audit %s of it waiting for %s", job.run_id, job.repo,
+                     job.audit_id, job.label)
             return DONE
         repo = self._repo(job)
         actions = actions_module()

@@ -212,3 +212,48 @@ def test_a_forks_reopen_does_not_paint_over_its_gpu_run_pending_or_failed(bot_fa
     assert len(state.dispatches) == 1
     (comment,) = _marked(state, 56)
     assert "parity-loader" in comment["body"] and "❌" in comment["body"]
+
+
+def test_a_head_that_rewrites_the_config_is_audited_by_the_base_config(bot_factory, gpu_repo):
+    make, state = bot_factory
+    repo_path, base, _ = gpu_repo
+    weakened = commit(repo_path, {".github/drift-audit.toml": "[settings]\nfail_on = []\n",  # no suites, nothing fails
+                                  "engine/weights/loader.py": "def load(path):\n    return {'w': 9}\n"}, "weaken")
+    state.add_repo(REPO, str(repo_path))
+    state.add_pull(REPO, 57, head_sha=weakened, base_sha=base)
+    state.add_workflow(REPO)
+    bot = make()
+    bot.deliver("pull_request", pr_payload("opened", number=57, head=weakened, base=base))
+    bot.settle()
+    (dispatch,) = state.dispatches  # the base's sm90 suite was selected and sent, whatever the head's config says
+    assert dispatch["inputs"]["head_sha"] == weakened and "parity-loader" in dispatch["inputs"]["plan"]
+
+
+def test_a_run_in_another_installed_repository_cannot_report_for_this_ones_audit(bot_factory, gpu_repo):
+    make, state = bot_factory
+    head, runs = _gpu_pr_that_fails(state, gpu_repo, 58, outcome="failed")
+    attacker = "mallory/own-repo"  # anyone can install a public App on a repository of their own
+    state.add_repo(attacker, str(gpu_repo[0]), installation_id=2)
+    bot = make()
+    bot.deliver("pull_request", pr_payload("opened", number=58, head=head, base=gpu_repo[1]))
+    bot.settle()
+    (dispatch,) = state.dispatches
+    audit_id = dispatch["inputs"]["audit_id"]
+
+    # a workflow_dispatch run in their own repository, titled for our audit, with results signed under *their*
+    # repository's key (the operator gives each installed repository its key)
+    forged = state.add_run(attacker, head_sha=head, display_title=run_title(audit_id, "sm90"))
+    forged["_inputs"] = {"audit_id": audit_id, "label": "sm90", "head_sha": head}
+    fake = Results(audit_id, head, [SuiteResult("parity-loader", "sm90", "passed")])
+    state.add_artifact(forged["id"], artifact_name(audit_id, "sm90"), signed_results(attacker, "sm90", fake))
+    payload = workflow_run_payload(forged, repo=attacker, installation=2)
+    assert bot.deliver("workflow_run", payload).status_code == 202
+    bot.settle()
+    record = bot.store.audit(audit_id)
+    assert record.pending == ["sm90"]  # still waiting for its own run (was: the forged pass folded in)
+    assert [s["outcome"] for s in json.loads(record.audit_json)["results"]["suites"]] == ["not-run"]
+
+    bot.deliver("workflow_run", workflow_run_payload(runs[0]))
+    bot.settle()
+    (run,) = state.check_runs_for(REPO, head)
+    assert run["conclusion"] == "failure"  # the real result, not the forged pass
