@@ -20,6 +20,7 @@ from typing import Any
 
 from bot.publish import cap
 from bot.queue import DONE, SUPERSEDED, JobRow, JobStore
+from runner.report.safe import code
 
 log = logging.getLogger("drift_audit.sweeper")
 
@@ -92,4 +93,4 @@ class Sweeper:
         reason = (row.error or row.result or "no reason was recorded").strip()
         return ("neutral", "The audit could not finish",
                 f"Drift Audit stopped working on this audit after {row.attempts} attempt(s) ({row.status}): "
-                f"{reason[:3000]}\n\nSay `/audit` to try again.")
+                f"{code(reason[:3000])}\n\nSay `/audit` to try again.")  # quoted: error text may echo PR text

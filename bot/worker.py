@@ -277,7 +277,8 @@ class Service:
             pub = self._publisher(repo)
             self._conclude_run_of(
                 repo, pub, row.id, "neutral", "The audit could not finish",
-                f"Drift Audit gave up after {row.attempts} attempt(s): {text[:2000]}",
+                f"Drift Audit gave up after {row.attempts} attempt(s): {code(text[:2000])}",  # quoted: GitHub or
+                # git may echo PR text (a path, a ref) in an error, and the summary is markdown
             )
             if isinstance(job, CommandJob):
                 pub.react(job.comment_id, "confused")

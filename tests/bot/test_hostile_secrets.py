@@ -11,12 +11,14 @@ from bot.mirror import MirrorError, Mirrors
 from bot.security import Redactor
 from bot.settings import BotSettings
 from tests.bot.conftest import REPO, RESULTS_KEY, SECRET, pr_payload, wait_for
+from tests.bot.test_bot_commands import _live
 
 
 def _leaky(token: str, private_key: str) -> str:
     basic = base64.b64encode(f"x-access-token:{token}".encode()).decode()
     pem_line = private_key.strip().splitlines()[1]
     return (f"> GET /info/refs HTTP/1.1\n> Authorization: Basic {basic}\n> token {token}\n"
+            f"error: cannot lock ref 'refs/heads/[x](http://e.example) @octocat <img src=x>'\n"  # PR text, echoed
             f"secret={SECRET} results_key={RESULTS_KEY}\n{pem_line}\n{private_key}")
 
 
@@ -51,6 +53,7 @@ def test_an_error_that_quotes_every_secret_is_published_without_them(bot_factory
         "comments": str(state.comments),
     }
     assert "MirrorError" in published["check run"] and "***" in published["check run"]  # the reason, redacted
+    assert "@octocat" in run["output"]["summary"] and _live(run["output"]["summary"]) == []  # and quoted inertly
     for where, text in published.items():
         leaked = [s[:8] + "…" for s in secrets if s in text]
         assert leaked == [], f"{where} shows {leaked}"
