@@ -15,7 +15,7 @@ from torch import nn
 from engine.v4.cache import LayerCache
 from engine.v4.compressor import Compressor, Step
 from engine.v4.config import SLIDING, V4Config
-from engine.v4.layers import Linear, RMSNorm, param, rope_tail_, unit_rmsnorm
+from engine.v4.layers import Linear, RMSNorm, linears_on, param, rope_tail_, unit_rmsnorm
 from engine.v4.ops import V4Ops
 
 
@@ -42,10 +42,16 @@ class Attention(nn.Module):
         b, s, _ = x.shape
         nh, d = c.num_attention_heads, c.head_dim
         rot = step.rope[self.rope_kind]
-        q_lat = self.q_a_norm(self.q_a_proj(x))
+        # every projection of x in one GEMM: query, key, and the compressor's and indexer's
+        comp = self.compressor
+        mods = [self.q_a_proj, self.kv_proj]
+        if comp is not None:
+            mods += comp.linears() + (comp.indexer.linears() if comp.indexer is not None else [])
+        ys = linears_on(x, mods)
+        q_lat = self.q_a_norm(ys[0])
         q = unit_rmsnorm(self.q_b_proj(q_lat).view(b, s, nh, d), c.rms_norm_eps)
         q = rope_tail_(q, rot.unsqueeze(2))  # fresh tensors: rotated in place
-        kv = rope_tail_(self.kv_norm(self.kv_proj(x)), rot)
+        kv = rope_tail_(self.kv_norm(ys[1]), rot)
 
         keys, kpos = cache.window.extend(kv, step.pos, step.valid, step.once)
         chosen = idx = None
@@ -60,10 +66,10 @@ class Attention(nn.Module):
         if self.compressor is not None:
             n_visible = step.once(("n_visible", self.rate), lambda: (step.pos + 1) // self.rate)
             # every entry slot of the cache (a static shape); those past a query's n_visible are masked
-            entries = self.compressor(x, step, cache.compressor)  # [B, E, D]
+            entries = self.compressor(x, step, cache.compressor, ys[2:4])  # [B, E, D]
             e = entries.shape[1]
             if self.compressor.indexer is not None:
-                idx = self.compressor.indexer(x, q_lat, step, cache.indexer, n_visible)
+                idx = self.compressor.indexer(x, q_lat, step, cache.indexer, n_visible, ys[4:7])
             if idx is not None and not pooled:
                 chosen = torch.zeros(b, s, e + 1, dtype=torch.bool, device=x.device)
                 chosen.scatter_(-1, torch.where(idx >= 0, idx, e), True)

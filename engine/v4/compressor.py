@@ -55,11 +55,13 @@ class _Pool(nn.Module):
         self.kv_norm = RMSNorm(dim, cfg.rms_norm_eps)
         self.rate, self.dim, self.overlap = rate, dim, overlap
 
-    def pool(self, x: torch.Tensor, step: Step, cache: CompressorCache) -> torch.Tensor:
+    def pool(self, x: torch.Tensor, step: Step, cache: CompressorCache,
+             proj: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """Emit the entries this chunk completes into ``cache``; returns every entry slot ``[B, E, dim]``
-        (the cache's capacity: slots not yet emitted are masked by the readers, by position)."""
-        rows, ids, kv, gate, ok, done = cache.windows(self.kv_proj(x), self.gate_proj(x), step.pos, step.valid,
-                                                      step.once)
+        (the cache's capacity: slots not yet emitted are masked by the readers, by position). ``proj``: this
+        chunk's ``(kv_proj(x), gate_proj(x))`` when the caller made them (in one GEMM with its own)."""
+        kvp, gp = proj if proj is not None else (self.kv_proj(x), self.gate_proj(x))
+        rows, ids, kv, gate, ok, done = cache.windows(kvp, gp, step.pos, step.valid, step.once)
         m, d = self.rate, self.dim
         bias = self.position_bias
         if self.overlap:  # previous window's first half, then this window's second half
@@ -101,15 +103,20 @@ class Indexer(_Pool):
         self.scorer = Scorer(cfg, dtype)
         self.cfg, self.ops = cfg, ops
 
+    def linears(self) -> list[Linear]:
+        """The projections of the block input ``x`` this indexer makes (see ``proj`` of :meth:`forward`)."""
+        return [self.kv_proj, self.gate_proj, self.scorer.weights_proj]
+
     def forward(self, x: torch.Tensor, q_lat: torch.Tensor, step: Step, cache: CompressorCache,
-                n_visible: torch.Tensor) -> torch.Tensor:
-        """Indices ``[B, S, k]`` of the chosen entries, ``-1`` where fewer are visible."""
+                n_visible: torch.Tensor, proj: list[torch.Tensor] | None = None) -> torch.Tensor:
+        """Indices ``[B, S, k]`` of the chosen entries, ``-1`` where fewer are visible. ``proj``: the outputs
+        of :meth:`linears` on ``x`` when the caller made them."""
         c = self.cfg
-        keys = self.pool(x, step, cache)  # every slot; those no query sees yet score -inf
+        keys = self.pool(x, step, cache, (proj[0], proj[1]) if proj else None)  # every slot; unseen ones: -inf
         b, s, _ = x.shape
         q = self.q_b_proj(q_lat).view(b, s, c.index_n_heads, c.index_head_dim)
         q = rope_tail_(q, step.rope["compress"].unsqueeze(2))
-        w = self.scorer.weights_proj(x).float() * c.index_n_heads ** -0.5
+        w = (proj[2] if proj else self.scorer.weights_proj(x)).float() * c.index_n_heads ** -0.5
         return self.ops.indexer_topk(q, w, keys, n_visible, c.index_head_dim ** -0.5, c.index_topk)
 
 
@@ -121,5 +128,10 @@ class Compressor(_Pool):
         super().__init__(cfg, cfg.compress_rates[layer_type], cfg.head_dim, csa, dtype)
         self.indexer = Indexer(cfg, ops, dtype) if csa else None
 
-    def forward(self, x: torch.Tensor, step: Step, cache: CompressorCache) -> torch.Tensor:
-        return self.pool(x, step, cache)
+    def linears(self) -> list[Linear]:
+        """The projections of the block input ``x`` this compressor makes (``proj`` of :meth:`forward`)."""
+        return [self.kv_proj, self.gate_proj]
+
+    def forward(self, x: torch.Tensor, step: Step, cache: CompressorCache,
+                proj: list[torch.Tensor] | None = None) -> torch.Tensor:
+        return self.pool(x, step, cache, (proj[0], proj[1]) if proj else None)

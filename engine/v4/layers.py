@@ -53,6 +53,41 @@ class Linear(nn.Module):
         return self.weight.to(dtype)
 
 
+def linears_on(x: torch.Tensor, mods: list[Linear]) -> list[torch.Tensor]:
+    """``[m(x) for m in mods]`` with one GEMM for the dense weights (fp8 ones keep their own path): those
+    weights become row blocks of one ``[Σ out, in]`` buffer (views, no second copy), made on first use and
+    again if a weight was replaced since. A decode step is launch-bound, and the projections a block input
+    feeds (query, key, the compressor's and the indexer's) are many small GEMMs."""
+    dense = [m for m in mods if m.weight.dtype != FP8 and m.weight.dtype == mods[0].weight.dtype]
+    if len(dense) < 2:
+        return [m(x) for m in mods]
+    ys = dict(zip(map(id, dense), F.linear(x, _fused_weight(dense)).split([m.out_features for m in dense], dim=-1)))
+    return [ys[id(m)] if id(m) in ys else m(x) for m in mods]
+
+
+def _fused_weight(mods: list[Linear]) -> torch.Tensor:
+    cached = mods[0].__dict__.get("_fused_with")
+    if cached is not None:
+        buf, members = cached
+        if len(members) == len(mods) and all(a is b for a, b in zip(members, mods)):
+            off, ok = 0, True
+            for m in mods:
+                w = m.weight
+                ok = ok and w.device == buf.device and w.dtype == buf.dtype and w.shape == (m.out_features, buf.shape[1]) \
+                    and w.data_ptr() == buf[off:].data_ptr()
+                off += m.out_features
+            if ok:
+                return buf
+    with torch.inference_mode(False), torch.no_grad():  # plain tensors, like the parameters they replace
+        buf = torch.cat([m.weight.detach() for m in mods], dim=0)
+    off = 0
+    for m in mods:  # the parameters become views of the buffer: state_dict and loading still see each one
+        m.weight = nn.Parameter(buf[off:off + m.out_features], requires_grad=False)
+        off += m.out_features
+    mods[0].__dict__["_fused_with"] = (buf, list(mods))  # not a submodule: a plain attribute
+    return buf
+
+
 class RMSNorm(nn.Module):
     """Weighted RMSNorm in fp32 (V4 keeps norm weights in fp32), output in the input dtype."""
 

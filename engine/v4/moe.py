@@ -17,7 +17,7 @@ from torch import nn
 
 from engine.v4.compressor import Step
 from engine.v4.config import V4Config
-from engine.v4.layers import Linear, param
+from engine.v4.layers import Linear, linears_on, param
 from engine.v4.ops import V4Ops
 
 QAT_BLOCK = 128  # activation block of the w4a8 experts (act_quant's, and the kernel's default)
@@ -98,6 +98,16 @@ class Router(nn.Module):
             self.e_score_correction_bias = nn.Buffer(torch.zeros(cfg.n_routed_experts, dtype=torch.float32))
         self.hashed = hashed
 
+    def weight_as(self, dtype: torch.dtype) -> torch.Tensor:
+        """The router weight in ``dtype``, cast once (not per step) and again if the weight was replaced."""
+        w = self.weight
+        if w.dtype == dtype:
+            return w
+        c = self.__dict__.get("_cast")
+        if c is None or c[0] != (w.data_ptr(), w.device, dtype):
+            c = self.__dict__["_cast"] = ((w.data_ptr(), w.device, dtype), w.detach().to(dtype))
+        return c[1]
+
 
 class Experts(nn.Module):
     """Stacked like HF: ``gate_up_proj[E, 2I, H]`` (gate rows first), ``down_proj[E, H, I]``. MXFP4 keeps
@@ -126,9 +136,8 @@ class SharedExpert(nn.Module):
         self.limit = cfg.swiglu_limit
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate = self.gate_proj(x).clamp(max=self.limit)
-        up = self.up_proj(x).clamp(min=-self.limit, max=self.limit)
-        return self.down_proj(F.silu(gate) * up)
+        gate, up = linears_on(x, [self.gate_proj, self.up_proj])  # one GEMM
+        return self.down_proj(F.silu(gate.clamp(max=self.limit)) * up.clamp(min=-self.limit, max=self.limit))
 
 
 class MoE(nn.Module):
@@ -152,7 +161,7 @@ class MoE(nn.Module):
     def route(self, x: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(weights[T, k], experts[T, k])`` for flat ``x[T, H]`` and its token ids."""
         c, g = self.cfg, self.gate
-        logits = F.linear(x, g.weight.to(x.dtype))
+        logits = F.linear(x, g.weight_as(x.dtype))
         if g.hashed:
             return self.ops.hash_route(logits, g.tid2eid, tokens, c.routed_scaling_factor, c.scoring_func)
         return self.ops.topk_route(logits, g.e_score_correction_bias, c.num_experts_per_tok,

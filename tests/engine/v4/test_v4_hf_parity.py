@@ -92,7 +92,7 @@ def test_every_part_is_exercised(v4_model, v4_prompts):
     assert longest // c.compress_rates["heavily_compressed_attention"] >= 2
     seen = {}
     mlp = v4_model.model.layers[2].mlp.shared_experts
-    hook = mlp.gate_proj.register_forward_hook(lambda m, a, out: seen.update(g=out.detach().amax().item()))
+    hook = mlp.register_forward_pre_hook(lambda m, a: seen.update(g=mlp.gate_proj(a[0]).detach().amax().item()))
     generate(v4_model, v4_prompts[:1], 4)
     hook.remove()
     assert seen["g"] > c.swiglu_limit
