@@ -26,7 +26,7 @@ import tree_sitter as ts
 from checks import syntax
 from checks.facts import read_blobs
 
-VERSION = 21  # bump when a pattern changes: cached rows of an older pattern set are not reused
+VERSION = 22  # bump when a pattern changes: cached rows of an older pattern set are not reused
 MAX_BYTES = 1_000_000  # generated tables and vendored amalgamations say nothing about the code's intent (ggml.c is 0.6 MB, by hand)
 MAX_CACHED = 60_000  # blobs kept in a repo's on-disk member cache before it is pruned to one tree
 
@@ -128,6 +128,9 @@ KINDS: tuple[Kind, ...] = (
     # Cython mirrors of C++ enums (``cdef enum KNOperatorType:`` in a .pxd): read by a regex (no grammar here), one
     # family per enum whose members share a prefix, so the rule's regex fact reads exactly that enum at head.
     Kind("pyx-enum", ("cython",), ""),
+    # The headers a C-family file includes by quoted path, by stem (``#include "kernels/linear.cuh"`` → linear):
+    # read by a regex (INCLUDE_REGEX), one family per file. Only ever the bigger side of a relation (see mine).
+    Kind("c-include", _C, "", whole_file=True),
     Kind(
         "py-enum",
         ("python",),
@@ -285,7 +288,7 @@ def _compile(lang: str) -> _Compiled:
     parts: list[str] = []
     owners: list[Kind] = []
     for kind in KINDS:
-        if lang not in kind.langs:
+        if lang not in kind.langs or not kind.pattern:  # a kind read by a regex (includes) has no query
             continue
         for pattern in query_text(kind, None, lang).split("\n"):
             parts.append(pattern)
@@ -434,8 +437,23 @@ def _cython_members(data: bytes) -> list[Member]:
     return out
 
 
+INCLUDE_REGEX = r'(?m)^[ \t]*#[ \t]*include[ \t]*"(?:[^"\n]*/)?(?P<key>[A-Za-z_][\w-]*)[^"/\n]*"'
+_INCLUDE_RE = re.compile(INCLUDE_REGEX.encode())
+
+
+def _includes(data: bytes) -> list[Member]:
+    return [("c-include", "<module>", m.group("key").decode("utf-8", "replace"), data.count(b"\n", 0, m.start()) + 1, "")
+            for m in _INCLUDE_RE.finditer(data)]
+
+
 def members(lang: str, data: bytes, limit: int = MAX_BYTES) -> list[Member]:
     """Every family member one file holds, as plain tuples (picklable, cacheable)."""
+    if lang in _C and len(data) <= limit:
+        return _members_of(lang, data, limit) + _includes(data)
+    return _members_of(lang, data, limit)
+
+
+def _members_of(lang: str, data: bytes, limit: int) -> list[Member]:
     if lang == "cython":
         return _cython_members(data) if len(data) <= limit else []
     if lang == "cmake":

@@ -27,7 +27,10 @@ AFFIXES = r"(?i:^(?:register_|task_|op_))|(?i:(?:_task|_op|_kernel|_impl|_fn)$)"
 CUT = r"[\s(<].*$"
 # Families that use names rather than declare them: a relation needs a declaring side (enum, table, registry).
 _USES = {"case", "py-functions", "py-methods"}
-_SIBLINGS = {k.name for k in KINDS if k.siblings}  # prefix groups of one file that may relate to each other
+_SIBLINGS = {k.name for k in KINDS if k.siblings}
+# Families that are only ever the bigger side of a relation: every task's header included (``#include "linear.cuh"``)
+# is a belief; a header included for a helper is none, so they never join a class and are never the smaller side.
+_SUPERSET_ONLY = {"c-include"}  # prefix groups of one file that may relate to each other
 _ORDERED = {"enum", "array", "list", "py-enum"}  # (a Cython enum mirrors its C++ enum by name: no order fact)  # declarations whose order can carry meaning (indexed tables)
 _INDEXES = {"enum", "py-enum"}  # ... the side whose positions are the indices
 _TABLES = {"array", "list"}  # ... the side indexed by them
@@ -73,10 +76,12 @@ class Family:
         """The family in words, without its file: ``case labels in ggml_compute_forward`` (a finding adds file:line)."""
         what = {
             "enum": "enum", "case": "case labels in", "array": "array", "c-register": "registrations via",
-            "py-enum": "enum class", "pyx-enum": "Cython enum", "dict": "dict keys of", "list": "list", "compare": "names compared with",
+            "py-enum": "enum class", "pyx-enum": "Cython enum", "c-include": "headers included by", "dict": "dict keys of", "list": "list", "compare": "names compared with",
             "py-register": "registrations via", "c-map": "map entries of", "c-compare": "names compared with", "py-methods": "methods of class",
             "py-functions": "functions", "dict-values": "dict values of", "host-name": "kernels named",
         }.get(self.kind, self.kind)  # a kind added in families.py alone still reads
+        if self.kind == "c-include":
+            return "included headers"
         if self.label and self.kind == "case":
             what = f"case labels {self.label}* in"
         elif self.label:
@@ -286,6 +291,8 @@ def mine(families: list[Family], min_support: int, min_ratio: float = 0.5, max_r
     out: list[Invariant] = []
     for cid, idx in classes.items():
         core = [families[i] for i in sorted(idx, key=lambda i: (-len(families[i].names), families[i].id))]
+        if any(f.kind in _SUPERSET_ONLY for f in core):
+            continue  # a file's headers may grow (a helper header) without any list following
         rep = next(i for i in idx if families[i] is core[0])
         declares = [f for f in core if f.kind not in _USES]
         # Supersets, as classes: keep the smallest ones (transitive reduction).
@@ -365,6 +372,8 @@ def _kept(core: list[Family], supersets: list[Family]) -> Invariant | None:
     names = set(core[0].names)
     closest = min(supersets, key=lambda f: (len(set(f.names) - names), f.id))
     extras = set(closest.names) - names
+    if not KIND_BY_NAME[closest.kind].pattern:
+        return None  # a list read by a regex (Cython enum, includes): no query to restrict to the shared names
     if not extras or len(extras) > KEEP_EXTRAS or any(f.repo_wide for f in core + [closest]):
         return None
     if any(not set(f.paths).isdisjoint(closest.paths) for f in core):
@@ -500,6 +509,8 @@ class Containment(Relation):
         self.group_paths = [frozenset().union(*(self.paths[i] for i in m)) for m in self.members]
 
     def _apart(self, a: int, b: int) -> bool:
+        if self.families[a].kind in _SUPERSET_ONLY or self.families[b].kind in _SUPERSET_ONLY:
+            return False  # never joined into a class; a superset only through ``above``, across files
         return a != b and (self.paths[a].isdisjoint(self.paths[b]) or related_in_one_file(self.families[a],
                                                                                             self.families[b]))
 

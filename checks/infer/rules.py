@@ -14,7 +14,7 @@ import re
 
 from checks.config import Fact, Pillar, Rule
 from checks.globs import matches
-from checks.infer.families import _QUOTE, KIND_BY_NAME, _escape, cython_enum_regex, query_text
+from checks.infer.families import _QUOTE, INCLUDE_REGEX, KIND_BY_NAME, _escape, cython_enum_regex, query_text
 from checks.infer.mine import Counted, Family, Invariant, Named
 
 LANG_GLOBS = {
@@ -46,6 +46,8 @@ def positional_fact_for(family: Family) -> Fact:
 def fact_for(family: Family) -> Fact:
     kind = KIND_BY_NAME[family.kind]
     options: dict = {"sub": {"key": [family.sub, ""]}, "case": "lower"}
+    if family.kind == "c-include":  # the file's quoted includes, by stem
+        return Fact(id=family.id, lang="regex", files=list(family.paths), regex=INCLUDE_REGEX, options=options)
     if family.kind == "pyx-enum":  # no grammar: a regex over the file, by the enum's member prefix
         return Fact(id=family.id, lang="regex", files=list(family.paths), regex=cython_enum_regex(family.prefix),
                     options=options)
