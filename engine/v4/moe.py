@@ -55,7 +55,8 @@ def _act_qdq(x: torch.Tensor, block: int | None) -> torch.Tensor:
         return x
     from kernels.fp8_quant import act_dequant_ref, act_quant_ref
 
-    return act_dequant_ref(*act_quant_ref(x, block), block=block)
+    q, scale = act_quant_ref(x, block)
+    return act_dequant_ref(q, scale, block=block)
 
 
 def experts_static(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor,
@@ -74,14 +75,14 @@ def experts_static(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, ga
     # only while 3·t·k < E
     if 3 * t * k < e:  # gather the chosen experts' weights, one (token, expert) pair per batch entry
         flat = ids.reshape(-1)
-        wgu = _dequant(gate_up[flat], gate_up_scale[flat]) if mx else gate_up[flat].to(dt)
-        wd = _dequant(down[flat], down_scale[flat]) if mx else down[flat].to(dt)
+        wgu = _dequant(gate_up[flat], gate_up_scale[flat]) if gate_up_scale is not None else gate_up[flat].to(dt)
+        wd = _dequant(down[flat], down_scale[flat]) if down_scale is not None else down[flat].to(dt)
         xs = xd.repeat_interleave(k, dim=0).unsqueeze(-1)  # [t*k, H, 1]
         hh = _act_qdq(_swiglu(torch.bmm(wgu, xs).squeeze(-1), limit), act_block)
         y = torch.bmm(wd, hh.unsqueeze(-1)).squeeze(-1).view(t, k, h)
     else:  # every expert on every token, then the chosen ones
-        wgu = _dequant(gate_up, gate_up_scale) if mx else gate_up.to(dt)
-        wd = _dequant(down, down_scale) if mx else down.to(dt)
+        wgu = _dequant(gate_up, gate_up_scale) if gate_up_scale is not None else gate_up.to(dt)
+        wd = _dequant(down, down_scale) if down_scale is not None else down.to(dt)
         hh = _act_qdq(_swiglu(F.linear(xd, wgu.reshape(-1, h)).view(t, e, -1), limit), act_block)  # [t, E, I]
         y_all = torch.bmm(hh.transpose(0, 1), wd.transpose(1, 2))  # [E, t, H]
         y = y_all.transpose(0, 1)[torch.arange(t, device=x.device).unsqueeze(1), ids]  # [t, k, H]

@@ -67,7 +67,11 @@ def test_position_work_is_made_once_per_forward_and_shared_by_the_layers(v4_mode
 
     def spy(self, key, make):
         asked.append(key)
-        return real(self, key, lambda: (made.append(key), make())[1])
+
+        def counted():
+            made.append(key)
+            return make()
+        return real(self, key, counted)
 
     monkeypatch.setattr(Step, "once", spy)
     dec = V4Decoder(v4_model, len(v4_prompts), max(map(len, v4_prompts)) + 2, graphs=False)

@@ -24,8 +24,9 @@ def test_trace_replays_every_call_bit_equal_after_the_caches_moved_on(v4_model, 
     for f in range(3):  # two hc_pre per layer per forward, one head
         assert [c.layer for c in tr.of("hc_pre", f)] == [i for i in range(n) for _ in (0, 1)]
         assert [c.layer for c in tr.of("hc_head", f)] == ["head"]
-    assert tr.calls[0].valid.shape == (len(v4_prompts), max(map(len, v4_prompts)))
-    assert int(tr.calls[0].valid.sum()) == sum(map(len, v4_prompts))
+    valid = tr.calls[0].valid
+    assert valid is not None and valid.shape == (len(v4_prompts), max(map(len, v4_prompts)))
+    assert int(valid.sum()) == sum(map(len, v4_prompts))
     # the prefill's calls replay exactly although later steps rewrote the caches their inputs came from
     for c in tr.calls:
         if c.op == "kv_pack":
@@ -91,7 +92,7 @@ def test_indexer_margin_is_infinite_when_every_visible_entry_is_chosen():
     nv = torch.tensor([[2, 6]])
     call = Call("indexer_topk", 1, 0, (q, w, keys, nv, 0.25, 3), {}, None, None)
     m = choice_margins(call)
-    assert math.isinf(m[0]) and math.isfinite(m[1]) and m[1] >= 0
+    assert m is not None and math.isinf(m[0]) and math.isfinite(m[1]) and m[1] >= 0
 
 
 def test_ops_use_switches_every_module_in_place(v4_dir):
@@ -101,7 +102,7 @@ def test_ops_use_switches_every_module_in_place(v4_dir):
     assert m.ops.backend_of("hc_post") == "triton"
     m.ops.use({"default": "triton", "hc_post": "torch"})
     assert m.ops.backend_of("hc_post") == "torch" and m.ops.backend_of("hc_pre") == "triton"
-    assert m.model.layers[0].attn_hc.ops is m.ops
+    assert all(layer.attn_hc.ops is m.ops for layer in m.model.layers)  # type: ignore[union-attr]
 
 
 @interpreter
