@@ -84,6 +84,7 @@ class Stmt:
     # a definition its decorators register into a registry of the tree (``@MODELS.register_module()``,
     # ``@register_handler(Config)``): those bindings change with it, rather than the whole module
     registers: frozenset[str] = frozenset()
+    registered_by_call: frozenset[str] = frozenset()  # those of them called as the decorator (``@register(C)``)
 
 
 @dataclass(frozen=True)
@@ -108,6 +109,7 @@ class ModuleInfo:
     attrs: dict[str, frozenset[str]] = field(default_factory=dict)  # name → attributes read off it (m.f, a.b.c)
     escapes: frozenset[str] = frozenset()  # names used as values (in a tuple, passed on): any attribute may be read
     registries: frozenset[str] = frozenset()  # bindings decorated definitions register into (Stmt.registers)
+    registry_functions: frozenset[str] = frozenset()  # those called as decorators: functions filling a table
 
 
     def changed_at(self, lines: Iterable[int]) -> Changed:
@@ -263,7 +265,7 @@ def _registering(path: str, stmts: list[Stmt], bindings: list[Binding]) -> list[
             if st.registers <= own:
                 st = dataclasses.replace(st, effect=False)
             else:
-                st = dataclasses.replace(st, registers=frozenset())
+                st = dataclasses.replace(st, registers=frozenset(), registered_by_call=frozenset())
         out.append(st)
     return out
 
@@ -338,12 +340,16 @@ def _flat_statements(node: ast.stmt, imported: set[str], scan: _Scan) -> list[tu
         start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
         refs, uses = scan.refs(node)
         registers: frozenset[str] = frozenset()
+        by_call: frozenset[str] = frozenset()
         if effect and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            bases = [_decorator_base(d) for d in node.decorator_list if _decorator_name(d) not in PURE_DECORATORS]
+            decorators = [d for d in node.decorator_list if _decorator_name(d) not in PURE_DECORATORS]
+            bases = [_decorator_base(d) for d in decorators]
             if all(bases):
                 registers = frozenset(b for b in bases if b)  # kept only when they resolve (_registering)
+                by_call = frozenset(b for d, b in zip(decorators, bases, strict=True)
+                                    if b and isinstance(d.func if isinstance(d, ast.Call) else d, ast.Name))
         stmt = Stmt(start, node.end_lineno or node.lineno, frozenset(names), frozenset(refs), effect,
-                    isinstance(node, (ast.Import, ast.ImportFrom)), frozenset(uses), registers)
+                    isinstance(node, (ast.Import, ast.ImportFrom)), frozenset(uses), registers, by_call)
         return [(stmt, node)]
     out: list[tuple[Stmt, ast.stmt | None]] = []
     for inner in _block_statements(node):
@@ -447,7 +453,8 @@ def _tree_info(path: str, data: bytes, tree: ast.Module) -> tuple[ModuleInfo, li
     return ModuleInfo(tuple(stmts), tuple(bindings), refs, frozenset(scan.dynamic), False, scan.by_name,
                       data if scan.by_name else b"", trivial, runs,
                       {k: frozenset(v) for k, v in scan.attrs.items()}, frozenset(escapes),
-                      frozenset(n for st in stmts for n in st.registers)), scan.strings
+                      frozenset(n for st in stmts for n in st.registers),
+                      frozenset(n for st in stmts for n in st.registered_by_call)), scan.strings
 
 
 _INFO: dict[tuple[str, str], ModuleInfo] = {}
@@ -476,6 +483,27 @@ def importers(graph: ImportGraph, tests: list[str]) -> dict[str, list[str]]:
                 seen.add(nxt)
                 queue.append(nxt)
     return users
+
+
+def _close_except(info: ModuleInfo, seeds: set[str], keep: set[str]) -> Changed:
+    """``info.close(seeds)`` that never marks the definitions in ``keep``: a registry's table changing does not
+    change the function that fills it (else every other module registering through it would change too)."""
+    if not keep:
+        return info.close(seeds)
+    changed = set(seeds)
+    grew = True
+    while grew:
+        grew = False
+        for st in info.stmts:
+            if st.imports or st.names & keep:
+                continue
+            uses = st.refs if st.uses is None else st.uses
+            if uses & changed and not (st.names | st.registers) <= changed:
+                if st.effect:
+                    return ALL
+                changed |= st.names | st.registers
+                grew = True
+    return frozenset(changed)
 
 
 class OverBudget(RuntimeError):
@@ -549,23 +577,25 @@ class Impact:
         for b in info.bindings:
             if b.local not in hit or not info.stmts[b.stmt].imports:
                 continue
-            if b.name is None:  # "import pkg.registry as r" then "@r.MODELS.register()"
-                source = self.graph.module_file(b.module, mod)
-                seeds = set(info.attrs.get(b.local, frozenset()))
-            else:
-                source = self.graph.module_file(b.module, mod)
-                seeds = {b.name}
-            if source is None or source == mod or not seeds:
+            source = self.graph.module_file(b.module, mod)
+            if source is None or source == mod:
                 continue
             src = self.info(source)
             if src.opaque:
                 out.append((source, ALL))
                 continue
-            bound = {n for st in src.stmts if not st.imports for n in st.names}
-            for st in src.stmts:  # the registry a decorator function fills: the table its body reads
-                if st.names & seeds and not st.imports:
-                    seeds |= (st.uses if st.uses is not None else st.refs) & bound
-            out.append((source, src.close(seeds)))
+            if b.name is None:  # "import pkg.registry as r" then "@r.MODELS.register()"
+                seeds = set(info.attrs.get(b.local, frozenset()))
+                fills: set[str] = set()
+            elif b.local in info.registry_functions:  # "@register(C)": the table its body fills changes
+                fills = {b.name}
+                bound = {n for st in src.stmts if not st.imports for n in st.names}
+                seeds = {n for st in src.stmts if b.name in st.names and not st.imports
+                         for n in (st.uses if st.uses is not None else st.refs) & bound} - fills
+            else:  # "@MODELS.register_module()": the registry object itself
+                seeds, fills = {b.name}, set()
+            if seeds:
+                out.append((source, _close_except(src, seeds, fills)))
         return out
 
     def _through(self, user: str, mod: str) -> tuple[Changed, dict[str, Changed]]:

@@ -28,6 +28,11 @@ BASE = {
                      "    return m\n",
     "eng/lib_ops.py": "import torch\n\n\n@torch.library.custom_op('eng::add', mutates_args=())\ndef add(x):\n"
                       "    return x + 1\n\n\ndef other():\n    return 2\n",
+    "eng/ops_a.py": "from eng.registry import register\n\n\n@register('a')\nclass OpA:\n    k = 1\n",
+    "eng/ops_b.py": "from eng.registry import register\n\n\n@register('b')\nclass OpB:\n    k = 2\n",
+    "tests/test_ops_all.py": "import eng.models\nimport eng.ops_a\nimport eng.ops_b\nfrom eng.registry import MODELS\n\n\n"
+                             "def test_all():\n    assert set(MODELS) >= {'a', 'b'}\n",
+    "tests/test_op_b.py": "from eng.ops_b import OpB\n\n\ndef test_b():\n    assert OpB.k == 2\n",
     "eng/util.py": "def helper():\n    return 1\n\n\ndef extra():\n    return 2\n",
     "tests/test_build.py": "import eng.models\nfrom eng.registry import build\n\n\ndef test_b():\n    assert build('llama')\n",
     "tests/test_size.py": "from eng.models import size\n\n\ndef test_s():\n    assert size() == 7\n",
@@ -56,7 +61,8 @@ def selected(repo, path, old, new):
 
 def test_a_registered_model_reaches_the_registry_readers_not_its_module_neighbours(repo):
     # test_build reads the registry (build); test_size imports size from the same module, which did not change
-    assert selected(repo, "eng/models.py", "return x + 1", "return x + 2") == ["tests/test_build.py"]
+    assert selected(repo, "eng/models.py", "return x + 1", "return x + 2") == ["tests/test_build.py",
+                                                                              "tests/test_ops_all.py"]
 
 
 def test_a_library_registry_still_changes_the_whole_module(repo):
@@ -72,3 +78,9 @@ def test_a_duplicate_import_removed_with_an_unused_helper_selects_nothing(repo):
 
 def test_a_name_added_to_an_import_leaves_the_others_alone(repo):
     assert selected(repo, "eng/models.py", "from eng.util import helper", "from eng.util import extra, helper") == []
+
+
+def test_registering_through_a_function_does_not_change_its_other_users(repo):
+    # ops_b registers through the same register(); OpA changing fills the table, it does not change OpB
+    got = selected(repo, "eng/ops_a.py", "k = 1", "k = 3")
+    assert "tests/test_ops_all.py" in got and "tests/test_op_b.py" not in got
