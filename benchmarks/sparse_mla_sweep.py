@@ -73,7 +73,7 @@ def variant(name: str, b: int) -> sparse_mla.SparseConfig | None:
                                    spec.get("fused_combine", False), spec.get("l2_prefetch", 0),
                                    spec.get("fast_launch", True), spec.get("gluon", False),
                                    spec.get("early_parts", 4), spec.get("wg_sums", False),
-                                   spec.get("late_issue", False))
+                                   spec.get("late_issue", False), spec.get("rotated", False))
 
 
 def decode_fn(name: str, b: int):
@@ -95,6 +95,8 @@ X64E = {"block_t": 64, "prefetch": False, "xchg": True, "lazy": False}
 GLUON = {"block_t": 64, "gluon": True, "num_stages": 2}
 VARIANTS: dict[str, dict] = {  # in the order they are timed (a run short of time drops the last)
     "g2": GLUON,
+    "g2-rot": {**GLUON, "rotated": True},
+    "g2-rot-l2": {**GLUON, "rotated": True, "l2_prefetch": 1},
     "g2-l2": {**GLUON, "l2_prefetch": 1},
     "g2-bf16": {**GLUON, "part_bf16": True},
     "g2-half": {**GLUON, "waves": 0.5},

@@ -84,6 +84,7 @@ class SparseConfig:
     early_parts: int = 4  # Gluon: parts of a tile dequantised while the last tile's value MMAs run (1-4)
     wg_sums: bool = False  # Gluon: each warpgroup keeps its own running sums (no cross-warpgroup sum a tile)
     late_issue: bool = False  # Gluon: a tile's gathers go out under the score MMAs (not before the dequant)
+    rotated: bool = False  # Gluon: each tile dequantised under the last tile's value MMAs (a rotated loop)
 
 
 def sparse_config(batch: int, heads: int, k: int, cap: tuple[int, int] | None, low: bool = True,
@@ -484,7 +485,8 @@ if HAVE_GLUON:
     @gluon.jit
     def _sparse_decode_gluon(q_ptr, pool_ptr, pool16_ptr, idx_ptr, sink_ptr, o_ptr, lse_ptr, K, H, qk_scale,
                              SPLIT: gl.constexpr, STAGES: gl.constexpr, ROW: gl.constexpr, WIDE: gl.constexpr,
-                             L2PF: gl.constexpr, EARLY: gl.constexpr, LSUMW: gl.constexpr, LATE: gl.constexpr):
+                             L2PF: gl.constexpr, EARLY: gl.constexpr, LSUMW: gl.constexpr, LATE: gl.constexpr,
+                             ROT: gl.constexpr):
         """:func:`_sparse_decode_kernel`'s online softmax for sm90 with explicit shared memory: the raw bytes of
         the rows ``STAGES - 1`` tiles ahead are gathered by cp.async into a ring while this tile is
         dequantised; the dequantised tile (bf16, wgmma's swizzled layout, one buffer per part of the row so
@@ -529,7 +531,7 @@ if HAVE_GLUON:
         nt = gl.cdiv(K, BT)  # tiles per row, dealt evenly to the chunks
         lo = (sp * nt // nsp) * BT
         hi = gl.minimum(((sp + 1) * nt // nsp) * BT, K)
-        for i in gl.static_range(STAGES - 1):
+        for i in gl.static_range(STAGES - 1 + ROT):
             _g_issue(pool_ptr, pool16_ptr, idx_ptr, row, K, lo + i * BT, hi, r0.index(i), r1.index(i), r2.index(i),
                      rr.index(i), rw.index(i), BT, ROW, G, GS, WIDE)
             async_copy.commit_group()
@@ -556,7 +558,64 @@ if HAVE_GLUON:
         # at least one trip (an empty chunk's tile is all masked: it adds nothing): a loop the compiler
         # may skip gets a second path to the final MMA wait that writes the accumulators, and ptxas then
         # serialises every wgmma of the kernel
-        for it in range(0, gl.maximum(gl.cdiv(hi - lo, BT), 1)):
+        if ROT:
+            # rotated: a tile is dequantised at the end of the iteration before its own, right after the
+            # value MMAs of the tile before it went out, so the two overlap (the compiler cannot sink the
+            # dequantisation past the loop's back edge); the gathers run STAGES tiles ahead
+            async_copy.wait_group(STAGES - 1)
+            gl.thread_barrier()
+            w = rw.index(0)
+            k0 = _g_deq(r0.index(0), w.slice(0, 4, dim=1), 4, BT, L3)
+            k1 = _g_deq(r1.index(0), w.slice(4, 2, dim=1), 2, BT, L3)
+            for it in range(0, gl.maximum(gl.cdiv(hi - lo, BT), 1)):
+                t0 = lo + it * BT
+                cur = it % STAGES
+                a0, a1, a2, a3 = warpgroup_mma_wait(num_outstanding=0, deps=(a0t, a1t, a2t, a3t))
+                gl.thread_barrier()  # the last tile's value MMAs are done with the kv and p buffers
+                kv0.store(k0)
+                kv1.store(k1)
+                w = rw.index(cur)  # the rest of this tile (nope tile 6, rope) now
+                kv2.store(_g_deq(r2.index(cur), w.slice(6, 1, dim=1), 1, BT, L3))
+                kv3.store(rr.index(cur).load(G).to(gl.bfloat16, bitcast=True))
+                fence_async_shared()
+                gl.thread_barrier()  # and every thread is done with this tile's ring stage: refill it
+                _g_issue(pool_ptr, pool16_ptr, idx_ptr, row, K, t0 + STAGES * BT, hi, r0.index(cur), r1.index(cur),
+                         r2.index(cur), rr.index(cur), rw.index(cur), BT, ROW, G, GS, WIDE)
+                async_copy.commit_group()
+                if L2PF:
+                    _g_prefetch(pool_ptr, idx_ptr, row, K, t0 + (STAGES + 1) * BT, hi, BT, ROW, PF)
+                st = warpgroup_mma(q0, kv0.permute((1, 0)), s0, use_acc=False, is_async=True)
+                st = warpgroup_mma(q1, kv1.permute((1, 0)), st, is_async=True)
+                st = warpgroup_mma(q2, kv2.permute((1, 0)), st, is_async=True)
+                st = warpgroup_mma(q3, kv3.permute((1, 0)), st, is_async=True)
+                t = t0 + ts_
+                slot = gl.load(idx_ptr + row * K + t, mask=t < hi, other=-1)
+                s = warpgroup_mma_wait(num_outstanding=0, deps=(st,))
+                s = gl.where(gl.expand_dims(slot >= 0, 0), s * qk_scale, float("-inf"))
+                m_new = gl.maximum(m, gl.max(s, axis=1))
+                alpha = gl.exp2(m - m_new)
+                p = gl.exp2(s - gl.expand_dims(m_new, 1))
+                lsum = lsum * alpha + gl.sum(p, axis=1)
+                m = m_new
+                p_s.store(p.to(gl.bfloat16))
+                fence_async_shared()
+                gl.thread_barrier()
+                a0 = a0 * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, O0)), 1)
+                a1 = a1 * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, O1)), 1)
+                al2 = gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, O2)), 1)
+                a2 = a2 * al2
+                a3 = a3 * al2
+                a0t = warpgroup_mma(p_s, kv0, a0, is_async=True)
+                a1t = warpgroup_mma(p_s, kv1, a1, is_async=True)
+                a2t = warpgroup_mma(p_s, kv2, a2, is_async=True)
+                a3t = warpgroup_mma(p_s, kv3, a3, is_async=True)
+                async_copy.wait_group(STAGES - 1)  # the next tile's rows (the one after it may still fly)
+                gl.thread_barrier()
+                nx = (it + 1) % STAGES  # the next tile's two wide parts, under the value MMAs
+                w = rw.index(nx)
+                k0 = _g_deq(r0.index(nx), w.slice(0, 4, dim=1), 4, BT, L3)
+                k1 = _g_deq(r1.index(nx), w.slice(4, 2, dim=1), 2, BT, L3)
+        for it in range(0, gl.maximum(gl.cdiv(hi - lo, BT), 1) * (1 - ROT)):
             t0 = lo + it * BT
             nxt = (it + STAGES - 1) % STAGES
             if not LATE:  # the gathers STAGES - 1 tiles ahead go out first (LATE: under the score MMAs)
@@ -693,7 +752,7 @@ def sparse_mla_decode(q: torch.Tensor, pool: torch.Tensor, indices: torch.Tensor
     if args["GLUON"]:
         gargs = {"SPLIT": n_split > 1, "STAGES": args["num_stages"], "ROW": TOKEN_BYTES, "WIDE": args["WIDE"],
                  "L2PF": bool(args["L2PF"]), "EARLY": args["EARLY"], "LSUMW": args["LSUMW"],
-                 "LATE": args["LATE"], "num_warps": 8}
+                 "LATE": args["LATE"], "ROT": args["ROT"], "num_warps": 8}
         if n_split == 1:
             _launch(_sparse_decode_gluon, fast and (fast, 4, al), grid, (qc, pools[0], pools[1], idx, sk, o, sk, k, h,
                     qk), gargs)
@@ -736,7 +795,7 @@ def _launch(fn, key, grid, pos: tuple, args: dict, **more) -> None:
         if hit is not None:
             hit[0][grid](*pos, *hit[1])
             return
-    kw = {n: v for n, v in args.items() if n not in ("FAST", "GLUON", "EARLY", "LSUMW", "LATE")}
+    kw = {n: v for n, v in args.items() if n not in ("FAST", "GLUON", "EARLY", "LSUMW", "LATE", "ROT")}
     kw.update(more)
     compiled = fn[grid](*pos, **kw)
     if key and compiled is not None and hasattr(compiled, "__getitem__"):
@@ -768,6 +827,7 @@ def _plan(b: int, h: int, k: int, dtype: torch.dtype, dev_type: str, dev_index: 
     args["EARLY"] = min(4, max(1, cfg.early_parts))
     args["LSUMW"] = cfg.wg_sums
     args["LATE"] = cfg.late_issue
+    args["ROT"] = cfg.rotated
     progs = b * n_split * hb
     n_part, n_lse = (b * n_split * h * 512, b * n_split * h) if n_split > 1 else (0, 0)
     n_p, n_m = (2 * progs * cfg.block_h * bt, 2 * progs * cfg.block_h) if cfg.xchg and not args["GLUON"] else (0, 0)
