@@ -49,7 +49,8 @@ from engine.v4.tiny import PRESETS, random_weights  # noqa: E402
 from engine.v4.trace import OpTrace, choice_flips, layer_outputs, local_errors, rel_err  # noqa: E402
 
 NEAR_TIE = 0.1  # the engine bench's threshold (torch's top-1 − top-2 margin at the first differing step)
-TRACED = {"hc_pre", "hc_post", "hc_head", "topk_route", "hash_route", "indexer_topk", "attention", "sparse_decode"}
+TRACED = {"hc_pre", "hc_post", "hc_head", "topk_route", "hash_route", "indexer_topk", "attention", "sparse_decode",
+          "kv_pack"}  # kv_pack: only counted (a dense-KV run must show none on either backend)
 T0 = time.perf_counter()
 
 
@@ -76,9 +77,9 @@ class Run:
     def __init__(self, model, prompts: list[list[int]], steps: int, keep_inputs: bool):
         self.logits: list[torch.Tensor] = []
         hook = model.register_forward_hook(lambda m, a, o: self.logits.append(o.detach().float().clone()))
-        dec = V4Decoder(model, len(prompts), max(map(len, prompts)) + steps, graphs=False)
-        try:
+        try:  # the decoder is made inside the trace: a KV pool keeps the store op it was given
             with OpTrace(model, TRACED, keep_inputs=keep_inputs) as tr, layer_outputs(model) as outs:
+                dec = V4Decoder(model, len(prompts), max(map(len, prompts)) + steps, graphs=False)
                 self.gens = dec.generate(prompts, steps)
         finally:
             hook.remove()
@@ -421,11 +422,17 @@ def main() -> int:
     for name in ("torch", "triton", "fp32"):
         runs[name] = Run(models[name], prompts, args.steps, keep_inputs=True)
     res["resolved"] = {k: r.resolved for k, r in runs.items()}
+    from collections import Counter
+
+    calls = {k: dict(Counter(c.op for c in r.trace.calls)) for k, r in runs.items()}
+    res["calls"] = calls
+    print("op calls (prefill + decode): " + "; ".join(f"{k}: " + ", ".join(f"{op} {n}" for op, n in sorted(v.items()))
+                                                     for k, v in calls.items()))
     tri = runs["triton"].resolved
     print("triton backend runs: " + ", ".join(f"{op}={b}" for op, b in sorted(tri.items()))
           + f"  [{time.perf_counter() - T0:.1f}s]")
     failed = 0
-    kernels = [op for op, b in sorted(tri.items()) if b == "triton" and op in TRACED and op != "sparse_decode"]
+    kernels = [op for op, b in sorted(tri.items()) if b == "triton" and op in TRACED and op not in ("sparse_decode", "kv_pack")]
     if args.smoke:
         kernels = kernels[:1]
     sections = (("layers", lambda: section_layers(runs, res)), ("decode", lambda: section_decode(runs, res, lens)),
