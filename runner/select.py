@@ -353,6 +353,7 @@ def _kernel_sources(config: Config, changes: ChangeSet, head, head_paths: set[st
         reason = f"kernel source of {pkg} changed: {shown}"
         reached = _reaching(users, f"{pkg}/", set(test_files))
         seeds = _compiled_code_users(graph, info, users, reached, pkg, srcs, extensions)
+        seeds = _same_part(seeds, srcs, pkg)
         runs: dict[str, str] = {}
         if seeds:  # the compiled code runs only where the modules that load it (or name the source) are used
             impact = Impact(graph, info, seeds, budget=KERNEL_REACH_BUDGET)
@@ -449,6 +450,30 @@ def _close_by_name(mod, seeds: set[str]) -> frozenset[str]:
                 changed |= st.names | st.registers
                 grew = True
     return frozenset(changed)
+
+
+# path parts that say nothing about which part of a package a file belongs to
+_GENERIC_PARTS = {"csrc", "src", "source", "kernels", "kernel", "include", "cuda", "cpp", "ops", "op", "lib", "python",
+                  "utils", "util", "common", "impl", "impls", "detail", "details", "core", "__init__", "api", "apis",
+                  "jit", "backend", "backends", "buffers", "buffer", "third_party", "cutlass", "csrcs"}
+
+
+def _parts(path: str, pkg: str) -> set[str]:
+    stem = posixpath.splitext(posixpath.basename(path))[0]
+    return {p for p in [*path.split("/")[:-1], stem] if p and p != pkg and p.lower() not in _GENERIC_PARTS}
+
+
+def _same_part(seeds: dict[str, Changed], srcs: list[str], pkg: str) -> dict[str, Changed]:
+    """The modules loading the extension that belong to the same part of the package as every changed source
+    (``csrc/kernels/legacy/*.cu`` → ``pkg/buffers/legacy.py``, not ``pkg/buffers/elastic.py``), when some do;
+    else all of them. The part is a path component or file stem other than generic ones (csrc, kernels, …)."""
+    if len(seeds) < 2:
+        return seeds
+    wanted = [_parts(src, pkg) for src in srcs]
+    if not all(wanted):
+        return seeds
+    kept = {path: names for path, names in seeds.items() if all(w & _parts(path, pkg) for w in wanted)}
+    return kept or seeds
 
 
 def _find_all(data: bytes, needle: bytes) -> list[int]:

@@ -77,3 +77,18 @@ def test_with_no_narrower_path_the_prs_own_tests_stand_for_the_package(git_repo)
                               "tests/test_buffer.py": "import ep\n\n\ndef test_b():\n    assert ep.Buffer().dispatch(2)\n"},
                    tree)
     assert sorted(got) == ["tests/test_buffer.py"]
+
+
+def test_a_source_of_one_part_runs_through_that_parts_module(git_repo):
+    tree = {**REPO, "csrc/legacy/intranode.cu": "__global__ void k() {}\n",
+            "csrc/elastic/dispatch.cu": "__global__ void d() {}\n",
+            "ep/buffers/__init__.py": "",
+            "ep/buffers/legacy.py": "import ep._C as _C\n\n\nclass Legacy:\n    def run(self, x):\n"
+                                    "        return _C.intranode(x)\n",
+            "ep/buffers/elastic.py": "import ep._C as _C\n\n\nclass Elastic:\n    def run(self, x):\n"
+                                     "        return _C.dispatch(x)\n",
+            "tests/test_legacy.py": "from ep.buffers.legacy import Legacy\n\n\ndef test_l():\n    assert Legacy().run(1)\n",
+            "tests/test_elastic.py": "from ep.buffers.elastic import Elastic\n\n\ndef test_e():\n"
+                                     "    assert Elastic().run(1)\n"}
+    got = selected(git_repo, {"csrc/legacy/intranode.cu": "__global__ void k() { int z; }\n"}, tree)
+    assert sorted(got) == ["tests/test_legacy.py"]
