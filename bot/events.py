@@ -210,7 +210,7 @@ def job_for(event: str, payload: dict, *, audit_drafts: bool = False, app_id: in
         run_id, audit_id, label = ours
         return CollectJob(
             **common,
-            key=f"{repo}!run:{run_id}",
+            key=f"{repo}!audit:{audit_id}",  # one audit's runs (one per label) fold in one at a time
             head_sha=run.get("head_sha", str, required=False),
             run_id=run_id,
             audit_id=audit_id,

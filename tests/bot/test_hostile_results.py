@@ -257,3 +257,58 @@ def test_a_run_in_another_installed_repository_cannot_report_for_this_ones_audit
     bot.settle()
     (run,) = state.check_runs_for(REPO, head)
     assert run["conclusion"] == "failure"  # the real result, not the forged pass
+
+
+TWO_LABELS = """\
+[[suite]]
+id = "parity-loader"
+kind = "parity"
+command = "pytest tests/test_loader.py"
+runners = ["sm90"]
+paths = ["engine/weights/**"]
+
+[[suite]]
+id = "parity-loader-blackwell"
+kind = "parity"
+command = "pytest tests/test_loader.py"
+runners = ["sm120"]
+paths = ["engine/weights/**"]
+"""
+
+
+def test_results_of_two_labels_arriving_together_are_both_kept(bot_factory, tmp_path):
+    from tests.gitrepo import git, init_repo
+
+    make, state = bot_factory
+    repo_path = init_repo(tmp_path / "two-labels")
+    base = commit(repo_path, {".github/drift-audit.toml": TWO_LABELS, "engine/weights/loader.py": "x = 1\n"}, "base")
+    git(repo_path, "checkout", "-q", "-b", "feature")
+    head = commit(repo_path, {"engine/weights/loader.py": "x = 2\n"}, "head")
+    state.add_repo(REPO, str(repo_path))
+    state.add_pull(REPO, 59, head_sha=head, base_sha=base)
+    state.add_workflow(REPO)
+    runs: list[dict] = []
+
+    def on_dispatch(st, record):
+        inputs = record["inputs"]
+        label = inputs["label"]
+        run = st.add_run(REPO, head_sha=inputs["head_sha"], display_title=run_title(inputs["audit_id"], label))
+        suite = "parity-loader" if label == "sm90" else "parity-loader-blackwell"
+        results = Results(inputs["audit_id"], inputs["head_sha"], [SuiteResult(suite, label, "passed")])
+        st.add_artifact(run["id"], artifact_name(inputs["audit_id"], label), signed_results(REPO, label, results))
+        runs.append(run)
+
+    state.on_dispatch = on_dispatch
+    bot = make(workers=2)
+    bot.deliver("pull_request", pr_payload("opened", number=59, head=head, base=base))
+    bot.settle()
+    assert sorted(d["inputs"]["label"] for d in state.dispatches) == ["sm120", "sm90"]
+    state.delays["GET /zip"] = 0.5  # both downloads in flight at once: each worker holds the record it read
+    for run in runs:
+        bot.deliver("workflow_run", workflow_run_payload(run))
+    bot.settle()
+    record = bot.store.audit(state.dispatches[0]["inputs"]["audit_id"])
+    outcomes = {s["runner"]: s["outcome"] for s in json.loads(record.audit_json)["results"]["suites"]}
+    assert record.pending == [] and outcomes == {"sm90": "passed", "sm120": "passed"}, (record.pending, outcomes)
+    (run,) = state.check_runs_for(REPO, head)
+    assert run["conclusion"] == "success"
