@@ -619,8 +619,11 @@ class Impact:
         if names and (info.opaque or info.may_load(mod, names)):  # dotted strings fed to import_module too
             return ALL, {}
         for run in () if info.imports_by_name else info.runs:  # a subprocess runs the module: all of it may run
-            if self.graph.module_file(run, user) == mod or mod in self.graph.resolve(run, user):
-                return ALL, {}
+            target = self.graph.module_file(run, user)
+            if target == user:
+                continue  # its own dotted name (Registry(locations=['pkg.models.base'])): nothing else runs
+            if target == mod or (names == ALL and mod in self.graph.resolve(run, user)):
+                return ALL, {}  # a package __init__ on the way runs too, but only its effects reach the module
         seeds: set[str] = set()
         exported: dict[str, Changed] = {}
         for b in info.bindings:
