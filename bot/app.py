@@ -101,6 +101,8 @@ def _decide(settings: BotSettings, store: JobStore, event: str, delivery: str, b
         return _Answer(200, {"status": "duplicate", "delivery": delivery, "job": job_id})
     if isinstance(decision, Ignored):
         return _Answer(202, {"status": "ignored", "reason": decision.reason})
+    if job_id is None:
+        return _Answer(202, {"status": "ignored", "reason": "a push older than the pull request's recorded head"})
     return _Answer(202, {"status": "queued", "job": job_id}, queued=True)
 
 

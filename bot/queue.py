@@ -89,8 +89,9 @@ class JobStore(ABC):
     @abstractmethod
     def accept(self, delivery: str, event: str, job: Job | None, *, max_attempts: int = 5,
                body_sha: str | None = None) -> tuple[bool, int | None]:
-        """Record a delivery and enqueue its job: (first time seen, job id). ``body_sha``: the SHA-256 of the
-        signed body; the same body under another delivery GUID raises ``ReplayedDelivery``."""
+        """Record a delivery and enqueue its job: (first time seen, job id; None when nothing was queued, as for
+        a push older than the head already recorded). ``body_sha``: the SHA-256 of the signed body; the same body
+        under another delivery GUID raises ``ReplayedDelivery``."""
 
     @abstractmethod
     def mark_head(self, job_id: int, head_sha: str) -> None:
@@ -286,7 +287,7 @@ class SqliteJobStore(JobStore):
                 raise ReplayedDelivery("this body was delivered before under another X-GitHub-Delivery")
             db.execute("INSERT INTO deliveries(guid, event, received, body_sha) VALUES (?, ?, ?, ?)",
                        (delivery, event, now, body_sha))
-            if job is None:
+            if job is None or self._stale_push(db, job):
                 return True, None
             job = self._pin(db, job, now)
             if job.supersedes and job.head:
@@ -299,6 +300,15 @@ class SqliteJobStore(JobStore):
             ).lastrowid
             db.execute("UPDATE deliveries SET job_id = ? WHERE guid = ?", (job_id, delivery))
             return True, job_id
+
+    @staticmethod
+    def _stale_push(db: sqlite3.Connection, job: Job) -> bool:
+        """A push of another head older than the one recorded (a redelivery that arrives late): queuing it would
+        supersede the current head's audit with an old one. The delivery is recorded, nothing is queued."""
+        if not (isinstance(job, AuditJob) and job.cause == "pull_request" and job.pr is not None and job.pushed):
+            return False
+        row = db.execute("SELECT head_sha, updated FROM heads WHERE repo = ? AND pr = ?", (job.repo, job.pr)).fetchone()
+        return row is not None and row["head_sha"] != job.head_sha and job.pushed < row["updated"]
 
     @staticmethod
     def _pin(db: sqlite3.Connection, job: Job, now: float) -> Job:

@@ -162,3 +162,17 @@ def test_flipped_bytes_of_signed_deliveries_are_answered_never_raised(tmp_path):
         assert row.job is not None
         store.finish(row.id, "w")
     assert store.jobs(DEAD) == []
+
+
+def test_a_late_push_of_an_older_head_does_not_supersede_the_current_one(bot_factory):
+    make, _ = bot_factory
+    bot = make(start_workers=False)
+    old, new, base = "1" * 40, "2" * 40, "3" * 40
+    t = time.time()
+    assert bot.deliver("pull_request", _pushed(63, new, base, t)).json()["status"] == "queued"
+    late = bot.deliver("pull_request", _pushed(63, old, base, t - 30, action="opened"))  # redelivered late
+    assert late.status_code == 202 and late.json()["status"] == "ignored" and "older" in late.json()["reason"]
+    (job,) = bot.store.jobs()
+    assert job.head_sha == new and job.status == "queued" and job.superseded_by is None
+    assert bot.store.known_head(REPO, 63) == new
+    assert bot.deliver("pull_request", _pushed(63, old, base, t + 30)).json()["status"] == "queued"  # a real push
