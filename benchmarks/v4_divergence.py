@@ -211,7 +211,13 @@ def classify(ref: Run, cand: Run, ref_name: str, cand_name: str, lens: list[int]
                           "unexplained")
         prompts.append(d)
     counts = {st: sum(p["status"] == st for p in prompts) for st in ("match", "near-tie", "break", "short")}
-    return {"ref": ref_name, "cand": cand_name, "counts": counts, "prompts": prompts, "choice_noise_p99": noise,
+    causes: dict[str, int] = {}
+    for pr in prompts:
+        if "cause" in pr:
+            c = pr["cause"].split(" (")[0]
+            causes[c] = causes.get(c, 0) + 1
+    return {"ref": ref_name, "cand": cand_name, "counts": counts, "causes": causes, "prompts": prompts,
+            "choice_noise_p99": noise,
             "flips_total": len(flips), "flip_margins": sorted(f.swap_ref for f in flips)[:20]}
 
 
@@ -222,7 +228,8 @@ def section_decode(runs: dict, res: dict, lens: list[int]) -> None:
         out = classify(runs[r], runs[c], r, c, lens)
         res["decode"].append(out)
         noise = ", ".join(f"{op} {v:.4f}" for op, v in out["choice_noise_p99"].items())
-        print(f"\n## decode {c} vs {r} (reference {r}): {out['counts']}; {out['flips_total']} discrete choice "
+        print(f"\n## decode {c} vs {r} (reference {r}): {out['counts']}, divergences by cause {out['causes']}; "
+              f"{out['flips_total']} discrete choice "
               f"flips in all (smallest swap margins {[round(m, 4) for m in out['flip_margins'][:6]]}; "
               f"rounding shift of the choice scores, p99: {noise})")
         print("| prompt | len | status | first step | ref top-2 margin | ref gap to cand token (rank) | "
@@ -357,6 +364,7 @@ def perf_decode(engine: str, cfg_dict: dict, tensors: dict, backend: str, dev: t
         kern = [(e, t) for e, t in zip(p.key_averages(), dt) if t > 0 and not e.key.startswith(("aten::", "cuda"))]
         out["kernels_per_step"] = sum(e.count for e, _ in kern) / 5
         out["device_us_per_step"] = sum(t for _, t in kern) / 5
+        out["top_kernels"] = [(e.key[:90], e.count / 5, t / 5) for e, t in sorted(kern, key=lambda k: -k[1])[:25]]
     del m
     return out
 
@@ -379,6 +387,15 @@ def section_perf(cfg_dict: dict, tensors: dict, dev: torch.device, res: dict, be
                      f"kernels/step, {r['device_us_per_step']:.0f} us device/step (graphed: {r['graphed']})"
                      if "step_ms" in r else "") + f"  [{time.perf_counter() - T0:.1f}s]")
     res["perf"] = rows
+    last = rows[-1] if rows else {}
+    for r in rows:
+        if r["engine"] == "engine.v4" and r["backend"] == "triton" and "top_kernels" in r:
+            last = r
+    if "top_kernels" in last:
+        print(f"top kernels of the graphed step ({last['engine']}, {last['backend']}, b{last['batch']}): "
+              "name | per step | us per step")
+        for name, n, us in last["top_kernels"]:
+            print(f"|  {name} | {n:.0f} | {us:.1f} |")
 
 
 def hc_post_round_once(o: torch.Tensor, x: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
