@@ -84,10 +84,11 @@ class Publisher:
     """``login`` is the app's own account (``<slug>[bot]``): a comment is ours only if that account wrote it.
     Other bots can copy the marker; GitHub answers 403 to editing their comments, and we never try."""
 
-    def __init__(self, repo: Any, check_name: str = "Drift Audit", *, login: str):
+    def __init__(self, repo: Any, check_name: str = "Drift Audit", *, login: str, app_id: int | None = None):
         self.repo = repo
         self.check_name = check_name
         self.login = login
+        self.app_id = app_id  # check runs are ours only if this app made them (any app can reuse the name)
 
     # ------------------------------------------------------------------ comments
     def _ours(self, comment: Any, marker: str) -> bool:
@@ -152,7 +153,7 @@ class Publisher:
 
     def find_check(self, head_sha: str, external_id: str):
         for candidate in self.repo.get_commit(head_sha).get_check_runs(check_name=self.check_name):
-            if candidate.external_id == external_id:
+            if candidate.external_id == external_id and made_by(candidate, self.app_id):
                 return candidate
         return None
 
@@ -183,6 +184,15 @@ class Publisher:
 
     def conclude(self, run, conclusion: str, title: str, summary: str) -> None:
         run.edit(status="completed", conclusion=conclusion, output={"title": cap(title, 1000), "summary": cap(summary)})
+
+
+def made_by(run: Any, app_id: int | None) -> bool:
+    """Was this check run created by our app? Another app with checks:write can create runs with our name and
+    external_id; editing them fails (403), and counting them as ours would conclude nothing of ours."""
+    if app_id is None:
+        return True
+    app = getattr(run, "app", None)
+    return app is not None and getattr(app, "id", None) == app_id
 
 
 def _first_line(body: str) -> str:

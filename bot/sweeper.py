@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from bot.publish import cap
+from bot.publish import cap, made_by
 from bot.queue import DONE, SUPERSEDED, JobRow, JobStore
 from runner.report.safe import code
 
@@ -37,9 +37,9 @@ class Swept:
 
 class Sweeper:
     def __init__(self, store: JobStore, repo_of: Callable[[str, int | None], Any], check_name: str, *,
-                 gpu_timeout: float, announce_wait: float = 30.0):
+                 gpu_timeout: float, announce_wait: float = 30.0, app_id: int | None = None):
         self.store, self.repo_of, self.check_name, self.gpu_timeout = store, repo_of, check_name, gpu_timeout
-        self.announce_wait = announce_wait
+        self.announce_wait, self.app_id = announce_wait, app_id
 
     def sweep(self) -> Swept:
         out = Swept(expired=self.store.expire_leases())
@@ -75,7 +75,7 @@ class Sweeper:
         if not row.head_sha or not row.external_id:
             return None
         for candidate in repo.get_commit(row.head_sha).get_check_runs(check_name=self.check_name):
-            if candidate.external_id == row.external_id:
+            if candidate.external_id == row.external_id and made_by(candidate, self.app_id):
                 return candidate
         return None
 

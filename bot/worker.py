@@ -138,7 +138,7 @@ class Service:
         self.owner_prefix = f"{socket.gethostname()}:{os.getpid()}"
         self._login: str | None = settings.bot_login or None
         self.sweeper = Sweeper(store, self._repo_of, settings.check_name, gpu_timeout=settings.gpu_timeout,
-                               announce_wait=settings.announce_wait)
+                               announce_wait=settings.announce_wait, app_id=settings.app_id or None)
         self.redact = Redactor(settings, self.app.issued_tokens)  # every error text passes it on its way out
         self._log_filter = RedactingFilter(self.redact)
         for name in LOGGERS:
@@ -302,7 +302,7 @@ class Service:
         return self._login
 
     def _publisher(self, repo: Any) -> Publisher:
-        return Publisher(repo, self.settings.check_name, login=self.bot_login())
+        return Publisher(repo, self.settings.check_name, login=self.bot_login(), app_id=self.settings.app_id or None)
 
     def _details_url(self, job_id: int) -> str:
         return details_url(self.settings.public_url, self.settings.webhook_secret, job_id)

@@ -312,3 +312,20 @@ def test_results_of_two_labels_arriving_together_are_both_kept(bot_factory, tmp_
     assert record.pending == [] and outcomes == {"sm90": "passed", "sm120": "passed"}, (record.pending, outcomes)
     (run,) = state.check_runs_for(REPO, head)
     assert run["conclusion"] == "success"
+
+
+def test_another_apps_check_run_with_our_name_and_external_id_is_never_taken_for_ours(bot_factory, engine_repo):
+    make, state = bot_factory
+    repo_path, base, head = engine_repo
+    state.add_repo(REPO, str(repo_path))
+    state.add_pull(REPO, 60, head_sha=head, base_sha=base)
+    decoy = state.add_check_run(REPO, head, app_id=777, status="in_progress")  # any app with checks: write
+    decoy["external_id"] = "job:1"  # what our first job's run is called
+    bot = make()
+    bot.deliver("pull_request", pr_payload("opened", number=60, head=head, base=base))
+    bot.settle()
+    (job,) = bot.store.jobs()
+    assert job.status == "done" and job.check_run_id != decoy["id"], (job.status, job.error)
+    ours = [r for r in state.check_runs_for(REPO, head) if r["id"] != decoy["id"]]
+    assert len(ours) == 1 and ours[0]["status"] == "completed"
+    assert state.check_runs[decoy["id"]]["status"] == "in_progress"  # left alone
