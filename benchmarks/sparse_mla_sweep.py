@@ -313,7 +313,7 @@ def sweep() -> None:
                 used = cfg or sparse_mla.sparse_config(b, HEADS, K, None if ARGS.smoke else (9, 0), True, SMS)
                 if name == "old":
                     used = sparse_mla.SparseConfig(16, 16, 0, 4)
-                tm, tc = bounds(b, nbytes)
+                tc, tm = bounds(b, nbytes)
                 RESULTS["rows"].append({"variant": name, "batch": b, "config": dataclasses.asdict(used), "ms": ms,
                                         "gbs": g, "of_ceiling": g / ceil, "gpu_ms": gms, "gpu_of_ceiling": gg / ceil,
                                         "host_us": hus, "gemm_diff": diff, "bytes": nbytes, "mem_us": tm,

@@ -795,7 +795,7 @@ def _launch(fn, key, grid, pos: tuple, args: dict, **more) -> None:
         if hit is not None:
             hit[0][grid](*pos, *hit[1])
             return
-    kw = {n: v for n, v in args.items() if n not in ("FAST", "GLUON", "EARLY", "LSUMW", "LATE", "ROT")}
+    kw = {n: v for n, v in args.items() if n in fn.arg_names or n in _OPTIONS}  # the plan's other keys: not fn's
     kw.update(more)
     compiled = fn[grid](*pos, **kw)
     if key and compiled is not None and hasattr(compiled, "__getitem__"):

@@ -262,3 +262,45 @@ def test_gluon_kernel_matches_the_reference(b, h, k, n_split, dtype, wide, knobs
     out = sparse_mla_decode(**inp, config=SparseConfig(64, 64, n_split, 8, 2, gluon=True, **knobs))
     assert torch.isfinite(out.float()).all() and out[-1].abs().max() == 0
     assert gemm_diff(out, ref).value < 2e-5
+
+
+def test_gluon_launch_passes_every_constant_and_merges_splits(monkeypatch):
+    """On sm90 a gluon config launches the Gluon kernel with every constexpr its signature names (and only
+    those), then the combine for a split; the unsplit launch writes the output directly."""
+    import kernels.sparse_mla as sm
+
+    calls: list[tuple] = []
+
+    class Jit:
+        def __init__(self, fn, name):
+            self.arg_names, self.name = fn.arg_names, name
+
+        def __getitem__(self, grid):
+            def run(*a, **kw):
+                consts = [n for n in self.arg_names[len(a):]]
+                assert sorted(n for n in kw if n not in ("num_warps", "num_stages")) == sorted(consts), (self.name, kw)
+                calls.append((self.name, grid, kw))
+            return run
+
+    if not sm.HAVE_GLUON:
+        pytest.skip("this Triton has no Gluon")
+    monkeypatch.setattr(sm, "_sparse_decode_gluon", Jit(sm._sparse_decode_gluon, "gluon"))
+    monkeypatch.setattr(sm, "_combine_kernel", Jit(sm._combine_kernel, "combine"))
+    monkeypatch.setattr(sm, "_INTERP", False)
+    monkeypatch.setattr(sm, "capability", lambda dev: (9, 0))
+    monkeypatch.setattr(sm, "_num_sms", lambda dev: 132)
+    monkeypatch.setattr(sm, "_COMPILED", {})
+    sm._plan.cache_clear()
+    try:
+        inp = _case(4, 64, 256, "cpu", seed=41)
+        cfg = SparseConfig(64, 64, 2, 8, 2, gluon=True, rotated=True, l2_prefetch=1)
+        sparse_mla_decode(**inp, config=cfg)
+        assert [c[0] for c in calls] == ["gluon", "combine"]
+        g = calls[0][2]
+        assert g["SPLIT"] is True and g["ROT"] is True and g["L2PF"] is True and g["num_warps"] == 8
+        assert calls[0][1] == (4, 2, 1)
+        calls.clear()
+        sparse_mla_decode(**inp, config=dataclasses.replace(cfg, n_split=1))
+        assert [c[0] for c in calls] == ["gluon"] and calls[0][2]["SPLIT"] is False
+    finally:
+        sm._plan.cache_clear()
