@@ -213,7 +213,9 @@ def store_quads(y, slot, pool8_ptr, pool32_ptr, pool64_ptr, HW_CAST: tl.constexp
     """Pack and store rows ``y[R, tile 8, quad 16, 4]`` fp32 (channel ``64 tile + 4 quad + c``; tile 7 = the
     rope channels) at int64 ``slot[R]`` (``-1``: skip). A thread holding 4 adjacent channels packs them
     itself: 4 e4m3 bytes into one int32 word, 4 bf16 rope values into one int64 word; the tile amax is a warp
-    reduction. The 7 scale bytes and the zero pad go as bytes."""
+    reduction. The 7 scale bytes and the zero pad go as bytes. Only used with one row per 4 warps (the
+    compressor's tile kernel, bit-exact on the H200): a kv584 store on it with several rows per thread
+    (8 rows / 4 warps) wrote wrong bytes on the H200 and was removed, the cause not found."""
     tile = tl.arange(0, 8)
     q16 = tl.arange(0, 16)
     c4 = tl.arange(0, 4)
@@ -240,22 +242,6 @@ def store_quads(y, slot, pool8_ptr, pool32_ptr, pool64_ptr, HW_CAST: tl.constexp
     sb = tl.where(tile[None, :] < NT, ebyte, 0).to(tl.uint8)  # 7 scale bytes and the zero pad
     tl.store(pool8_ptr + slot[:, None] * (WORDS * 8) + SOFF + tile[None, :], sb, mask=(slot >= 0)[:, None],
              eviction_policy=EVICT)
-
-
-@triton.jit
-def _store_quads_kernel(kv_ptr, slot_ptr, pool8_ptr, pool32_ptr, pool64_ptr, n, stride_kv, ROWS: tl.constexpr,
-                        HW_CAST: tl.constexpr, EXACT: tl.constexpr, EVICT: tl.constexpr):
-    """``ROWS`` tokens per program loaded as ``[ROWS, 8, 16, 4]`` and written by :func:`store_quads`."""
-    rid = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
-    live = rid < n
-    tile = tl.arange(0, 8)
-    q16 = tl.arange(0, 16)
-    c4 = tl.arange(0, 4)
-    col = tile[:, None, None] * 64 + q16[None, :, None] * 4 + c4[None, None, :]
-    y = tl.load(kv_ptr + (rid * stride_kv)[:, None, None, None] + col[None], mask=live[:, None, None, None],
-                other=0.0, eviction_policy=EVICT).to(tl.float32)
-    slot = tl.load(slot_ptr + rid, mask=live, other=-1).to(tl.int64)
-    store_quads(y, slot, pool8_ptr, pool32_ptr, pool64_ptr, HW_CAST, EXACT, EVICT)
 
 
 @triton.jit
@@ -342,8 +328,6 @@ def _load_rows_kernel(pool64_ptr, slot_ptr, o_ptr, n, ROWS: tl.constexpr, HW_CAS
 STORE_IMPL = "words"  # the default kernel of kv584_store (H200: 2.0x the byte-store kernel at 65536 tokens)
 STORE_ROWS = 4  # tokens per program of the word-store kernel (4 rows x 2 warps: best of 4..32 x 2..8 on the H200)
 STORE_WARPS = 2
-QUAD_ROWS = 4  # the quads kernel (one thread per 4 adjacent channels): tokens per program, warps
-QUAD_WARPS = 4
 
 
 def _words(flat: torch.Tensor) -> torch.Tensor | None:
@@ -357,7 +341,6 @@ def kv584_store(kv: torch.Tensor, pool: torch.Tensor, slots: torch.Tensor, *, im
                 rows: int | None = None, num_warps: int | None = None, evict: str = "", stages: int = 0,
                 programs: int | None = None) -> torch.Tensor:
     """Triton :func:`kv584_store_ref`. ``impl="words"``: ``rows`` tokens per program written as int64 words;
-    ``"quads"``: ``rows`` tokens per program, a thread per 4 adjacent channels (:func:`store_quads`);
     ``"row"``: one program per token with byte stores (also the path for a pool whose storage is not 8-byte
     aligned). ``None``: :data:`STORE_IMPL`. ``evict``: the word kernel's L2 eviction hint ("" or
     "evict_first", for a pool written once and read much later). ``stages`` > 0: ``programs`` persistent
@@ -367,20 +350,15 @@ def kv584_store(kv: torch.Tensor, pool: torch.Tensor, slots: torch.Tensor, *, im
         raise ValueError(f"kv584: kv must be [N, {HEAD_DIM}] (unit stride) with slots [N], got "
                          f"{tuple(kv.shape)} and {tuple(slots.shape)}")
     impl = impl or STORE_IMPL
-    if impl not in ("words", "row", "quads"):
-        raise ValueError(f"kv584_store: impl must be 'words', 'quads' or 'row', got {impl!r}")
+    if impl not in ("words", "row"):
+        raise ValueError(f"kv584_store: impl must be 'words' or 'row', got {impl!r}")
     hw = fp8_hw_cast(capability(kv.device))
     n = kv.shape[0]
     if not n:
         return pool
     sl = slots.to(torch.int64).contiguous()
-    words = _words(flat) if impl != "row" else None
-    if words is not None and impl == "quads":
-        r = rows or QUAD_ROWS
-        _store_quads_kernel[(triton.cdiv(n, r),)](kv, sl, flat, flat.view(torch.int32), words, n, kv.stride(0), ROWS=r,
-                                                  HW_CAST=hw, EXACT=interpreting(), EVICT=evict,
-                                                  num_warps=num_warps or QUAD_WARPS)
-    elif words is None:
+    words = _words(flat) if impl == "words" else None
+    if words is None:
         _store_kernel[(n,)](kv, sl, flat, flat.view(torch.int16), kv.stride(0), HW_CAST=hw, EXACT=interpreting(),
                             num_warps=num_warps or 2)
     else:

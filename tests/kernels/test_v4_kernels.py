@@ -46,8 +46,7 @@ def test_584_byte_layout_byte_by_byte():
 # test_parity runs the default (words, 4 rows, 2 warps); these are the other paths
 STORE_VARIANTS = [{"impl": "row"}, {"impl": "words", "rows": 16, "num_warps": 8},
                   {"impl": "words", "rows": 8, "num_warps": 4, "evict": "evict_first"},
-                  {"impl": "words", "rows": 4, "stages": 2, "programs": 3}, {"impl": "quads"},
-                  {"impl": "quads", "rows": 2, "num_warps": 2}]
+                  {"impl": "words", "rows": 4, "stages": 2, "programs": 3}]
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -121,7 +120,7 @@ def test_load_decodes_every_scale_byte_exactly(impl, device):
     assert torch.equal(got.isnan(), want.isnan()) and not bits_differ.any(), bits_differ.nonzero()[:4].tolist()
 
 
-@pytest.mark.parametrize("impl", ["row", "words", "quads"])
+@pytest.mark.parametrize("impl", ["row", "words"])
 def test_kv584_store_rounds_ties_to_even_at_every_e4m3_step(impl, device):
     x = _e4m3_ties(24, torch.Generator().manual_seed(0))
     x[1, 64:128] = 0.0
@@ -133,7 +132,7 @@ def test_kv584_store_rounds_ties_to_even_at_every_e4m3_step(impl, device):
     assert torch.equal(got, want), (got != want).nonzero()[:8].tolist()
 
 
-@pytest.mark.parametrize("impl", ["row", "words", "quads"])
+@pytest.mark.parametrize("impl", ["row", "words"])
 def test_store_skips_negative_slots_and_load_zeroes_them(impl, device):
     pool = kv584.new_pool(2, 4, device)
     kv = torch.randn(3, 512, device=device)
@@ -156,7 +155,6 @@ def test_word_store_on_a_pool_not_8_byte_aligned_falls_back(device):
     assert kv584._words(kv584.new_pool(2, 3, device).view(-1, kv584.TOKEN_BYTES)) is not None
     kv = torch.randn(4, 512, device=device)
     kv584.kv584_store(kv, pool, torch.tensor([4, 0, 2, 5], device=device), impl="words")
-    kv584.kv584_store(kv, pool, torch.tensor([4, 0, 2, 5], device=device), impl="quads")
     rows = pool.view(-1, kv584.TOKEN_BYTES)[[4, 0, 2, 5]].cpu()
     assert torch.equal(rows, kv584.pack_ref(kv.cpu())) and buf[:2].eq(0).all()
 
