@@ -7,6 +7,7 @@ can attend to "nothing". Keys are also values (MQA with one 512-wide head).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -108,9 +109,15 @@ def sparse_config(batch: int, heads: int, k: int, cap: tuple[int, int] | None, l
     n_split = max(1, min(num_sms // progs, triton.cdiv(k, 2 * bt)))
     if bh < 64:  # one warpgroup holds the accumulator; its score tile is not split, so nothing to exchange
         return SparseConfig(bh, bt, n_split, 4, 2, False, lazy=False)
+    if GLUON_DEFAULT is not None and HAVE_GLUON and cap[0] == 9:  # sm90: the Gluon kernel
+        return dataclasses.replace(SparseConfig(bh, bt, n_split, 8, 2, gluon=True), **GLUON_DEFAULT)
     # H200, round of 2026-12-01 (copy ceiling 4227 GB/s; benchmarks/sparse_mla_sweep.py "x64e-l2"): b32 39.1 us,
     # b64 52.2 us, b128 81.9 us device time (9.8 / 14.7 / 18.8 % of copy); the kernel before: 105 / 175 / 335 us
     return SparseConfig(bh, bt, n_split, 8, 1, False, lazy=False, xchg=True, l2_prefetch=1)
+
+
+# the Gluon kernel's knobs when it is sm90's default (None: the tl kernel stays the default)
+GLUON_DEFAULT: dict | None = None
 
 
 @triton.jit

@@ -304,3 +304,20 @@ def test_gluon_launch_passes_every_constant_and_merges_splits(monkeypatch):
         assert [c[0] for c in calls] == ["gluon"] and calls[0][2]["SPLIT"] is False
     finally:
         sm._plan.cache_clear()
+
+
+def test_sm90_default_takes_the_gluon_kernel_when_chosen(monkeypatch):
+    """With Gluon knobs chosen as the default, sm90 (and only sm90) gets a gluon config of the same tiles
+    and one-wave chunking; other parts keep the tl exchange kernel."""
+    import kernels.sparse_mla as sm
+
+    monkeypatch.setattr(sm, "GLUON_DEFAULT", {"rotated": True})
+    monkeypatch.setattr(sm, "HAVE_GLUON", True)
+    for b, splits in ((32, 4), (64, 2), (128, 1)):
+        cfg = sparse_config(b, 64, 640, (9, 0), True, 132)
+        assert cfg.gluon and cfg.rotated and (cfg.block_h, cfg.block_t, cfg.n_split) == (64, 64, splits)
+        assert sm.use_gluon(cfg, (9, 0), True, False)
+    for cap in ((12, 0), (8, 0)):
+        assert not sparse_config(32, 64, 640, cap).gluon and sparse_config(32, 64, 640, cap).xchg
+    assert not sparse_config(4, 16, 640, (9, 0)).gluon  # 16 heads: the 16-row tl tiles
+    assert not sparse_config(4, 64, 640, (9, 0), low=False).gluon  # fp32 q
