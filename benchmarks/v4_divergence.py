@@ -52,6 +52,7 @@ NEAR_TIE = 0.1  # the engine bench's threshold (torch's top-1 − top-2 margin a
 TRACED = {"hc_pre", "hc_post", "hc_head", "topk_route", "hash_route", "indexer_topk", "attention", "sparse_decode",
           "kv_pack"}  # kv_pack: only counted (a dense-KV run must show none on either backend)
 T0 = time.perf_counter()
+KV = "dense"  # the KV layout of every decode here (--kv)
 
 
 def bench_prompts(n: int, vocab: int) -> list[list[int]]:
@@ -61,8 +62,8 @@ def bench_prompts(n: int, vocab: int) -> list[list[int]]:
     return [torch.randint(2, min(250, vocab), (k,), generator=g).tolist() for k in lens][:n]
 
 
-def build(preset: str, device: torch.device) -> tuple[dict, dict, dict]:
-    cfg_dict = dict(PRESETS[preset])
+def build(preset: str, device: torch.device, overrides: dict | None = None) -> tuple[dict, dict, dict]:
+    cfg_dict = dict(PRESETS[preset], **(overrides or {}))
     cfg = parse_v4_config(cfg_dict, preset)
     tensors = random_weights(cfg_dict, seed=0, dtype=torch.bfloat16)
     models = {"torch": load_v4_tensors(cfg, tensors, dtype=torch.bfloat16, device=device, backend="torch"),
@@ -74,12 +75,12 @@ def build(preset: str, device: torch.device) -> tuple[dict, dict, dict]:
 class Run:
     """One model's greedy decode of the prompts, eager, with every forward's logits and an op trace."""
 
-    def __init__(self, model, prompts: list[list[int]], steps: int, keep_inputs: bool):
+    def __init__(self, model, prompts: list[list[int]], steps: int, keep_inputs: bool, kv: str = "dense"):
         self.logits: list[torch.Tensor] = []
         hook = model.register_forward_hook(lambda m, a, o: self.logits.append(o.detach().float().clone()))
         try:  # the decoder is made inside the trace: a KV pool keeps the store op it was given
             with OpTrace(model, TRACED, keep_inputs=keep_inputs) as tr, layer_outputs(model) as outs:
-                dec = V4Decoder(model, len(prompts), max(map(len, prompts)) + steps, graphs=False)
+                dec = V4Decoder(model, len(prompts), max(map(len, prompts)) + steps, kv=kv, graphs=False)
                 self.gens = dec.generate(prompts, steps)
         finally:
             hook.remove()
@@ -266,7 +267,7 @@ def section_ablation(models: dict, runs: dict, res: dict, prompts: list[list[int
                 if name not in variants:
                     continue
                 m.ops.use(backend)
-                dec = V4Decoder(m, len(prompts), max(map(len, prompts)) + steps, graphs=False)
+                dec = V4Decoder(m, len(prompts), max(map(len, prompts)) + steps, kv=KV, graphs=False)
                 gens = dec.generate(prompts, steps)
                 comp = compare_records(ref, [GoldenRecord(i, g.prompt, g.tokens, g.margins)
                                              for i, g in enumerate(gens)], near_tie=NEAR_TIE)
@@ -280,7 +281,7 @@ def section_ablation(models: dict, runs: dict, res: dict, prompts: list[list[int
             saved = t.ops._fns["hc_post"]
             t.ops._fns["hc_post"] = hc_post_round_once
             try:
-                dec = V4Decoder(t, len(prompts), max(map(len, prompts)) + steps, graphs=False)
+                dec = V4Decoder(t, len(prompts), max(map(len, prompts)) + steps, kv=KV, graphs=False)
                 gens = dec.generate(prompts, steps)
             finally:
                 t.ops._fns["hc_post"] = saved
@@ -417,27 +418,32 @@ def main() -> int:
     ap.add_argument("--out", default=None)
     ap.add_argument("--before", default=None, help="a directory holding engine_v4_before (an older engine/v4, "
                     "imports renamed) whose decode step the perf section measures beside this one")
+    ap.add_argument("--kv", default="dense", choices=("dense", "fp8"),
+                    help="fp8: decode steps attend over the 584-byte FP8 pool (Triton: kv584_store + sparse_mla_decode)")
+    ap.add_argument("--set", default=None, help="JSON config overrides of the preset (e.g. a 512-wide head)")
     ap.add_argument("--skip", default="", help="comma-separated sections to leave out")
     ap.add_argument("--smoke", action="store_true", help="tiny preset, CPU, 3 prompts x 3 steps (CI)")
     args = ap.parse_args()
+    global KV
+    KV = args.kv
     if args.smoke:
         args.preset, args.device, args.prompts, args.steps = "tiny", "cpu", 3, 2
     dev = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     torch.backends.cuda.matmul.allow_tf32 = False  # the fp32 model and fp32 replays are true fp32
     torch.backends.cudnn.allow_tf32 = False
-    res: dict = {"preset": args.preset, "device": str(dev), "steps": args.steps}  # "_budget": read by sections
+    res: dict = {"preset": args.preset, "device": str(dev), "steps": args.steps, "kv": args.kv}  # "_budget": read by sections
     res["_budget"] = args.budget
-    models, cfg_dict, tensors = build(args.preset, dev)
+    models, cfg_dict, tensors = build(args.preset, dev, json.loads(args.set) if args.set else None)
     cfg = models["torch"].cfg
     prompts = bench_prompts(args.prompts, cfg.vocab_size)
     if args.smoke:  # short prompts that still cross the tiny preset's window, compression and top-k limits
         prompts = [p[:n] for p, n in zip(prompts, (5, 17, 9))]
     lens = [len(p) for p in prompts]
-    print(f"{args.preset} on {dev}: {len(prompts)} prompts (lengths {lens}) x {args.steps} steps; "
+    print(f"{args.preset} on {dev}, kv {args.kv}: {len(prompts)} prompts (lengths {lens}) x {args.steps} steps; "
           f"built in {time.perf_counter() - T0:.1f}s")
     runs = {}
     for name in ("torch", "triton", "fp32"):
-        runs[name] = Run(models[name], prompts, args.steps, keep_inputs=True)
+        runs[name] = Run(models[name], prompts, args.steps, keep_inputs=True, kv=args.kv)
     res["resolved"] = {k: r.resolved for k, r in runs.items()}
     from collections import Counter
 
@@ -454,7 +460,7 @@ def main() -> int:
         kernels = kernels[:1]
     sections = (("layers", lambda: section_layers(runs, res)), ("decode", lambda: section_decode(runs, res, lens)),
                 ("ops", lambda: section_ops(runs, res, (1,) if args.smoke else (0, 1))),
-                ("perf", lambda: section_perf(dict(PRESETS[args.preset]), tensors, dev, res, args.before,
+                ("perf", lambda: section_perf(cfg_dict, tensors, dev, res, args.before,
                                               ("torch",) if args.smoke else ("triton", "torch"))),
                 ("ablation", lambda: section_ablation(models, runs, res, prompts, args.steps, kernels,
                                                       ("only",) if args.smoke else ("only", "all_but"),
