@@ -145,12 +145,23 @@ def _compress_words_kernel(kv_ptr, gate_ptr, w_ptr, cos_ptr, sin_ptr, slot_ptr, 
 
 
 @triton.jit
-def _pool_elem(g, x, m, lsum, acc):
+def _exp(x, FAST: tl.constexpr):
+    """``e^x``; ``FAST`` (GPU): ``ex2.approx.ftz`` of ``x·log2 e``, two instructions instead of tl.exp's five (its
+    extra ones rescue results below 2^-126, which weigh nothing against the window's largest weight 1)."""
+    if FAST:
+        return tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=f,f", [x * 1.4426950408889634],
+                                         dtype=tl.float32, is_pure=True, pack=1)
+    else:
+        return tl.exp(x)
+
+
+@triton.jit
+def _pool_elem(g, x, m, lsum, acc, FAST: tl.constexpr = False):
     """One window row into the per-channel online softmax: elementwise, nothing crosses threads, and one
     exp per element (the larger of ``m`` and ``g`` gets weight 1, the other ``exp(-|g - m|)``)."""
     up = g > m
     d = tl.where(up, m - g, g - m)
-    e = tl.exp(tl.where(tl.maximum(m, g) == float("-inf"), float("-inf"), d))  # both -inf: weight 0, no NaN
+    e = _exp(tl.where(tl.maximum(m, g) == float("-inf"), float("-inf"), d), FAST)  # both -inf: weight 0, no NaN
     alpha = tl.where(up, e, 1.0)
     p = tl.where(up, 1.0, e)
     return tl.maximum(m, g), lsum * alpha + p, acc * alpha + p * x
@@ -159,8 +170,8 @@ def _pool_elem(g, x, m, lsum, acc):
 @triton.jit
 def _compress_unrolled_kernel(kv_ptr, gate_ptr, w_ptr, cos_ptr, sin_ptr, slot_ptr, pool64_ptr, n, L, eps,
                               ENTRIES: tl.constexpr, UNROLL: tl.constexpr, HW_CAST: tl.constexpr,
-                              EXACT: tl.constexpr, EVICT: tl.constexpr, NT: tl.constexpr = N_TILES,
-                              NOPE: tl.constexpr = NOPE_DIM):
+                              EXACT: tl.constexpr, EVICT: tl.constexpr, FAST: tl.constexpr = False,
+                              NT: tl.constexpr = N_TILES, NOPE: tl.constexpr = NOPE_DIM):
     """``ENTRIES`` entries per program; the window streams row by row (``UNROLL`` rows per loop trip, so their
     loads are in flight together) through a per-channel online softmax, with no reduction over the window."""
     eid = tl.program_id(0).to(tl.int64) * ENTRIES + tl.arange(0, ENTRIES)
@@ -190,8 +201,8 @@ def _compress_unrolled_kernel(kv_ptr, gate_ptr, w_ptr, cos_ptr, sin_ptr, slot_pt
             mr4 = lm[:, None, None, None]
             gr = tl.load(gate_ptr + base + rcol[None], mask=mr4, other=float("-inf")).to(tl.float32)
             xr = tl.load(kv_ptr + base + rcol[None], mask=mr4, other=0.0).to(tl.float32)
-            m, lsum, acc = _pool_elem(g, x, m, lsum, acc)
-            mr, lr, ar = _pool_elem(gr, xr, mr, lr, ar)
+            m, lsum, acc = _pool_elem(g, x, m, lsum, acc, FAST)
+            mr, lr, ar = _pool_elem(gr, xr, mr, lr, ar, FAST)
     pooled = tl.where(tm[None], acc / lsum, 0.0)
     pr = ar / lr
     ss = tl.sum(tl.sum(tl.sum(pooled * pooled, axis=3), axis=2), axis=1)
@@ -297,8 +308,8 @@ def _chunk(kv_ptr, gate_ptr, eid, l0, rows, col, ok5, L: tl.constexpr, EVICT: tl
     r = l0 + rows
     off = ((eid[None, :] * L + r[:, None]) * 512)[:, :, None, None, None] + col[None, None]
     msk = ok5 & (r < L)[:, None, None, None, None]
+    x = tl.load(kv_ptr + off, mask=msk, other=0.0, eviction_policy=EVICT)  # first: issued before the gates are used
     g = tl.load(gate_ptr + off, mask=msk, other=float("-inf"), eviction_policy=EVICT)
-    x = tl.load(kv_ptr + off, mask=msk, other=0.0, eviction_policy=EVICT)
     return g, x
 
 
@@ -306,7 +317,7 @@ def _chunk(kv_ptr, gate_ptr, eid, l0, rows, col, ok5, L: tl.constexpr, EVICT: tl
 def _compress_tile_kernel(kv_ptr, gate_ptr, w_ptr, cos_ptr, sin_ptr, slot_ptr, pool8_ptr, pool32_ptr, pool64_ptr, n,
                           eps, L: tl.constexpr, ENTRIES: tl.constexpr, CHUNK: tl.constexpr, HW_CAST: tl.constexpr,
                           EXACT: tl.constexpr, EVICT: tl.constexpr, PREFETCH: tl.constexpr = False,
-                          NT: tl.constexpr = N_TILES):
+                          FAST: tl.constexpr = False, NT: tl.constexpr = N_TILES):
     """``ENTRIES`` entries per program, the window ``CHUNK`` rows per load (``PREFETCH``: the next chunk is
     loaded before the current one is pooled, for long windows). Every tensor is ``[.., tile 8,
     quad 16, 4]`` over the 512 channels (tile 7 = rope) with the window rows outermost, so a thread owns 4
@@ -336,8 +347,8 @@ def _compress_tile_kernel(kv_ptr, gate_ptr, w_ptr, cos_ptr, sin_ptr, slot_ptr, p
         x = x.to(tl.float32)
         m_new = tl.maximum(m, tl.max(g, axis=0))
         safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp(g - safe[None])
-        alpha = tl.exp(m - safe)
+        p = _exp(g - safe[None], FAST)
+        alpha = _exp(m - safe, FAST)
         lsum = lsum * alpha + tl.sum(p, axis=0)
         acc = acc * alpha + tl.sum(p * x, axis=0)
         m = m_new
@@ -363,6 +374,7 @@ COMPRESS_BLOCK_L = 8
 COMPRESS_ENTRIES = 2
 COMPRESS_STAGES = 3
 COMPRESS_PROGRAMS_PER_SM = 2
+COMPRESS_FAST_EXP = False  # the unrolled and tile kernels' exp: ex2.approx.ftz (GPU) instead of tl.exp
 TILE_ENTRIES = 1  # the tile kernel: entries per program, window rows per load, warps
 TILE_CHUNK = 8
 TILE_WARPS = 4
@@ -377,7 +389,8 @@ def _programs(device: torch.device) -> int:
 
 def compress_store(kv, gate, norm_weight, eps, cos, sin, pool, slots, *, impl: str | None = None,
                    block_l: int | None = None, num_warps: int | None = None, entries: int | None = None,
-                   stages: int | None = None, programs: int | None = None, evict: str = "") -> torch.Tensor:
+                   stages: int | None = None, programs: int | None = None, evict: str = "",
+                   fast_exp: bool | None = None) -> torch.Tensor:
     """Triton :func:`compress_store_ref`. ``impl``: ``"tile"``, ``entries`` per program, the window ``block_l``
     rows per load with each thread owning 4 adjacent channels (``stages``: prefetch the next rows; ``evict``:
     the L2 hint of loads and stores); ``"pipe"``, software-pipelined loads (``stages`` deep) with
@@ -399,6 +412,7 @@ def compress_store(kv, gate, norm_weight, eps, cos, sin, pool, slots, *, impl: s
     args = (kv.contiguous(), gate.float().contiguous(), norm_weight.float().contiguous(), cos.float().contiguous(),
             sin.float().contiguous(), slots.to(torch.int64).contiguous())
     hw, exact = fp8_hw_cast(capability(kv.device)), interpreting()
+    fast = bool(COMPRESS_FAST_EXP if fast_exp is None else fast_exp) and kv.is_cuda and not exact
     words = _words(flat) if impl != "row" else None
     if words is not None and impl == "pipe":
         bl = block_l or COMPRESS_BLOCK_L
@@ -415,12 +429,12 @@ def compress_store(kv, gate, norm_weight, eps, cos, sin, pool, slots, *, impl: s
         _compress_tile_kernel[(triton.cdiv(n, ent),)](*args, flat, flat.view(torch.int32), words, n, float(eps),
                                                       L=length, ENTRIES=ent, CHUNK=chunk, HW_CAST=hw, EXACT=exact,
                                                       EVICT=evict, PREFETCH=bool(stages) and chunk < length,
-                                                      num_warps=num_warps or TILE_WARPS)
+                                                      FAST=fast, num_warps=num_warps or TILE_WARPS)
     elif words is not None and impl == "unrolled":
         ent = entries or COMPRESS_ENTRIES
         _compress_unrolled_kernel[(triton.cdiv(n, ent),)](*args, words, n, length, float(eps), ENTRIES=ent,
                                                           UNROLL=block_l or COMPRESS_BLOCK_L, HW_CAST=hw, EXACT=exact,
-                                                          EVICT="", num_warps=num_warps or COMPRESS_WARPS)
+                                                          EVICT="", FAST=fast, num_warps=num_warps or COMPRESS_WARPS)
     elif words is None:
         _compress_kernel[(n,)](*args, flat, flat.view(torch.int16), length, float(eps),
                                BLOCK_L=block_l or (8 if exact else 4), HW_CAST=hw, EXACT=exact,

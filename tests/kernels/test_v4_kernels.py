@@ -165,7 +165,7 @@ COMPRESS_VARIANTS = [{"impl": "row"}, {"impl": "words", "block_l": 4},
                      {"impl": "unrolled", "entries": 2, "block_l": 4, "num_warps": 4},
                      {"impl": "pipe", "block_l": 4, "stages": 2}, {"impl": "pipe", "programs": 1, "stages": 3},
                      {"impl": "tile"}, {"impl": "tile", "entries": 2, "block_l": 4, "num_warps": 8},
-                     {"impl": "tile", "block_l": 4, "stages": 1}]
+                     {"impl": "tile", "block_l": 4, "stages": 1}, {"impl": "unrolled", "fast_exp": True}]
 
 
 @pytest.mark.parametrize("device", DEVICES)
