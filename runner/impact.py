@@ -85,6 +85,8 @@ class Stmt:
     # ``@register_handler(Config)``): those bindings change with it, rather than the whole module
     registers: frozenset[str] = frozenset()
     registered_by_call: frozenset[str] = frozenset()  # those of them called as the decorator (``@register(C)``)
+    # the classes it is registered for (``@register_handler(AWQConfig)``): only code naming one looks it up
+    keys: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -252,6 +254,18 @@ def _decorator_base(node: ast.expr) -> str | None:
     return node.id if isinstance(node, ast.Name) else None
 
 
+def _class_keys(node: ast.expr) -> frozenset[str]:
+    """Capitalised names among a decorator call's arguments: the classes a handler is registered for."""
+    if not isinstance(node, ast.Call):
+        return frozenset()
+    out = set()
+    for arg in [*node.args, *(k.value for k in node.keywords)]:
+        name = arg.attr if isinstance(arg, ast.Attribute) else arg.id if isinstance(arg, ast.Name) else ""
+        if name[:1].isupper() and not name.isupper():
+            out.add(name)
+    return frozenset(out)
+
+
 def _registering(path: str, stmts: list[Stmt], bindings: list[Binding]) -> list[Stmt]:
     """Decorated definitions whose decorators all come from the tree's own package (imported from it, or
     defined here) register into a registry the tree holds: the definition and that registry binding change,
@@ -265,7 +279,7 @@ def _registering(path: str, stmts: list[Stmt], bindings: list[Binding]) -> list[
             if st.registers <= own:
                 st = dataclasses.replace(st, effect=False)
             else:
-                st = dataclasses.replace(st, registers=frozenset(), registered_by_call=frozenset())
+                st = dataclasses.replace(st, registers=frozenset(), registered_by_call=frozenset(), keys=frozenset())
         out.append(st)
     return out
 
@@ -348,8 +362,11 @@ def _flat_statements(node: ast.stmt, imported: set[str], scan: _Scan) -> list[tu
                 registers = frozenset(b for b in bases if b)  # kept only when they resolve (_registering)
                 by_call = frozenset(b for d, b in zip(decorators, bases, strict=True)
                                     if b and isinstance(d.func if isinstance(d, ast.Call) else d, ast.Name))
+                class_keys = [_class_keys(d) for d in decorators]
+                keys = frozenset().union(*class_keys) if class_keys and all(class_keys) else frozenset()
         stmt = Stmt(start, node.end_lineno or node.lineno, frozenset(names), frozenset(refs), effect,
-                    isinstance(node, (ast.Import, ast.ImportFrom)), frozenset(uses), registers, by_call)
+                    isinstance(node, (ast.Import, ast.ImportFrom)), frozenset(uses), registers, by_call,
+                    keys if registers else frozenset())
         return [(stmt, node)]
     out: list[tuple[Stmt, ast.stmt | None]] = []
     for inner in _block_statements(node):
@@ -522,6 +539,10 @@ class Impact:
     exports: dict[str, dict[str, Changed]] = field(default_factory=dict, init=False)
     parent: dict[str, str | None] = field(default_factory=dict, init=False)
     budget: int | None = None  # most modules whose full table may be read; past it run() raises OverBudget
+    # registry module → the classes its changed entries are registered for (``@register_handler(AWQConfig)``)
+    keyed: dict[str, frozenset[str]] = field(default_factory=dict, init=False)
+    keyed_registries: bool = True  # False: leave out the registries whose changed entries have class keys
+    _via_export: set[str] = field(default_factory=set, init=False)
     _read: set[str] = field(default_factory=set, init=False)
 
     def run(self, tests: list[str], users: dict[str, list[str]] | None = None) -> None:
@@ -536,7 +557,11 @@ class Impact:
                 work.append(path)
         while work:
             mod = work.popleft()
-            for source, got in self._registered_into(mod):
+            for source, got, keys in self._registered_into(mod):
+                if keys:
+                    self.keyed[source] = self.keyed.get(source, frozenset()) | keys
+                    if not self.keyed_registries:
+                        continue
                 old = self.state.get(source, frozenset())
                 new = ALL if ALL in (old, got) else frozenset(old | got)  # type: ignore[operator]
                 if new != old:
@@ -552,6 +577,9 @@ class Impact:
                     if new != old:
                         self.state[user] = new
                         grew = True
+                        if user in self._via_export:  # the chain goes where its names changed from
+                            self._via_export.discard(user)
+                            self.parent[user] = mod
                 mine = self.exports.setdefault(user, {})
                 for local, sub_names in exported.items():
                     before = mine.get(local, frozenset())
@@ -560,10 +588,12 @@ class Impact:
                         mine[local] = after
                         grew = True
                 if grew:
+                    if user not in self.parent and user not in self.state:
+                        self._via_export.add(user)  # only a module binding re-exported so far
                     self.parent.setdefault(user, mod)
                     work.append(user)
 
-    def _registered_into(self, mod: str) -> list[tuple[str, Changed]]:
+    def _registered_into(self, mod: str) -> list[tuple[str, Changed, frozenset[str]]]:
         """(module, its changed names) for each registry of the tree a changed definition of ``mod`` registers
         into: ``@MODELS.register_module()`` with ``from .base import MODELS`` changes ``MODELS`` in base.py (and
         what there reads it: ``build_model``); ``@register_handler(C)`` changes ``register_handler`` and the
@@ -573,7 +603,7 @@ class Impact:
             return []
         info = self.info(mod)
         hit = names & info.registries
-        out: list[tuple[str, Changed]] = []
+        out: list[tuple[str, Changed, frozenset[str]]] = []
         for b in info.bindings:
             if b.local not in hit or not info.stmts[b.stmt].imports:
                 continue
@@ -582,8 +612,11 @@ class Impact:
                 continue
             src = self.info(source)
             if src.opaque:
-                out.append((source, ALL))
+                out.append((source, ALL, frozenset()))
                 continue
+            entries = [st for st in info.stmts if st.names & names and b.local in st.registers]
+            keys = frozenset().union(*(st.keys for st in entries)) \
+                if entries and all(st.keys for st in entries) else frozenset()
             if b.name is None:  # "import pkg.registry as r" then "@r.MODELS.register()"
                 seeds = set(info.attrs.get(b.local, frozenset()))
                 fills: set[str] = set()
@@ -595,8 +628,14 @@ class Impact:
             else:  # "@MODELS.register_module()": the registry object itself
                 seeds, fills = {b.name}, set()
             if seeds:
-                out.append((source, _close_except(src, seeds, fills)))
+                out.append((source, _close_except(src, seeds, fills), keys))
         return out
+
+    def keys_spelled(self, paths: list[str]) -> bool:
+        """Whether one of the files names a class a changed registry entry is registered for."""
+        keys = frozenset().union(*self.keyed.values()) if self.keyed else frozenset()
+        pattern = _spelled(keys)
+        return bool(keys) and any(pattern.search(self.graph.read(p) or b"") for p in paths)
 
     def _through(self, user: str, mod: str) -> tuple[Changed, dict[str, Changed]]:
         """(what of ``user`` changes, the module bindings it re-exports) because ``mod`` changed.

@@ -539,13 +539,18 @@ def _import_graph(config: Config, reach: _Reach, head, head_paths: set[str], pic
     impact = Impact(graph, lambda p: info_of(p, blob_sha(p) if blob_sha else None, head.read),
                     {**{p: ALL for p in gone}, **changed})
     impact.run([t for t in test_files if t not in changed_py], reach.users)
+    unkeyed = None
+    if impact.keyed:  # handlers registered for a class: a test reaching only them must name the class
+        unkeyed = Impact(graph, impact.info, {**{p: ALL for p in gone}, **changed}, keyed_registries=False)
+        unkeyed.run([t for t in test_files if t not in changed_py], reach.users)
     covering = [(s, _command_paths(s.command)) for s in config.suites]
     extensions = _declared_extensions(head, head_paths)
     needs: dict[str, str] = {}
     for test_file in test_files:
         chain = [test_file] if test_file in changed_py else impact.chain(test_file)
-        if chain is None:
-            continue
+        if chain is None or (unkeyed is not None and test_file not in changed_py
+                             and unkeyed.chain(test_file) is None and not impact.keys_spelled(chain[:-1])):
+            continue  # reached only through a handler registered for a class it never names
         reason = "changed test file" if len(chain) == 1 else "imports: " + " → ".join(chain)
         owners = [s for s, cmd_paths in covering if _covers(cmd_paths, test_file)]
         if owners:

@@ -33,6 +33,19 @@ BASE = {
     "tests/test_ops_all.py": "import eng.models\nimport eng.ops_a\nimport eng.ops_b\nfrom eng.registry import MODELS\n\n\n"
                              "def test_all():\n    assert set(MODELS) >= {'a', 'b'}\n",
     "tests/test_op_b.py": "from eng.ops_b import OpB\n\n\ndef test_b():\n    assert OpB.k == 2\n",
+    "eng/quant/__init__.py": "",
+    "eng/quant/handlers.py": "HANDLERS = {}\n\n\ndef register_handler(cfg):\n    def wrap(fn):\n"
+                             "        HANDLERS[cfg] = fn\n        return fn\n    return wrap\n\n\n"
+                             "def quantize(model, config):\n    return HANDLERS[type(config)](model, config)\n",
+    "eng/quant/configs.py": "class AWQConfig:\n    pass\n\n\nclass FP8Config:\n    pass\n",
+    "eng/quant/awq.py": "from eng.quant.configs import AWQConfig\nfrom eng.quant.handlers import register_handler\n\n\n"
+                        "@register_handler(AWQConfig)\ndef _awq(model, config):\n    return model + 1\n",
+    "eng/quant/fp8.py": "from eng.quant.configs import FP8Config\nfrom eng.quant.handlers import register_handler\n\n\n"
+                        "@register_handler(FP8Config)\ndef _fp8(model, config):\n    return model + 2\n",
+    "tests/test_awq.py": "import eng.quant.awq\nfrom eng.quant.configs import AWQConfig\nfrom eng.quant.handlers import quantize\n"
+                         "\n\ndef test_a():\n    assert quantize(1, AWQConfig()) == 2\n",
+    "tests/test_fp8.py": "import eng.quant.awq\nimport eng.quant.fp8\nfrom eng.quant.configs import FP8Config\n"
+                         "from eng.quant.handlers import quantize\n\n\ndef test_f():\n    assert quantize(1, FP8Config()) == 3\n",
     "eng/util.py": "def helper():\n    return 1\n\n\ndef extra():\n    return 2\n",
     "tests/test_build.py": "import eng.models\nfrom eng.registry import build\n\n\ndef test_b():\n    assert build('llama')\n",
     "tests/test_size.py": "from eng.models import size\n\n\ndef test_s():\n    assert size() == 7\n",
@@ -84,3 +97,8 @@ def test_registering_through_a_function_does_not_change_its_other_users(repo):
     # ops_b registers through the same register(); OpA changing fills the table, it does not change OpB
     got = selected(repo, "eng/ops_a.py", "k = 1", "k = 3")
     assert "tests/test_ops_all.py" in got and "tests/test_op_b.py" not in got
+
+
+def test_a_handler_registered_for_a_class_reaches_the_tests_that_name_it(repo):
+    # both tests import the AWQ module and call quantize(); only test_awq makes an AWQConfig
+    assert selected(repo, "eng/quant/awq.py", "model + 1", "model + 5") == ["tests/test_awq.py"]
