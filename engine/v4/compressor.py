@@ -63,18 +63,17 @@ class _Pool(nn.Module):
         kvp, gp = proj if proj is not None else (self.kv_proj(x), self.gate_proj(x))
         rows, ids, kv, gate, ok, done = cache.windows(kvp, gp, step.pos, step.valid, step.once)
         m, d = self.rate, self.dim
-        bias = self.position_bias
         if self.overlap:  # previous window's first half, then this window's second half
             kv = torch.cat([kv[:, :m, :d], kv[:, m:, d:]], dim=1)
-            gate = torch.cat([gate[:, :m, :d] + bias[:, :d], gate[:, m:, d:] + bias[:, d:]], dim=1)
+            gate = torch.cat([gate[:, :m, :d], gate[:, m:, d:]], dim=1) + self._slot_bias()
         else:
-            gate = gate + bias
+            gate = gate + self.position_bias
         # a candidate that completes nothing may have no valid source at all: it is pooled (to NaN) and
-        # stored in the cache's trash slot, so nothing waits on the host to filter it out
+        # stored in the cache's trash slot, so nothing waits on the host to filter it out. A missing source
+        # gets weight exp(-inf) = 0, and its kv (a finite projection, or the ring's zeros) then adds 0.
         key = ("pool", m, cache.ring)  # every cache of this rate and ring holds the same positions
         miss = step.once(key + ("miss",), lambda: ~ok.unsqueeze(-1))
         gate = gate.masked_fill(miss, float("-inf"))
-        kv = kv.masked_fill(miss, 0.0)
         # the softmax over the window's slots (dim 1) written out: torch's softmax over a non-last dim is one
         # slow kernel on CUDA, and a decode step runs five of them
         e = (gate - gate.amax(dim=1, keepdim=True)).exp()
@@ -84,6 +83,17 @@ class _Pool(nn.Module):
         entries = rope_tail_(self.kv_norm(pooled), at)  # a fresh tensor: rotated in place
         cache.store(rows, ids, entries, done, step.once)
         return cache.entries
+
+
+    def _slot_bias(self) -> torch.Tensor:
+        """The overlapping window's slot bias ``[2·rate, dim]``: the first half's channels of the previous
+        window's slots, then the second half's (made once from ``position_bias``, not per step)."""
+        b, d = self.position_bias, self.dim
+        c = self.__dict__.get("_slot_bias_of")
+        if c is None or c[0] != (b.data_ptr(), b.device):
+            with torch.inference_mode(False), torch.no_grad():
+                c = self.__dict__["_slot_bias_of"] = ((b.data_ptr(), b.device), torch.cat([b[:, :d], b[:, d:]], 0))
+        return c[1]
 
 
 class Scorer(nn.Module):
