@@ -125,7 +125,7 @@ KINDS: tuple[Kind, ...] = (
         whole_file=True,
         siblings=True,
     ),
-    # Cython mirrors of C++ enums (``cdef enum KNOperatorType:`` in a .pxd): read by a regex (no grammar here), one
+    # Cython mirrors of C++ enums (``cdef enum OpKind:`` in a .pxd): read by a regex (no grammar here), one
     # family per enum whose members share a prefix, so the rule's regex fact reads exactly that enum at head.
     Kind("pyx-enum", ("cython",), ""),
     # The headers a C-family file includes by quoted path, by stem (``#include "kernels/linear.cuh"`` → linear):
