@@ -310,8 +310,10 @@ _C_FAST = tuple(re.compile(p) for p in (
     rb"\]\s*=\s*\{\s*[A-Za-z_\"{]", rb"\]\s*=\s*\"", rb"num_\w+\s*=\s*\d", rb"register\w*\s*\(\s*\"",
     rb"def\w*\s*\(\s*\"", rb"impl\w*\s*\(\s*\"", rb"define\w*\s*\(\s*\"", rb"custom_op\w*\s*\(\s*\"",
     rb"_op\w*\s*\(\s*\"", rb"host_name\s*\(\s*\"",
-    rb"\(\s*[A-Z][A-Z0-9]*_[A-Z0-9_]*[A-Z0-9]\s*[,)]",  # a call handed a constant first
 ))
+# A call handing a constant first (``register_task_variant(TASK_RMSNORM, code)``): a definition holding one is worth
+# parsing only when its callee gets at least _C_EQ_MIN distinct constants in the file (mine.named_constants' premise).
+_CALL_CONST = re.compile(rb"\(\s*([A-Z][A-Z0-9]*_[A-Z0-9_]*[A-Z0-9])\s*[,)]")
 
 
 def _word(piece: bytes, word: bytes) -> bool:
@@ -358,8 +360,24 @@ def _hint(data: bytes, start: int = 0, end: int | None = None) -> bool:
             or _string_chain(piece))
 
 
+def _handing(data: bytes) -> tuple[bytes, ...]:
+    """Lower-case callees handed at least ``_C_EQ_MIN`` distinct constants as their first argument in ``data``."""
+    by: dict[bytes, set[bytes]] = {}
+    for m in _CALL_CONST.finditer(data):
+        j = m.start()
+        while j > 0 and data[j - 1 : j] in (b" ", b"\t"):
+            j -= 1
+        i = j
+        while i > 0 and (data[i - 1 : i].isalnum() or data[i - 1 : i] == b"_"):
+            i -= 1
+        name = data[i:j]
+        if name and (name[:1].islower() or name[:1] == b"_"):
+            by.setdefault(name, set()).add(m.group(1))
+    return tuple(n + b"(" for n, consts in by.items() if len(consts) >= _C_EQ_MIN)
+
+
 def may_hold(lang: str, data: bytes) -> bool:
-    return lang == "python" or _hint(data)
+    return lang == "python" or _hint(data) or bool(_handing(data))
 
 
 _TOP_END = re.compile(rb"(?m)^\}[^\n]*\n")  # a definition's closing brace in column 0
@@ -376,13 +394,18 @@ def chunks(lang: str, data: bytes) -> list[tuple[int, bytes]]:
         return [(0, data)]
     out: list[tuple[int, bytes]] = []
     pos = line = 0
+    handing = _handing(data)
+
+    def worth(piece: bytes) -> bool:
+        return _hint(piece) or any(c in piece for c in handing)
+
     for m in _TOP_END.finditer(data):
         piece = data[pos : m.end()]
-        if _hint(piece):
+        if worth(piece):
             out.append((line, piece))
         line += piece.count(b"\n")
         pos = m.end()
-    if pos < len(data) and _hint(data, pos):
+    if pos < len(data) and worth(data[pos:]):
         out.append((line, data[pos:]))
     return out
 
@@ -442,8 +465,15 @@ _INCLUDE_RE = re.compile(INCLUDE_REGEX.encode())
 
 
 def _includes(data: bytes) -> list[Member]:
-    return [("c-include", "<module>", m.group("key").decode("utf-8", "replace"), data.count(b"\n", 0, m.start()) + 1, "")
-            for m in _INCLUDE_RE.finditer(data)]
+    if b"include" not in data:
+        return []
+    out: list[Member] = []
+    line, at = 1, 0
+    for m in _INCLUDE_RE.finditer(data):
+        line += data.count(b"\n", at, m.start())  # matches come in order: count from the previous one
+        at = m.start()
+        out.append(("c-include", "<module>", m.group("key").decode("utf-8", "replace"), line, ""))
+    return out
 
 
 def members(lang: str, data: bytes, limit: int = MAX_BYTES) -> list[Member]:
