@@ -20,6 +20,8 @@ LAYOUT = {
     "engine/layers/rmsnorm_kernel.py": {"topology", "wiring"},
     "src/tl_templates/cuda/copy_sm100.h": {"wiring"},  # device templates included by generated kernels
     "src/op/builtin.cc": {"wiring"},
+    "src/engine/models/llama/unified_decoder.cc": {"topology"},  # a C++ engine's model layers
+    "src/engine/models/llama/llama_kernels.cu": {"wiring"},
     "src/cuda/op/reduce.cc": {"wiring"},
     "src/transform/layout_inference/layout_cost_model.cc": {"wiring"},
     "tests/cute/test_flash_attn_sm100.py": {"tests"},
