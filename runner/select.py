@@ -205,7 +205,7 @@ def implicit_label(config: Config, test_file: str, text: bytes | None,
         if label in known:
             return label, f"it is marked {label}"
     if arch is not None:
-        return arch[0], f"the changed code is {arch[0]} code: {arch[1]}"
+        return arch[0], f"the change is only {arch[0]} code: {arch[1]}"
     label = gpu_runner(config)
     configured = getattr(config.settings, "gpu_runner", None)
     chosen = configured or any(lbl != "cpu" for s in config.suites for lbl in s.runners)

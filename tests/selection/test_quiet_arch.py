@@ -34,7 +34,7 @@ def runners(git_repo, files):
 def test_code_for_one_arch_runs_its_tests_there(git_repo):
     got = runners(git_repo, {"attn/fwd_sm100.py": "def fwd(x):\n    return x + 3\n"})
     assert got == {"tests/test_attn.py": (
-        "sm100", "runs on sm100 (the changed code is sm100 code: attn/fwd_sm100.py): "
+        "sm100", "runs on sm100 (the change is only sm100 code: attn/fwd_sm100.py): "
                  "tests/test_attn.py uses CUDA tensors")}
 
 
