@@ -97,6 +97,8 @@ VARIANTS: dict[str, dict] = {  # in the order they are timed (a run short of tim
     "g2": GLUON,
     "g2-rot": {**GLUON, "rotated": True},
     "g2-rot-l2": {**GLUON, "rotated": True, "l2_prefetch": 1},
+    "g2-rot-bf16": {**GLUON, "rotated": True, "part_bf16": True},
+    "g2-rot-w": {**GLUON, "rotated": True, "wg_sums": True},
     "g2-l2": {**GLUON, "l2_prefetch": 1},
     "g2-bf16": {**GLUON, "part_bf16": True},
     "g2-half": {**GLUON, "waves": 0.5},

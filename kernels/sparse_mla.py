@@ -85,7 +85,8 @@ class SparseConfig:
     early_parts: int = 4  # Gluon: parts of a tile dequantised while the last tile's value MMAs run (1-4)
     wg_sums: bool = False  # Gluon: each warpgroup keeps its own running sums (no cross-warpgroup sum a tile)
     late_issue: bool = False  # Gluon: a tile's gathers go out under the score MMAs (not before the dequant)
-    rotated: bool = False  # Gluon: each tile dequantised under the last tile's value MMAs (a rotated loop)
+    rotated: bool = False  # Gluon: each tile dequantised under the last tile's value MMAs (a rotated loop;
+    # early_parts and late_issue are then moot)
 
 
 def sparse_config(batch: int, heads: int, k: int, cap: tuple[int, int] | None, low: bool = True,
@@ -602,7 +603,11 @@ if HAVE_GLUON:
                 m_new = gl.maximum(m, gl.max(s, axis=1))
                 alpha = gl.exp2(m - m_new)
                 p = gl.exp2(s - gl.expand_dims(m_new, 1))
-                lsum = lsum * alpha + gl.sum(p, axis=1)
+                if LSUMW:
+                    aw = gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, lw.type.layout)), 1)
+                    lw = lw * aw + gl.sum(gl.reshape(p, [BH, 2, BT // 2]), axis=2)
+                else:
+                    lsum = lsum * alpha + gl.sum(p, axis=1)
                 m = m_new
                 p_s.store(p.to(gl.bfloat16))
                 fence_async_shared()

@@ -252,6 +252,7 @@ def _sm90() -> bool:
     (3, 64, 300, 1, torch.bfloat16, True, {"late_issue": True, "l2_prefetch": 1}),  # gathers under the MMAs
     (3, 72, 330, 2, torch.bfloat16, True, {"rotated": True}),  # each tile dequantised a trip early
     (2, 64, 40, 1, torch.float16, False, {"rotated": True, "l2_prefetch": 1}),  # one partial tile
+    (2, 64, 640, 3, torch.bfloat16, True, {"rotated": True, "wg_sums": True}),
 ])
 def test_gluon_kernel_matches_the_reference(b, h, k, n_split, dtype, wide, knobs):
     inp = _case(b, h, k, "cuda", seed=50 + k, pages=64, dtype=dtype)
