@@ -36,6 +36,7 @@ class GpuDispatch:
         self.awaited = awaited or set()  # labels an earlier audit of this commit dispatched, results not back
         self.pending: list[str] = []  # labels dispatched, results not back yet
         self.dispatched: list[str] = []
+        self.unapproved: list[str] = []  # suites selected for runners this audit may not send code to
 
     def __call__(self, plan: TestPlan) -> Results:
         results = Results(audit_id=plan.audit_id, head_sha=plan.head_sha)
@@ -54,6 +55,8 @@ class GpuDispatch:
                 waiting = bool(missing) and label in self.awaited
                 if waiting:  # the run an earlier audit started will report here too (bot.worker._collect)
                     self.pending.append(label)
+                if not waiting:
+                    self.unapproved.extend(s.id for s in missing)
                 for suite in missing:
                     why = "an earlier audit of this commit dispatched it; results pending" if waiting else \
                         self.gate.reason

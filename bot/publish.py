@@ -163,7 +163,10 @@ class Publisher:
         text = report.check_text
         if overflow:
             text = (overflow + ("\n\n" + text if text else "")).strip()
-        output = {"title": cap(report.check_title, 1000), "summary": cap(report.check_summary or report.headline)}
+        title = report.check_title
+        if conclusion == "action_required":
+            title = f"GPU suites wait for a writer's /audit · {title}"
+        output = {"title": cap(title, 1000), "summary": cap(report.check_summary or report.headline)}
         if text:
             output["text"] = cap(text)
         self._annotate(run, report.annotations, output)

@@ -88,7 +88,8 @@ class Sweeper:
             if record is not None and record.status == "awaiting-gpu":
                 self.store.save_audit(replace(record, status="done", pending=[]))
             hours = self.gpu_timeout / 3600
-            return ("neutral", "GPU results did not arrive",
+            # timed_out blocks a required check: selected GPU suites that never reported passed nothing
+            return ("timed_out", "GPU results did not arrive",
                     f"No results came back from the GPU runners within {hours:g} h; say `/audit` to try again.")
         reason = (row.error or row.result or "no reason was recorded").strip()
         return ("neutral", "The audit could not finish",

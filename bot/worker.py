@@ -389,7 +389,11 @@ class Service:
 
         pending = list(dispatch.pending)
         self._save(row, job, task, audit, "awaiting-gpu" if pending else "done", pending)
-        self._publish(pub, run, row.id, task.pr, audit, details, complete=not pending)
+        # Selected GPU suites that wait for a writer's approval must not read as passed: a required check in
+        # action_required blocks the merge until a writer's /audit runs them (neutral would count as passing).
+        held = bool(dispatch.unapproved) and audit.report is not None and audit.report.verdict == "pass"
+        self._publish(pub, run, row.id, task.pr, audit, details, complete=not pending,
+                      conclusion="action_required" if held else None)
         if task.pr is not None:
             self._retire_older(repo, pub, job.repo, task, audit)
         return DONE
@@ -441,13 +445,13 @@ class Service:
             self.store.close_run(job_id)
 
     def _publish(self, pub: Publisher, run: Any, owner_job: int, pr: int | None, audit: Audit, details: str, *,
-                 complete: bool) -> None:
+                 complete: bool, conclusion: str | None = None) -> None:
         report = audit.report
         assert report is not None  # _plan_and_run always renders
         comment, overflow = split_comment(report.markdown, details)
         if pr is not None:
             pub.upsert_comment(pr, comment)
-        pub.finish_check(run, report, overflow=overflow, complete=complete)
+        pub.finish_check(run, report, overflow=overflow, complete=complete, conclusion=conclusion)
         if complete:
             self.store.close_run(owner_job)
 

@@ -203,7 +203,9 @@ def test_a_forks_reopen_does_not_paint_over_its_gpu_run_pending_or_failed(bot_fa
     bot.deliver("workflow_run", workflow_run_payload(runs[0]))
     bot.settle()
     unapproved, approved, reopened = sorted(state.check_runs_for(REPO, head), key=lambda r: r["id"])
-    assert unapproved["conclusion"] == "success"  # before the approval: suites "wait for a writer" (STATUS.md)
+    # before the approval the selected GPU suites wait for a writer: a required check must not pass meanwhile
+    assert unapproved["conclusion"] == "action_required", unapproved
+    assert unapproved["output"]["title"].startswith("GPU suites wait for a writer's /audit"), unapproved["output"]
     assert approved["conclusion"] == reopened["conclusion"] == "failure"  # the run's result reached both
 
     bot.deliver("pull_request", _opened(56, head, base, action="ready_for_review"))  # and once it has failed
