@@ -604,29 +604,35 @@ class Impact:
         info = self.info(mod)
         hit = names & info.registries
         out: list[tuple[str, Changed, frozenset[str]]] = []
-        for b in info.bindings:
-            if b.local not in hit or not info.stmts[b.stmt].imports:
-                continue
-            source = self.graph.module_file(b.module, mod)
-            if source is None or source == mod:
-                continue
+        imported = {b.local: b for b in info.bindings if info.stmts[b.stmt].imports}
+        for local in sorted(hit):
+            b = imported.get(local)
+            source: str | None = mod
+            name, module_binding = local, False
+            if b is not None:
+                source = self.graph.module_file(b.module, mod)
+                name, module_binding = (b.name or ""), b.name is None
+            if source is None:
+                return [(mod, ALL, frozenset())]  # a registry the graph cannot find: as before, all of mod
             src = self.info(source)
             if src.opaque:
                 out.append((source, ALL, frozenset()))
                 continue
-            entries = [st for st in info.stmts if st.names & names and b.local in st.registers]
+            entries = [st for st in info.stmts if st.names & names and local in st.registers]
             keys = frozenset().union(*(st.keys for st in entries)) \
                 if entries and all(st.keys for st in entries) else frozenset()
-            if b.name is None:  # "import pkg.registry as r" then "@r.MODELS.register()"
-                seeds = set(info.attrs.get(b.local, frozenset()))
+            if module_binding:  # "import pkg.registry as r" then "@r.MODELS.register()"
+                seeds = set(info.attrs.get(local, frozenset()))
                 fills: set[str] = set()
-            elif b.local in info.registry_functions:  # "@register(C)": the table its body fills changes
-                fills = {b.name}
+            elif local in info.registry_functions:  # "@register(C)": the table its body fills changes
+                fills = {name}
                 bound = {n for st in src.stmts if not st.imports for n in st.names}
-                seeds = {n for st in src.stmts if b.name in st.names and not st.imports
+                seeds = {n for st in src.stmts if name in st.names and not st.imports
                          for n in (st.uses if st.uses is not None else st.refs) & bound} - fills
+                if not seeds:  # it fills no table of the tree (torch.library underneath): all of mod, as before
+                    return [(mod, ALL, frozenset())]
             else:  # "@MODELS.register_module()": the registry object itself
-                seeds, fills = {b.name}, set()
+                seeds, fills = {name}, set()
             if seeds:
                 out.append((source, _close_except(src, seeds, fills), keys))
         return out

@@ -46,6 +46,10 @@ BASE = {
                          "\n\ndef test_a():\n    assert quantize(1, AWQConfig()) == 2\n",
     "tests/test_fp8.py": "import eng.quant.awq\nimport eng.quant.fp8\nfrom eng.quant.configs import FP8Config\n"
                          "from eng.quant.handlers import quantize\n\n\ndef test_f():\n    assert quantize(1, FP8Config()) == 3\n",
+    "eng/libreg.py": "import torch\n\n\ndef register_op(name):\n    return torch.library.custom_op(name, mutates_args=())\n",
+    "eng/custom.py": "from eng.libreg import register_op\n\n\n@register_op('eng::fused')\ndef fused(x):\n"
+                    "    return x + 1\n\n\ndef plain():\n    return 3\n",
+    "tests/test_fused_op.py": "import torch\nimport eng.custom\n\n\ndef test_f():\n    assert torch.ops.eng.fused(1)\n",
     "eng/util.py": "def helper():\n    return 1\n\n\ndef extra():\n    return 2\n",
     "tests/test_build.py": "import eng.models\nfrom eng.registry import build\n\n\ndef test_b():\n    assert build('llama')\n",
     "tests/test_size.py": "from eng.models import size\n\n\ndef test_s():\n    assert size() == 7\n",
@@ -102,3 +106,8 @@ def test_registering_through_a_function_does_not_change_its_other_users(repo):
 def test_a_handler_registered_for_a_class_reaches_the_tests_that_name_it(repo):
     # both tests import the AWQ module and call quantize(); only test_awq makes an AWQConfig
     assert selected(repo, "eng/quant/awq.py", "model + 1", "model + 5") == ["tests/test_awq.py"]
+
+
+def test_a_tree_function_that_forwards_to_a_library_registry_keeps_the_module_whole(repo):
+    # register_op fills no table of the tree (torch.library does): the op is reached by name at run time
+    assert selected(repo, "eng/custom.py", "x + 1", "x + 2") == ["tests/test_fused_op.py"]
