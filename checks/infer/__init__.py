@@ -76,13 +76,20 @@ def infer(
     min_support: int = MIN_SUPPORT,
     severity: str = "warning",
     verify: bool = True,
+    regex_facts: bool = False,
 ) -> Inferred:
-    """Inferred facts and rules for one tree (a checks.workspace.Tree), strongest first."""
+    """Inferred facts and rules for one tree (a checks.workspace.Tree), strongest first.
+
+    ``regex_facts``: also the rules whose facts are regexes (CMake source lists, Cython enums, included headers:
+    no grammar reads those). The audit asks for them; a caller that writes facts out as TOML must be able to write a
+    fact's ``regex`` before it asks (``drift-audit init`` writes ``query`` only, for now).
+    """
     pillars = pillars or []
     t0 = time.perf_counter()
     files = source_files(tree)
     key = hashlib.sha1(
-        json.dumps([VERSION, code_digest(), min_support, severity, verify, [p.id for p in pillars], files]).encode()
+        json.dumps([VERSION, code_digest(), min_support, severity, verify, regex_facts, [p.id for p in pillars],
+                    files]).encode()
     ).hexdigest()[:20]
     result_path = cache_dir / f"inferred-{key}.json" if cache_dir else None
     if result_path is not None and result_path.is_file():
@@ -158,6 +165,8 @@ def infer(
         out.facts += facts
         out.rules.append(rule)
         out.lines.append(line)
+    if not regex_facts:
+        _without_regex_facts(out)
     if verify and out.rules:
         _keep_holding(out, tree, pillars)
     t3 = time.perf_counter()
@@ -165,6 +174,16 @@ def infer(
     if result_path is not None:
         _save(result_path, out)
     return out
+
+
+def _without_regex_facts(out: Inferred) -> None:
+    regex = {f.id for f in out.facts if f.lang == "regex"}
+    keep = [i for i, r in enumerate(out.rules) if not regex & set(r.facts)]
+    out.rules = [out.rules[i] for i in keep]
+    out.lines = [out.lines[i] for i in keep]
+    used = {f for r in out.rules for f in r.facts}
+    out.facts = [f for f in out.facts if f.id in used]
+    out.labels = {k: v for k, v in out.labels.items() if k in used}
 
 
 def _keep_holding(out: Inferred, tree: Any, pillars: list[Pillar]) -> None:

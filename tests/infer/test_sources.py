@@ -113,3 +113,20 @@ def test_a_two_file_jit_spec_is_a_rule_and_a_half_missing_one_is_not(tmp_path):
     new = [f for f in audit(r.path, base, head).with_status("new") if f.source == "inferred"]
     assert [f.locations[0].path for f in new] == ["lib/jit/norm.py"], [f.message for f in new]
     assert new[0].message.startswith('"norm_binding.cu" is in the source files lib/jit/norm.py names'), new[0].message
+
+
+def test_init_writes_a_config_that_parses_where_the_audit_reads_cmake_lists(tmp_path):
+    # Regex facts (CMake lists) run in the audit; `drift-audit init` writes tree-sitter and path facts only.
+    from checks.config import parse_config
+    from checks.infer_cli import propose
+    from checks.workspace import Tree
+
+    r = GitRepo(tmp_path / "cmake")
+    cmake = "add_library(kernels SHARED\n" + "".join(f"  csrc/{op}.cu\n" for op in OPS) + ")\n"
+    base = r.commit_files({"CMakeLists.txt": cmake, "lib/jit/ops.py": jit(OPS), **kernels(OPS)}, "five kernels")
+    text, _ = propose(Tree(str(r.path), base))
+    config = parse_config(text, "proposed")
+    assert any(f.lang == "path" for f in config.facts) and not any(f.lang == "regex" for f in config.facts)
+    head = r.commit_files({"csrc/cascade.cu": None}, "drop cascade.cu")
+    new = [f for f in audit(r.path, base, head).with_status("new") if f.source == "inferred"]
+    assert sorted(f.locations[0].path for f in new) == ["CMakeLists.txt", "lib/jit/ops.py"], [f.message for f in new]
