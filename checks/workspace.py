@@ -55,12 +55,44 @@ def default_base(repo: git.Repo, head: str = "HEAD") -> str:
     return parents[0].hexsha
 
 
+def _has_commit(repo: git.Repo, sha: str) -> bool:
+    try:
+        repo.git.cat_file("-e", f"{sha}^{{commit}}")
+    except GitCommandError:
+        return False
+    return True
+
+
+def merge_base_of(repo: git.Repo, base: str, head: str) -> str:
+    """The merge base of two resolved commits, or a WorkspaceError saying which history is missing.
+
+    A shallow clone (actions/checkout fetches one commit by default) names parents it does not hold: the
+    default base HEAD~1 resolves, then every git command on it fails."""
+    where = repo.working_dir or repo.git_dir
+    shallow = Path(repo.git_dir, "shallow").is_file()
+    for role, sha in (("head", head), ("base", base)):
+        if not _has_commit(repo, sha):
+            if shallow:
+                depth = sum(1 for _ in repo.iter_commits(head)) if _has_commit(repo, head) else 0
+                raise WorkspaceError(
+                    f"{role} {sha[:12]} is outside this shallow clone of {where} ({depth} commit(s) of history "
+                    "here); fetch more history first: `git fetch --deepen=50` or `git fetch --unshallow` "
+                    "(actions/checkout: `fetch-depth: 0`)")
+            raise WorkspaceError(f"{role} {sha[:12]} is not a commit of {where} (its object is missing); fetch it first")
+    try:
+        bases = repo.merge_base(base, head)
+    except GitCommandError as exc:
+        hint = " (a shallow clone: `git fetch --unshallow` gives the history a merge base needs)" if shallow else ""
+        raise WorkspaceError(f"no merge base of {base[:12]} and {head[:12]} in {where}: "
+                             f"{(exc.stderr or str(exc)).strip()[:300]}{hint}") from None
+    return bases[0].hexsha if bases else base
+
+
 def checkout(request: AuditRequest) -> Checkout:
     repo = open_repo(request.repo)
     head = resolve(repo, request.head)
     base = resolve(repo, request.base) if request.base else default_base(repo, head)
-    bases = repo.merge_base(base, head)
-    merge_base = bases[0].hexsha if bases else base
+    merge_base = merge_base_of(repo, base, head)
     return Checkout(repo=str(repo.working_dir or repo.git_dir), base_sha=base, head_sha=head, merge_base_sha=merge_base)
 
 

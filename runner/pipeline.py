@@ -28,7 +28,7 @@ from checks.diff import build_changeset
 from checks.model import Audit, AuditOptions, AuditRequest, ChangeSet, Checkout, Results, TestPlan
 from checks.pillars import map_pillars
 from checks.scope import add_finding_pillars, check_pillar_ids, restrict_pillars
-from checks.workspace import Tree, WorkspaceError, default_base, open_repo, resolve
+from checks.workspace import Tree, WorkspaceError, default_base, merge_base_of, open_repo, resolve
 from runner.select import select_tests
 
 Progress = Callable[[str], None]
@@ -86,8 +86,7 @@ def workspace(request: AuditRequest, *, config_override: str | None = None) -> C
         raise WorkspaceError(f"{where}: {kind} with no commits yet (HEAD is unborn); commit first, or pass --head REV")
     head = resolve(repo, request.head)
     base = resolve(repo, request.base) if request.base else default_base(repo, head)
-    bases = repo.merge_base(base, head)
-    merge_base = bases[0].hexsha if bases else base
+    merge_base = merge_base_of(repo, base, head)
     if request.trigger == "cli" and base != head and merge_base == head:  # a PR merged into its base is empty
         raise RequestError(
             f"reversed range: base {base[:12]} is a descendant of head {head[:12]} in {where}, so the diff "

@@ -110,3 +110,19 @@ def test_unknown_format_is_an_argparse_error(capsys, fmt):
         main(["review", "--format", fmt])
     assert exc.value.code == 2
     assert "invalid choice" in capsys.readouterr().err
+
+
+def test_a_shallow_clone_says_how_to_fetch_the_history_it_lacks(capsys, two_commits, tmp_path):
+    repo, base, head = two_commits
+    repo.write("engine/model.py", "def forward(x):\n    return x + 2\n")
+    repo.commit("third")
+    clone = tmp_path / "shallow"
+    subprocess.run(["git", "clone", "-q", "--depth", "1", f"file://{repo.root}", str(clone)], check=True)
+    code, out, err = run(capsys, "review", str(clone))  # default base HEAD~1: named by HEAD, not held here
+    assert_clean_usage_error(code, err)
+    assert "outside this shallow clone" in err and "git fetch --unshallow" in err and "fetch-depth: 0" in err, err
+    assert out == ""
+    subprocess.run(["git", "-C", str(clone), "fetch", "-q", "--deepen=1"], check=True)
+    code, out, err = run(capsys, "review", str(clone), "--format", "json")  # enough history now: a real review
+    assert code == 0, err
+    assert "engine/model.py" in out
