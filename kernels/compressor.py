@@ -368,10 +368,10 @@ def _compress_tile_kernel(kv_ptr, gate_ptr, w_ptr, cos_ptr, sin_ptr, slot_ptr, p
     store_quads(tl.where(is_rope, rope, y), slot, pool8_ptr, pool32_ptr, pool64_ptr, HW_CAST, EXACT, EVICT)
 
 
-COMPRESS_IMPL = "unrolled"  # the default kernel of compress_store (H200: best of 9 variants at 16384 x 8 and 1024 x 128)
+COMPRESS_IMPL = "unrolled"  # the default kernel of compress_store (H200: best of the row/words/pipe/tile/unrolled kernels)
 COMPRESS_WARPS = 4
 COMPRESS_BLOCK_L = 8
-COMPRESS_ENTRIES = 2
+COMPRESS_ENTRIES = 1  # H200: 1 entry per program 62.4 / 60.3 % of copy at 16384 x 8 / 1024 x 128, 2 entries 50 / 51 %
 COMPRESS_STAGES = 3
 COMPRESS_PROGRAMS_PER_SM = 2
 COMPRESS_FAST_EXP = False  # the unrolled and tile kernels' exp: ex2.approx.ftz (GPU) instead of tl.exp

@@ -510,8 +510,9 @@ def _hc_post_kernel(o_ptr, x_ptr, post_ptr, comb_ptr, y_ptr, D, N: tl.constexpr,
 
 
 #: hc_pre launch choices; the benchmark round picks them (``variant``: lag | fused | persist | split | v1). H200
-#: 8192x4x4096: split bt 128 / 8 warps / reversed collapse 207 us (bt 64 / 4 warps: 223 us); lag 292-1715 us
-HC_PRE = {"variant": "split", "split": {"bt": 128, "bk": 64, "s": 4, "bt2": 16, "ds": 4, "bd": 128, "warps": 8,
+#: 8192x4x4096: split bt 256 / 8 K slices / 8 warps / reversed collapse 198 us (bt 64 / 4 slices / 4 warps: 223 us);
+#: lag 292-1715 us
+HC_PRE = {"variant": "split", "split": {"bt": 256, "bk": 64, "s": 8, "bt2": 16, "ds": 4, "bd": 128, "warps": 8,
                                         "warps2": 4, "rev": True},
           "lag": {"bt": 64, "bk": 64, "s": 16, "ds": 16, "bd": 64, "bt2": 16, "lag": 12, "warps": 4},
           "fused": {"bt": 64, "bd": 64, "warps": 8}, "persist": {"bt": 64, "bd": 64, "warps": 8, "per_sm": 2,
