@@ -277,7 +277,8 @@ def roofline_table() -> None:
         us = best["ms"] * 1e3
         say(f"{b:>5} {best['bytes'] / 1e6:7.1f} {flops(b) / 1e9:7.2f} {tm:7.1f} {tc:7.1f} {max(tm, tc):7.1f} "
             f"{best['variant']:<14} {us:7.1f} {100 * tm / us:5.1f}% {100 * tc / us:5.1f}% "
-            f"{100 * max(tm, tc) / us:5.1f}%   [{flops(b) / best['bytes']:.0f} flop/B]")
+            f"{100 * max(tm, tc) / us:5.1f}%   [{flops(b) / best['bytes']:.0f} flop/B]"
+            f"  row gather alone {RESULTS.get('gather_us', {}).get(b, float('nan')):.1f} us")
 
 
 def sweep() -> None:
@@ -285,6 +286,14 @@ def sweep() -> None:
     batches = [2] if ARGS.smoke else [int(x) for x in ARGS.batches.split(",")]
     cases = {b: inputs(b, n, b) for b in batches}
     refs = {b: sparse_mla.sparse_mla_decode_ref(pool=pool, **cases[b]) for b in batches}
+    rows = pool.view(-1, kv584.TOKEN_BYTES)
+    for b in batches:  # a plain gather of the same rows (index_select): what random 584-byte rows cost here
+        sel = cases[b]["indices"].reshape(-1).clamp(min=0).long()
+        dst = torch.empty(sel.numel(), kv584.TOKEN_BYTES, dtype=torch.uint8, device=DEV)
+        ms = bench_ms(lambda sel=sel, dst=dst: torch.index_select(rows, 0, sel, out=dst))
+        RESULTS.setdefault("gather_us", {})[b] = ms * 1e3
+        say(f"row gather b{b}: {ms * 1e3:.1f} us for {sel.numel()} rows (read + write {2 * dst.numel() / ms / 1e6:.0f} GB/s, "
+            f"{100 * 2 * dst.numel() / ms / 1e6 / RESULTS['ceiling_gbs']:.0f} % of copy)")
     say("us: do_bench (as benchmarks/v4_bench.py); gpu us: device time alone; host us: the call's host side")
     say("% mma: the compute-bound time (flops at the matmul peak) over the kernel's; % max: the larger bound's")
     say(f"{'variant':<14} {'batch':>5} {'split':>5} {'us':>8} {'% copy':>7} {'% mma':>6} {'% max':>6} "
