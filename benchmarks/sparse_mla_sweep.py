@@ -144,16 +144,22 @@ def bench_ms(fn) -> float:
 _FLUSH: dict = {}
 
 
-def gpu_ms(fn, reps: int = 15) -> float:
+def gpu_ms(fn, reps: int = 15, clean: bool = False) -> float:
     """Device time alone: L2 flushed, then a spin kernel keeps the GPU busy while the host enqueues ``fn``
-    (do_bench's number also holds host time whenever the launch path is slower than its L2 flush)."""
+    (do_bench's number also holds host time whenever the launch path is slower than its L2 flush).
+    do_bench flushes by writing 256 MB, so the call starts with an L2 full of dirty lines to write back;
+    ``clean`` flushes by reading them instead (an L2 of clean lines, as after another kernel's reads)."""
     if DEV == "cpu":
         return bench_ms(fn)
     if "buf" not in _FLUSH:
         _FLUSH["buf"] = torch.empty(256 << 20, dtype=torch.uint8, device=DEV)
+        _FLUSH["sum"] = torch.empty((), dtype=torch.int64, device=DEV)
     times = []
     for _ in range(reps):
-        _FLUSH["buf"].zero_()
+        if clean:
+            torch.sum(_FLUSH["buf"], dtype=torch.int64, out=_FLUSH["sum"])
+        else:
+            _FLUSH["buf"].zero_()
         torch.cuda._sleep(1_000_000)
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         s.record()
@@ -296,8 +302,9 @@ def sweep() -> None:
             f"{100 * 2 * dst.numel() / ms / 1e6 / RESULTS['ceiling_gbs']:.0f} % of copy)")
     say("us: do_bench (as benchmarks/v4_bench.py); gpu us: device time alone; host us: the call's host side")
     say("% mma: the compute-bound time (flops at the matmul peak) over the kernel's; % max: the larger bound's")
+    say("clean us: device time after an L2 flush by reading (do_bench's flush writes: dirty lines to write back)")
     say(f"{'variant':<14} {'batch':>5} {'split':>5} {'us':>8} {'% copy':>7} {'% mma':>6} {'% max':>6} "
-        f"{'gpu us':>8} {'% copy':>7} {'host us':>8} {'gemm_diff':>10}")
+        f"{'gpu us':>8} {'% copy':>7} {'host us':>8} {'gemm_diff':>10} {'clean us':>8} {'% copy':>7}")
     for name in NAMES:
         for b in batches:
             if time.perf_counter() - T0 > ARGS.budget:
@@ -319,6 +326,7 @@ def sweep() -> None:
                 g = nbytes / ms / 1e6
                 gms = gpu_ms(lambda inp=inp, out=out, fn=fn: fn(pool=pool, **inp, out=out))
                 hus = host_us(lambda inp=inp, out=out, fn=fn: fn(pool=pool, **inp, out=out))
+                cms = gpu_ms(lambda inp=inp, out=out, fn=fn: fn(pool=pool, **inp, out=out), clean=True)
                 gg = nbytes / gms / 1e6
                 ceil = RESULTS["ceiling_gbs"] or float("nan")
                 used = cfg or sparse_mla.sparse_config(b, HEADS, K, None if ARGS.smoke else (9, 0), True, SMS)
@@ -328,10 +336,11 @@ def sweep() -> None:
                 RESULTS["rows"].append({"variant": name, "batch": b, "config": dataclasses.asdict(used), "ms": ms,
                                         "gbs": g, "of_ceiling": g / ceil, "gpu_ms": gms, "gpu_of_ceiling": gg / ceil,
                                         "host_us": hus, "gemm_diff": diff, "bytes": nbytes, "mem_us": tm,
-                                        "mma_us": tc, "of_mma": tc / (ms * 1e3), "of_bound": max(tm, tc) / (ms * 1e3)})
+                                        "mma_us": tc, "of_mma": tc / (ms * 1e3), "of_bound": max(tm, tc) / (ms * 1e3),
+                                        "clean_ms": cms, "clean_of_ceiling": nbytes / cms / 1e6 / ceil})
                 say(f"{name:<14} {b:>5} {used.n_split:>5} {ms * 1e3:8.1f} {100 * g / ceil:6.1f}% "
                     f"{100 * tc / (ms * 1e3):5.1f}% {100 * max(tm, tc) / (ms * 1e3):5.1f}% {gms * 1e3:8.1f} "
-                    f"{100 * gg / ceil:6.1f}% {hus:8.1f} {diff:10.2e}")
+                    f"{100 * gg / ceil:6.1f}% {hus:8.1f} {diff:10.2e} {cms * 1e3:8.1f} {100 * nbytes / cms / 1e6 / ceil:6.1f}%")
                 save()
             except Exception as exc:  # one broken variant must not hide the others
                 RESULTS["errors"].append({"variant": name, "batch": b, "error": repr(exc)})
