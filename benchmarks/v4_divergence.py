@@ -50,7 +50,7 @@ from engine.v4.trace import OpTrace, choice_flips, layer_outputs, local_errors, 
 
 NEAR_TIE = 0.1  # the engine bench's threshold (torch's top-1 − top-2 margin at the first differing step)
 TRACED = {"hc_pre", "hc_post", "hc_head", "topk_route", "hash_route", "indexer_topk", "attention", "sparse_decode",
-          "kv_pack"}  # kv_pack: only counted (a dense-KV run must show none on either backend)
+          "kv_pack", "rmsnorm"}  # kv_pack: only counted (a dense-KV run must show none on either backend)
 T0 = time.perf_counter()
 KV = "dense"  # the KV layout of every decode here (--kv)
 

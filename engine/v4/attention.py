@@ -24,10 +24,10 @@ class Attention(nn.Module):
         super().__init__()
         h, nh, d = cfg.hidden_size, cfg.num_attention_heads, cfg.head_dim
         self.q_a_proj = Linear(h, cfg.q_lora_rank, dtype)
-        self.q_a_norm = RMSNorm(cfg.q_lora_rank, cfg.rms_norm_eps)
+        self.q_a_norm = RMSNorm(cfg.q_lora_rank, cfg.rms_norm_eps, ops)
         self.q_b_proj = Linear(cfg.q_lora_rank, nh * d, dtype)
         self.kv_proj = Linear(h, d, dtype)
-        self.kv_norm = RMSNorm(d, cfg.rms_norm_eps)
+        self.kv_norm = RMSNorm(d, cfg.rms_norm_eps, ops)
         self.o_a_proj = Linear(nh * d // cfg.o_groups, cfg.o_groups * cfg.o_lora_rank, dtype)
         self.o_b_proj = Linear(cfg.o_groups * cfg.o_lora_rank, h, dtype)
         self.sinks = param(nh, dtype=torch.float32)

@@ -46,13 +46,14 @@ class Step:
 class _Pool(nn.Module):
     """The gated pooling shared by the compressors and the indexer's key compressor."""
 
-    def __init__(self, cfg: V4Config, rate: int, dim: int, overlap: bool, dtype: torch.dtype | None):
+    def __init__(self, cfg: V4Config, rate: int, dim: int, overlap: bool, dtype: torch.dtype | None,
+                 ops: V4Ops | None = None):
         super().__init__()
         proj = dim * (2 if overlap else 1)
         self.kv_proj = Linear(cfg.hidden_size, proj, dtype)
         self.gate_proj = Linear(cfg.hidden_size, proj, dtype)
         self.position_bias = param(rate, proj, dtype=torch.float32)
-        self.kv_norm = RMSNorm(dim, cfg.rms_norm_eps)
+        self.kv_norm = RMSNorm(dim, cfg.rms_norm_eps, ops)
         self.rate, self.dim, self.overlap = rate, dim, overlap
 
     def pool(self, x: torch.Tensor, step: Step, cache: CompressorCache,
@@ -108,7 +109,7 @@ class Indexer(_Pool):
     entries per query are attended."""
 
     def __init__(self, cfg: V4Config, ops: V4Ops, dtype: torch.dtype | None):
-        super().__init__(cfg, cfg.compress_rates[CSA], cfg.index_head_dim, True, dtype)
+        super().__init__(cfg, cfg.compress_rates[CSA], cfg.index_head_dim, True, dtype, ops)
         self.q_b_proj = Linear(cfg.q_lora_rank, cfg.index_n_heads * cfg.index_head_dim, dtype)
         self.scorer = Scorer(cfg, dtype)
         self.cfg, self.ops = cfg, ops
@@ -135,7 +136,7 @@ class Compressor(_Pool):
 
     def __init__(self, cfg: V4Config, layer_type: str, ops: V4Ops, dtype: torch.dtype | None):
         csa = layer_type == CSA
-        super().__init__(cfg, cfg.compress_rates[layer_type], cfg.head_dim, csa, dtype)
+        super().__init__(cfg, cfg.compress_rates[layer_type], cfg.head_dim, csa, dtype, ops)
         self.indexer = Indexer(cfg, ops, dtype) if csa else None
 
     def linears(self) -> list[Linear]:

@@ -89,16 +89,25 @@ def _fused_weight(mods: list[Linear]) -> torch.Tensor:
 
 
 class RMSNorm(nn.Module):
-    """Weighted RMSNorm in fp32 (V4 keeps norm weights in fp32), output in the input dtype."""
+    """Weighted RMSNorm in fp32 (V4 keeps norm weights in fp32), output in the input dtype. With ``ops``, the
+    op set's ``rmsnorm`` (the Triton backend: one kernel that reads bf16 and writes bf16 with fp32 math)."""
 
-    def __init__(self, dim: int, eps: float):
+    def __init__(self, dim: int, eps: float, ops=None):
         super().__init__()
         self.weight = param(dim, dtype=torch.float32)
         self.eps = eps
+        self.ops = ops
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # one fused op on CUDA (a decode step is launch-bound); the same formula as HF's
-        return F.rms_norm(x.float(), (x.shape[-1],), self.weight, self.eps).to(x.dtype)
+        if self.ops is not None:
+            return self.ops.rmsnorm(x, self.weight, self.eps)
+        return rms_norm(x, self.weight, self.eps)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """:func:`kernels.rmsnorm.rmsnorm_ref`'s math (HF's: fp32, weight in fp32, one rounding at the end) as
+    torch's fused op: the torch backend's ``rmsnorm``."""
+    return F.rms_norm(x.float(), (x.shape[-1],), weight, eps).to(x.dtype)
 
 
 def unit_rmsnorm(x: torch.Tensor, eps: float) -> torch.Tensor:

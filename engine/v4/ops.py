@@ -29,12 +29,14 @@ OPS: dict[str, tuple[str, str]] = {
     "attention": ("kernels.sparse_mla", "sink_attention_ref"),
     "sparse_decode": ("kernels.sparse_mla", "sparse_mla_decode_ref"),
     "kv_pack": ("kernels.kv584", "kv584_store_ref"),
+    "rmsnorm": ("kernels.rmsnorm", "rmsnorm_ref"),
 }
 BACKENDS = ("torch", "triton")
 # torch references that filter on the host, and the sync-free stand-ins the engine calls instead (same
 # results on the inputs the engine gives them), so a decode step on the torch path can be graph-captured
 SYNC_FREE: dict[str, tuple[str, str]] = {
     "kv_pack": ("engine.v4.ops", "kv584_store_rows"),
+    "rmsnorm": ("engine.v4.layers", "rms_norm"),  # the reference's math as torch's one fused op (no host read)
 }
 
 

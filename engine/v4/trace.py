@@ -47,8 +47,9 @@ class Call:
 
 
 def _clone(x):
-    if isinstance(x, torch.Tensor):
-        return x.detach().clone()
+    if isinstance(x, torch.Tensor):  # with the same strides: a kernel may take another path for a strided view
+        y = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device)
+        return y.copy_(x.detach())
     if isinstance(x, (tuple, list)):
         return type(x)(_clone(v) for v in x)
     return x
@@ -173,6 +174,8 @@ def _float_parts(op: str, out) -> list[tuple[str, torch.Tensor, int]]:
         return [("w", out[0], 1)]
     if op in ("hc_post",):
         return [("streams", out, out.dim() - 2)]
+    if op == "rmsnorm":
+        return [("out", out, out.dim() - 1)]
     if op in ("hc_head", "attention"):
         return [("out", out, out.dim() - (2 if op == "attention" else 1))]
     if op == "sparse_decode":

@@ -33,7 +33,8 @@ def test_trace_replays_every_call_bit_equal_after_the_caches_moved_on(v4_model, 
             continue
         got, want = replay(c, "torch"), c.out
         for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
-            assert torch.equal(g, w), (c.op, c.layer, c.forward)
+            # bit-equal; NaN where the compressor pools a candidate with no source (it goes to the trash slot)
+            torch.testing.assert_close(g, w, rtol=0, atol=0, equal_nan=True, msg=str((c.op, c.layer, c.forward)))
     # the trace leaves the model as it was
     assert not any(getattr(f, "__name__", "") == "traced" for f in v4_model.ops._fns.values())
 
