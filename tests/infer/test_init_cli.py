@@ -120,3 +120,23 @@ def test_init_on_a_repo_with_no_invariant_says_so_and_does_not_ask_to_prune_rule
     assert "0 rules over 0 facts" in said and "No rule was proposed" in said
     assert "delete the rules" not in said and "keep inferring" in said
     assert parse_config((r.path / CONFIG_PATH).read_text()).rules == []
+
+
+def test_init_writes_regex_facts_as_regexes_and_they_catch_the_drift(tmp_path):
+    # A Cython mirror of a C++ enum is read by a regex (no Cython grammar): init must write `regex = ...`, not an
+    # empty `query`, so the file it proposes parses and keeps the two enums in step.
+    from tests.infer.test_cython import OPS, header, pxd
+
+    r = GitRepo(tmp_path / "mk")
+    r.commit_files({"include/engine/ops.h": header(OPS), "python/engine/_ext/core.pxd": pxd(OPS)}, "six ops")
+    assert main(["init", str(r.path)]) == 0
+    text = (r.path / CONFIG_PATH).read_text()
+    config = parse_config(text)
+    regex_facts = [f for f in config.facts if f.regex]
+    assert regex_facts and all(not f.query for f in regex_facts), text
+    with_config = r.commit("Adopt the proposed drift-audit config")
+    head = r.commit_files({"include/engine/ops.h": header(OPS + ["GELU"])}, "gelu in the header only")
+    co = checkout(AuditRequest(repo=str(r.path), base=with_config, head=head))
+    found = run_checks(co, load_config(git.Repo(r.path), with_config), build_changeset(co))
+    assert any("OPK_GELU" in f.message or "GELU" in f.message for f in found.with_status("new")), \
+        [f.message for f in found.findings]
