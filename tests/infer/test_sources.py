@@ -115,8 +115,8 @@ def test_a_two_file_jit_spec_is_a_rule_and_a_half_missing_one_is_not(tmp_path):
     assert new[0].message.startswith('"norm_binding.cu" is in the source files lib/jit/norm.py names'), new[0].message
 
 
-def test_init_writes_a_config_that_parses_where_the_audit_reads_cmake_lists(tmp_path):
-    # Regex facts (CMake lists) run in the audit; `drift-audit init` writes tree-sitter and path facts only.
+def test_init_proposes_source_list_rules_that_parse_back(tmp_path):
+    # A CMake list is a regex fact, a JIT list a tree-sitter one, the tree's files a path fact: init writes all three.
     from checks.config import parse_config
     from checks.infer_cli import propose
     from checks.workspace import Tree
@@ -126,7 +126,8 @@ def test_init_writes_a_config_that_parses_where_the_audit_reads_cmake_lists(tmp_
     base = r.commit_files({"CMakeLists.txt": cmake, "lib/jit/ops.py": jit(OPS), **kernels(OPS)}, "five kernels")
     text, _ = propose(Tree(str(r.path), base))
     config = parse_config(text, "proposed")
-    assert any(f.lang == "path" for f in config.facts) and not any(f.lang == "regex" for f in config.facts)
+    assert any(f.lang == "path" for f in config.facts)
+    assert any(f.lang == "regex" and f.files == ["CMakeLists.txt"] for f in config.facts), text
     head = r.commit_files({"csrc/cascade.cu": None}, "drop cascade.cu")
     new = [f for f in audit(r.path, base, head).with_status("new") if f.source == "inferred"]
     assert sorted(f.locations[0].path for f in new) == ["CMakeLists.txt", "lib/jit/ops.py"], [f.message for f in new]
