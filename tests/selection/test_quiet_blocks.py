@@ -10,12 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from checks.config import load_config
-from checks.diff import build_changeset
-from checks.model import AuditOptions, AuditRequest, Findings
-from checks.pillars import map_pillars
-from checks.workspace import Tree, checkout, open_repo
-from runner.select import select_tests
+from tests.selection.plans import plan_for
 
 KERNEL = '''import triton
 
@@ -77,11 +72,7 @@ def repo(git_repo):
 def selected(repo, old: str, new: str) -> list[str]:
     assert old in KERNEL
     head = repo.commit_files({"lib/models/vit/kernel/attn.py": KERNEL.replace(old, new, 1)})
-    co = checkout(AuditRequest(repo=str(repo.path), base=repo.base, head=head))
-    config = load_config(open_repo(co.repo), co.base_sha)  # no config in the repo: the built-in default
-    changes = build_changeset(co)
-    plan = select_tests(config, changes, map_pillars(co, config, changes), Findings(), AuditOptions(),
-                        Tree(co.repo, co.head_sha), "aid")
+    plan = plan_for(repo.path, repo.base, head)
     return sorted(s.id.removeprefix("pytest:") for s in plan.suites)
 
 

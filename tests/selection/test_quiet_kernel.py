@@ -8,12 +8,7 @@ its ``__init__`` (which loads the extension and sets it up).
 
 from __future__ import annotations
 
-from checks.config import load_config
-from checks.diff import build_changeset
-from checks.model import AuditOptions, AuditRequest, Findings
-from checks.pillars import map_pillars
-from checks.workspace import Tree, checkout, open_repo
-from runner.select import select_tests
+from tests.selection.plans import plan_for
 
 REPO = {
     "setup.py": "from torch.utils.cpp_extension import CUDAExtension\n"
@@ -37,11 +32,7 @@ REPO = {
 def selected(git_repo, files, tree=REPO):
     base = git_repo.commit_files(tree, "base")
     head = git_repo.commit_files(files)
-    co = checkout(AuditRequest(repo=str(git_repo.path), base=base, head=head))
-    config = load_config(open_repo(co.repo), co.base_sha)
-    changes = build_changeset(co)
-    plan = select_tests(config, changes, map_pillars(co, config, changes), Findings(), AuditOptions(),
-                        Tree(co.repo, co.head_sha), "aid")
+    plan = plan_for(git_repo.path, base, head)
     return {s.id.removeprefix("pytest:"): s.reasons[0] for s in plan.suites}
 
 

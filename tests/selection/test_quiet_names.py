@@ -2,12 +2,7 @@
 
 from __future__ import annotations
 
-from checks.config import load_config
-from checks.diff import build_changeset
-from checks.model import AuditOptions, AuditRequest, Findings
-from checks.pillars import map_pillars
-from checks.workspace import Tree, checkout, open_repo
-from runner.select import select_tests
+from tests.selection.plans import plan_for
 
 BASE = {
     "eng/__init__.py": "from eng.pipe import Pipeline\n",
@@ -25,11 +20,7 @@ BASE = {
 def selected(git_repo, files):
     base = git_repo.commit_files(BASE, "base")
     head = git_repo.commit_files(files)
-    co = checkout(AuditRequest(repo=str(git_repo.path), base=base, head=head))
-    config = load_config(open_repo(co.repo), co.base_sha)
-    changes = build_changeset(co)
-    plan = select_tests(config, changes, map_pillars(co, config, changes), Findings(), AuditOptions(),
-                        Tree(co.repo, co.head_sha), "aid")
+    plan = plan_for(git_repo.path, base, head)
     return sorted(s.id.removeprefix("pytest:") for s in plan.suites)
 
 

@@ -10,12 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from checks.config import load_config
-from checks.diff import build_changeset
-from checks.model import AuditOptions, AuditRequest, Findings
-from checks.pillars import map_pillars
-from checks.workspace import Tree, checkout, open_repo
-from runner.select import select_tests
+from tests.selection.plans import plan_for
 
 BASE = {
     "eng/__init__.py": "",
@@ -68,11 +63,7 @@ def repo(git_repo):
 def selected(repo, path, old, new):
     assert old in BASE[path]
     head = repo.commit_files({path: BASE[path].replace(old, new, 1)})
-    co = checkout(AuditRequest(repo=str(repo.path), base=repo.base, head=head))
-    config = load_config(open_repo(co.repo), co.base_sha)
-    changes = build_changeset(co)
-    plan = select_tests(config, changes, map_pillars(co, config, changes), Findings(), AuditOptions(),
-                        Tree(co.repo, co.head_sha), "aid")
+    plan = plan_for(repo.path, repo.base, head)
     return sorted(s.id.removeprefix("pytest:") for s in plan.suites)
 
 
