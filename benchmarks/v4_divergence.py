@@ -371,17 +371,17 @@ def perf_decode(engine: str, cfg_dict: dict, tensors: dict, backend: str, dev: t
 
 
 def section_perf(cfg_dict: dict, tensors: dict, dev: torch.device, res: dict, before: str | None,
-                 backends: tuple[str, ...] = ("triton", "torch")) -> None:
+                 backends: tuple[str, ...] = ("triton", "torch"), batches: tuple[int, ...] = (4,)) -> None:
     rows = []
     engines = ([("engine_v4_before", before)] if before else []) + [("engine.v4", None)]
     for name, path in engines:
         if path:
             sys.path.insert(0, path)
-        for backend in backends:
+        for backend, b in [(k, b) for b in batches for k in backends]:
             if time.perf_counter() - T0 > res.get("_budget", math.inf):
-                print(f"[perf stops before {name} {backend}: past the budget]")
+                print(f"[perf stops before {name} {backend} b{b}: past the budget]")
                 break
-            rows.append(perf_decode(name, cfg_dict, tensors, backend, dev))
+            rows.append(perf_decode(name, cfg_dict, tensors, backend, dev, b))
             r = rows[-1]
             print(f"perf {name:<16} {backend:<6} b{r['batch']}: eager {r['eager_ops_per_step']} dispatched ops/step"
                   + (f"; graph {r['step_ms']:.3f} ms/step = {r['tok_s']:.0f} tok/s, {r['kernels_per_step']:.0f} "
@@ -390,7 +390,7 @@ def section_perf(cfg_dict: dict, tensors: dict, dev: torch.device, res: dict, be
     res["perf"] = rows
     last = rows[-1] if rows else {}
     for r in rows:
-        if r["engine"] == "engine.v4" and r["backend"] == "triton" and "top_kernels" in r:
+        if r["engine"] == "engine.v4" and r["backend"] == "triton" and r["batch"] == 4 and "top_kernels" in r:
             last = r
     if "top_kernels" in last:
         print(f"top kernels of the graphed step ({last['engine']}, {last['backend']}, b{last['batch']}): "
@@ -421,6 +421,7 @@ def main() -> int:
     ap.add_argument("--kv", default="dense", choices=("dense", "fp8"),
                     help="fp8: decode steps attend over the 584-byte FP8 pool (Triton: kv584_store + sparse_mla_decode)")
     ap.add_argument("--set", default=None, help="JSON config overrides of the preset (e.g. a 512-wide head)")
+    ap.add_argument("--perf-batches", default="4", help="comma-separated decode batches the perf section times")
     ap.add_argument("--skip", default="", help="comma-separated sections to leave out")
     ap.add_argument("--smoke", action="store_true", help="tiny preset, CPU, 3 prompts x 3 steps (CI)")
     args = ap.parse_args()
@@ -461,7 +462,8 @@ def main() -> int:
     sections = (("layers", lambda: section_layers(runs, res)), ("decode", lambda: section_decode(runs, res, lens)),
                 ("ops", lambda: section_ops(runs, res, (1,) if args.smoke else (0, 1))),
                 ("perf", lambda: section_perf(cfg_dict, tensors, dev, res, args.before,
-                                              ("torch",) if args.smoke else ("triton", "torch"))),
+                                              ("torch",) if args.smoke else ("triton", "torch"),
+                                              tuple(int(b) for b in args.perf_batches.split(",")))),
                 ("ablation", lambda: section_ablation(models, runs, res, prompts, args.steps, kernels,
                                                       ("only",) if args.smoke else ("only", "all_but"),
                                                       args.budget)))
