@@ -153,11 +153,10 @@ def gpu_ms(fn, reps: int = 15, clean: bool = False) -> float:
         return bench_ms(fn)
     if "buf" not in _FLUSH:
         _FLUSH["buf"] = torch.empty(256 << 20, dtype=torch.uint8, device=DEV)
-        _FLUSH["sum"] = torch.empty((), dtype=torch.int64, device=DEV)
     times = []
     for _ in range(reps):
         if clean:
-            torch.sum(_FLUSH["buf"], dtype=torch.int64, out=_FLUSH["sum"])
+            _FLUSH["sum"] = _FLUSH["buf"].sum(dtype=torch.int64)
         else:
             _FLUSH["buf"].zero_()
         torch.cuda._sleep(1_000_000)
