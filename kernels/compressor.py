@@ -374,7 +374,10 @@ COMPRESS_BLOCK_L = 8
 COMPRESS_ENTRIES = 1  # H200: 1 entry per program 62.4 / 60.3 % of copy at 16384 x 8 / 1024 x 128, 2 entries 50 / 51 %
 COMPRESS_STAGES = 3
 COMPRESS_PROGRAMS_PER_SM = 2
-COMPRESS_FAST_EXP = False  # the unrolled and tile kernels' exp: ex2.approx.ftz (GPU) instead of tl.exp
+COMPRESS_UNROLL = 2  # window rows per loop trip of the unrolled kernel
+# the unrolled and tile kernels' exp: ex2.approx.ftz (GPU) instead of tl.exp. H200, 1 entry x 2 rows x 4 warps:
+# 4096 x 8 / 16384 x 8 / 1024 x 128 at 56.4 / 74.6 / 76.4 % of copy (tl.exp, 8 rows: 47.5 / 62.5 / 60.3 %)
+COMPRESS_FAST_EXP = True
 TILE_ENTRIES = 1  # the tile kernel: entries per program, window rows per load, warps
 TILE_CHUNK = 8
 TILE_WARPS = 4
@@ -433,7 +436,7 @@ def compress_store(kv, gate, norm_weight, eps, cos, sin, pool, slots, *, impl: s
     elif words is not None and impl == "unrolled":
         ent = entries or COMPRESS_ENTRIES
         _compress_unrolled_kernel[(triton.cdiv(n, ent),)](*args, words, n, length, float(eps), ENTRIES=ent,
-                                                          UNROLL=block_l or COMPRESS_BLOCK_L, HW_CAST=hw, EXACT=exact,
+                                                          UNROLL=block_l or COMPRESS_UNROLL, HW_CAST=hw, EXACT=exact,
                                                           EVICT="", FAST=fast, num_warps=num_warps or COMPRESS_WARPS)
     elif words is None:
         _compress_kernel[(n,)](*args, flat, flat.view(torch.int16), length, float(eps),
