@@ -118,7 +118,7 @@ def sparse_config(batch: int, heads: int, k: int, cap: tuple[int, int] | None, l
 
 
 # the Gluon kernel's knobs when it is sm90's default (None: the tl kernel stays the default). H200, round of
-# 2026-12-01 15:03 (copy ceiling 4226 GB/s, dense bf16 matmul 808 TFLOP/s; benchmarks/sparse_mla_sweep.py
+# 2026-12-01 15:47: 36.0 / 45.9 / 63.5 us (tl: 40.1 / 52.7 / 82.3 us), copy 4226 GB/s. Round of 15:03 (copy ceiling 4226 GB/s, dense bf16 matmul 808 TFLOP/s; benchmarks/sparse_mla_sweep.py
 # "g2-l2"): b32 35.6 us, b64 45.7 us, b128 63.2 us (10.8 / 16.8 / 24.3 % of copy) against the tl kernel's
 # 39.8 / 52.2 / 81.9 us in the same run; every Gluon variant within 2.8e-6 gemm_diff of the reference
 GLUON_DEFAULT: dict | None = {"l2_prefetch": 1}
