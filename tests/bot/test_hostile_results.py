@@ -10,7 +10,7 @@ from bot.publish import COMMENT_MARKER, reply_marker
 from bot.security import Redactor
 from checks.model import Results, SuiteResult
 from runner.actions import artifact_name, run_title
-from tests.bot.conftest import REPO, pr_payload, signed_results, workflow_run_payload
+from tests.bot.conftest import GPU_CONFIG, REPO, pr_payload, signed_results, workflow_run_payload
 from tests.bot.test_bot_flows import _comment_payload, _marked
 from tests.gitrepo import commit
 
@@ -261,14 +261,7 @@ def test_a_run_in_another_installed_repository_cannot_report_for_this_ones_audit
     assert run["conclusion"] == "failure"  # the real result, not the forged pass
 
 
-TWO_LABELS = """\
-[[suite]]
-id = "parity-loader"
-kind = "parity"
-command = "pytest tests/test_loader.py"
-runners = ["sm90"]
-paths = ["engine/weights/**"]
-
+TWO_LABELS = GPU_CONFIG + """
 [[suite]]
 id = "parity-loader-blackwell"
 kind = "parity"
