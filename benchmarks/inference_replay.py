@@ -108,7 +108,7 @@ def cpu():
     a, b = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     return a.ru_utime + a.ru_stime + b.ru_utime + b.ru_stime
 c0, t0 = cpu(), time.perf_counter()
-out = infer(Tree({repo!r}, {sha!r}), cache_dir=Path({cache!r}), verify={verify!r}, regex_facts=True)
+out = infer(Tree({repo!r}, {sha!r}), cache_dir=Path({cache!r}), verify={verify!r})
 print(json.dumps({{"s": time.perf_counter() - t0, "cpu": cpu() - c0, "rules": len(out.rules), "cached": out.cached,
                   **out.timings}}))
 """

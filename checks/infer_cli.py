@@ -67,7 +67,7 @@ def run_infer(args: argparse.Namespace) -> int:
     if args.min_support < 2:
         print("drift-audit infer: --min-support must be at least 2", file=sys.stderr)
         return 2
-    out = infer(tree, cache_dir=repo_cache_dir(tree.repo_path), min_support=args.min_support, regex_facts=True)
+    out = infer(tree, cache_dir=repo_cache_dir(tree.repo_path), min_support=args.min_support)
     if args.format == "json":
         print(json.dumps([{"id": r.id, "kind": r.kind, "facts": r.facts, "summary": line, "evidence": r.evidence}
                           for r, line in zip(out.rules, out.lines)], indent=2))
@@ -149,7 +149,7 @@ def propose(tree: Any, max_rules: int = MAX_RULES) -> tuple[str, dict[str, int]]
     builtin, pillars = _layout_pillars(tree.paths())
     cfg_pillars = ([Pillar(b.id, b.title, b.paths, b.symbols) for b, _ in builtin]
                    + [Pillar(p["id"], p["title"], p["paths"]) for p in pillars] + [Pillar("other", "Other")])
-    inferred = infer(tree, cfg_pillars, cache_dir=repo_cache_dir(tree.repo_path), severity="error", regex_facts=True)
+    inferred = infer(tree, cfg_pillars, cache_dir=repo_cache_dir(tree.repo_path), severity="error")
     chosen = list(zip(inferred.rules, inferred.lines))[:max_rules]
     facts_by_id = {f.id: f for f in inferred.facts}
     suites = _suites(tree)

@@ -76,19 +76,13 @@ def infer(
     min_support: int = MIN_SUPPORT,
     severity: str = "warning",
     verify: bool = True,
-    regex_facts: bool = False,
 ) -> Inferred:
-    """Inferred facts and rules for one tree (a checks.workspace.Tree), strongest first.
-
-    ``regex_facts``: also the rules whose facts are regexes (CMake source lists, Cython enums, included headers:
-    no grammar reads those). The audit asks for them; a caller that writes facts out as TOML must be able to write a
-    fact's ``regex`` before it asks (``drift-audit init`` writes ``query`` only, for now).
-    """
+    """Inferred facts and rules for one tree (a checks.workspace.Tree), strongest first."""
     pillars = pillars or []
     t0 = time.perf_counter()
     files = source_files(tree)
     key = hashlib.sha1(
-        json.dumps([VERSION, code_digest(), min_support, severity, verify, regex_facts, [p.id for p in pillars],
+        json.dumps([VERSION, code_digest(), min_support, severity, verify, [p.id for p in pillars],
                     files]).encode()
     ).hexdigest()[:20]
     result_path = cache_dir / f"inferred-{key}.json" if cache_dir else None
@@ -127,46 +121,23 @@ def infer(
         if (a.path, a.ctx, b.path, b.ctx) in seen:
             continue  # one function set reached by its prefix and by its suffix
         seen.add((a.path, a.ctx, b.path, b.ctx))
-        facts, rule, line = count_rule(a, b, pillars, severity)
-        out.labels[facts[0].id], out.labels[facts[1].id] = a.what(), b.what()
-        out.facts += facts
-        out.rules.append(rule)
-        out.lines.append(line)
+        _add(out, *count_rule(a, b, pillars, severity), a.what(), b.what())
     for fam in named:
-        facts, rule, line = self_named_rule(fam, pillars, severity)
-        out.labels[facts[0].id] = f"the strings of {fam.what()}"
-        out.labels[facts[1].id] = f"the keys of {fam.what()}"
-        out.facts += facts
-        out.rules.append(rule)
-        out.lines.append(line)
+        _add(out, *self_named_rule(fam, pillars, severity), f"the strings of {fam.what()}",
+             f"the keys of {fam.what()}")
     done: set[tuple[str, str, frozenset]] = set()
     for nm in handed:
         fns = frozenset(fn for _, fn, _ in nm.values.values())
         if (nm.path, nm.callee, fns) in done:
             continue  # one function set reached by its prefix and by its suffix
         done.add((nm.path, nm.callee, fns))
-        facts, rule, line = named_rule(nm, pillars, severity)
-        out.labels[facts[0].id] = f"the constants functions {nm.affix} hand {nm.callee}()"
-        out.facts += facts
-        out.rules.append(rule)
-        out.lines.append(line)
+        _add(out, *named_rule(nm, pillars, severity), f"the constants functions {nm.affix} hand {nm.callee}()")
     for sl in lists:
-        facts, rule, line = source_rule(sl, pillars, severity)
-        out.labels[facts[0].id] = f"the source files {sl.path} names"
-        out.labels[facts[1].id] = "among the tree's " + ", ".join(f"*.{e}" for e in sl.exts) + " files"
-        known = {f.id for f in out.facts}
-        out.facts += [f for f in facts if f.id not in known]
-        out.rules.append(rule)
-        out.lines.append(line)
+        _add(out, *source_rule(sl, pillars, severity), f"the source files {sl.path} names",
+             "among the tree's " + ", ".join(f"*.{e}" for e in sl.exts) + " files")
     for ex in exports:
-        facts, rule, line = export_rule(ex, pillars, severity)
-        out.labels[facts[0].id] = f"the names {ex.path} imports from its package"
-        out.labels[facts[1].id] = f"__all__ of {ex.path}"
-        out.facts += facts
-        out.rules.append(rule)
-        out.lines.append(line)
-    if not regex_facts:
-        _without_regex_facts(out)
+        _add(out, *export_rule(ex, pillars, severity), f"the names {ex.path} imports from its package",
+             f"__all__ of {ex.path}")
     if verify and out.rules:
         _keep_holding(out, tree, pillars)
     t3 = time.perf_counter()
@@ -176,14 +147,15 @@ def infer(
     return out
 
 
-def _without_regex_facts(out: Inferred) -> None:
-    regex = {f.id for f in out.facts if f.lang == "regex"}
-    keep = [i for i, r in enumerate(out.rules) if not regex & set(r.facts)]
-    out.rules = [out.rules[i] for i in keep]
-    out.lines = [out.lines[i] for i in keep]
-    used = {f for r in out.rules for f in r.facts}
-    out.facts = [f for f in out.facts if f.id in used]
-    out.labels = {k: v for k, v in out.labels.items() if k in used}
+def _add(out: Inferred, facts: list, rule: Any, line: str, *labels: str) -> None:
+    """One mined rule into ``out``: its facts (a fact two rules share is kept once), the labels of its first
+    facts in order, the rule and its line."""
+    for fact, label in zip(facts, labels, strict=False):
+        out.labels[fact.id] = label
+    known = {f.id for f in out.facts}
+    out.facts += [f for f in facts if f.id not in known]
+    out.rules.append(rule)
+    out.lines.append(line)
 
 
 def _keep_holding(out: Inferred, tree: Any, pillars: list[Pillar]) -> None:

@@ -65,7 +65,7 @@ def with_inference(run: RunChecks) -> RunChecks:
                 # Not verified here: the audit evaluates the base anyway, and a rule that reports
                 # there is dropped below, so the check costs nothing extra.
                 inferred = infer(
-                    base, config.pillars, cache_dir=cache_dir, verify=False, regex_facts=True,
+                    base, config.pillars, cache_dir=cache_dir, verify=False,
                     min_support=getattr(s, "infer_min_support", 4), severity=getattr(s, "infer_severity", "warning"),
                 )
                 inferred = declared_cover(config, inferred, base)
