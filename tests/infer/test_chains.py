@@ -3,13 +3,9 @@ like its ``case`` labels, so a type a switch and the enum handle but a chain lac
 
 from __future__ import annotations
 
-from checks.audit import run_checks
-from checks.config import default_config
-from checks.diff import build_changeset
 from checks.infer.families import members
-from checks.model import AuditRequest
-from checks.workspace import checkout
 from tests.gitrepo import GitRepo
+from tests.infer.audits import audit
 
 TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "I32"]
 
@@ -36,11 +32,6 @@ def chain(types: list[str]) -> str:
 
 def files(enum: list[str], cases: list[str], chained: list[str]) -> dict[str, str]:
     return {"src/types.h": header(enum), "src/size.c": switch(cases), "src/copy.c": chain(chained), "README.md": "x\n"}
-
-
-def audit(repo, base, head):
-    co = checkout(AuditRequest(repo=str(repo), base=base, head=head))
-    return run_checks(co, default_config(), build_changeset(co))
 
 
 def test_a_type_missing_from_a_comparison_chain_is_caught(tmp_path):

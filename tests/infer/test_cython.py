@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-from checks.audit import run_checks
-from checks.config import default_config
-from checks.diff import build_changeset
 from checks.infer.families import lang_for
-from checks.model import AuditRequest
-from checks.workspace import checkout
 from tests.gitrepo import GitRepo
+from tests.infer.audits import audit, inferred
 
 OPS = ["EMBED", "MATMUL", "SOFTMAX", "ADD", "RMS_NORM", "ROPE"]
 
@@ -24,15 +20,6 @@ def pxd(ops: list[str], prefix: str = "OPK_") -> str:
             "    # keep in step with include/engine/ops.h\n"
             f"    cdef enum OpKind:\n        {prefix}NONE = 0,\n{rows}\n"
             "    ctypedef struct Shape:\n        int ndim\n")
-
-
-def audit(repo, base, head):
-    co = checkout(AuditRequest(repo=str(repo), base=base, head=head))
-    return run_checks(co, default_config(), build_changeset(co))
-
-
-def inferred(found):
-    return [f for f in found.with_status("new") if f.source == "inferred"]
 
 
 def test_cython_files_are_read_for_their_enums():

@@ -2,24 +2,11 @@
 
 from __future__ import annotations
 
-from checks.audit import run_checks
-from checks.config import default_config
-from checks.diff import build_changeset
 from checks.infer.families import members
-from checks.model import AuditRequest
-from checks.workspace import checkout
 from tests.gitrepo import GitRepo
+from tests.infer.audits import audit, inferred
 
 TASKS = ["embedding", "rmsnorm", "linear", "attention", "allreduce"]
-
-
-def audit(repo, base, head):
-    co = checkout(AuditRequest(repo=str(repo), base=base, head=head))
-    return run_checks(co, default_config(), build_changeset(co))
-
-
-def inferred(found):
-    return [f for f in found.with_status("new") if f.source == "inferred"]
 
 
 def enum(tasks: list[str]) -> str:

@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-from checks.audit import run_checks
-from checks.config import default_config
-from checks.diff import build_changeset
-from checks.model import AuditRequest
-from checks.workspace import checkout
 from tests.gitrepo import GitRepo
+from tests.infer.audits import audit, inferred
 
 TYPES = ["F32", "F16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K"]
 
@@ -16,15 +12,6 @@ def switch(fn: str, types: list[str]) -> str:
     cases = "".join(f"        case TYPE_{t}:\n" for t in types)
     return (f"void {fn}(int type, const void * x, float * y) {{\n    switch (type) {{\n{cases}"
             f"            {fn}_impl(type, x, y);\n            break;\n        default:\n            abort();\n    }}\n}}\n")
-
-
-def audit(repo, base, head):
-    co = checkout(AuditRequest(repo=str(repo), base=base, head=head))
-    return run_checks(co, default_config(), build_changeset(co))
-
-
-def inferred(found):
-    return [f for f in found.with_status("new") if f.source == "inferred"]
 
 
 def repo(tmp_path, small: list[str], big: list[str]):

@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-from checks.audit import run_checks
-from checks.config import default_config
-from checks.diff import build_changeset
-from checks.model import AuditRequest
-from checks.workspace import checkout
 from tests.gitrepo import GitRepo
+from tests.infer.audits import audit
 
 LOSSES = ["dapo", "grpo", "bnpo", "dr_grpo", "cispo"]
 
@@ -24,11 +20,6 @@ def dispatcher(names: list[str]) -> str:
 
 def files(declared: list[str], accepted: list[str]) -> dict[str, str]:
     return {"pkg/ops.py": table(declared), "pkg/loss.py": dispatcher(accepted), "pkg/__init__.py": "", "README.md": "x\n"}
-
-
-def audit(repo, base, head):
-    co = checkout(AuditRequest(repo=str(repo), base=base, head=head))
-    return run_checks(co, default_config(), build_changeset(co))
 
 
 def test_a_name_accepted_by_a_membership_test_but_missing_from_the_table_is_caught(tmp_path):

@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-from checks.audit import run_checks
-from checks.config import default_config
-from checks.diff import build_changeset
 from checks.infer.families import lang_for
-from checks.model import AuditRequest
-from checks.workspace import checkout
 from tests.gitrepo import GitRepo
+from tests.infer.audits import audit
 
 TYPES = ["f32", "f16", "q4_0", "q4_1", "q8_0"]
 
@@ -20,11 +16,6 @@ def metal(mm: list[str], mm_id: list[str]) -> str:
             for t in mm_id]
     out.append('\n[[host_name("kernel_add")]]\nkernel void kernel_add(device const float * a [[buffer(0)]]) {\n}\n')
     return "".join(out)
-
-
-def audit(repo, base, head):
-    co = checkout(AuditRequest(repo=str(repo), base=base, head=head))
-    return run_checks(co, default_config(), build_changeset(co))
 
 
 def test_metal_is_read_as_cpp_by_inference():

@@ -3,23 +3,10 @@ constant named like them."""
 
 from __future__ import annotations
 
-from checks.audit import run_checks
-from checks.config import default_config
-from checks.diff import build_changeset
-from checks.model import AuditRequest
-from checks.workspace import checkout
 from tests.gitrepo import GitRepo
+from tests.infer.audits import audit, inferred
 
 TASKS = ["embedding", "rmsnorm", "linear", "attention", "silu"]
-
-
-def audit(repo, base, head):
-    co = checkout(AuditRequest(repo=str(repo), base=base, head=head))
-    return run_checks(co, default_config(), build_changeset(co))
-
-
-def inferred(found):
-    return [f for f in found.with_status("new") if f.source == "inferred"]
 
 
 def graph(tasks: list[str]) -> str:
