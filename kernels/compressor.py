@@ -12,6 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels._tl import cast_rne, e4m3_bits
 from kernels.arch import capability, fp8_hw_cast, interpreting
 from kernels.harness import Case, Check, ParitySpec
 from kernels.kv584 import (
@@ -368,6 +369,121 @@ def _compress_tile_kernel(kv_ptr, gate_ptr, w_ptr, cos_ptr, sin_ptr, slot_ptr, p
     store_quads(tl.where(is_rope, rope, y), slot, pool8_ptr, pool32_ptr, pool64_ptr, HW_CAST, EXACT, EVICT)
 
 
+@triton.jit
+def _rows2(gp, kvp, off, EVICT: tl.constexpr):
+    """Window rows ``off`` and ``off + 512`` (int32 element offsets ``[8, 64]``): gates and sources (fp32)
+    ``[8, 64, 2]``, the two rows side by side in each thread."""
+    g = tl.join(tl.load(gp + off, eviction_policy=EVICT), tl.load(gp + off + 512, eviction_policy=EVICT))
+    x = tl.join(tl.load(kvp + off, eviction_policy=EVICT), tl.load(kvp + off + 512, eviction_policy=EVICT))
+    return g, x.to(tl.float32)
+
+
+@triton.jit
+def _rows(gp, kvp, off, U: tl.constexpr, EVICT: tl.constexpr):
+    """``U`` (1, 2, 4 or 8) window rows from ``off``: gates and sources (fp32) ``[8, 64, U]``, the rows side by
+    side in each thread (joined, so every load is issued before the first use of any)."""
+    if U == 1:
+        g = tl.load(gp + off, eviction_policy=EVICT)[:, :, None]
+        x = tl.load(kvp + off, eviction_policy=EVICT).to(tl.float32)[:, :, None]
+    elif U == 2:
+        g, x = _rows2(gp, kvp, off, EVICT)
+    elif U == 4:
+        g0, x0 = _rows2(gp, kvp, off, EVICT)
+        g1, x1 = _rows2(gp, kvp, off + 1024, EVICT)
+        g = tl.reshape(tl.join(g0, g1), [8, 64, 4])
+        x = tl.reshape(tl.join(x0, x1), [8, 64, 4])
+    else:
+        tl.static_assert(U == 8, "rows per step: 1, 2, 4 or 8")
+        g0, x0 = _rows2(gp, kvp, off, EVICT)
+        g1, x1 = _rows2(gp, kvp, off + 1024, EVICT)
+        g2, x2 = _rows2(gp, kvp, off + 2048, EVICT)
+        g3, x3 = _rows2(gp, kvp, off + 3072, EVICT)
+        g = tl.reshape(tl.join(tl.join(g0, g1), tl.join(g2, g3)), [8, 64, 8])
+        x = tl.reshape(tl.join(tl.join(x0, x1), tl.join(x2, x3)), [8, 64, 8])
+    return g, x
+
+
+@triton.jit
+def _pool_rows(g, x, m, lsum, acc, FAST: tl.constexpr):
+    """Rows ``g``/``x`` ``[8, 64, U]`` (in-thread along U) into the per-channel online softmax: one max, one exp
+    per element and one rescale per step (``FAST``: ``ex2.approx.ftz`` of ``g·log2 e − max·log2 e``, one FFMA)."""
+    mx = tl.maximum(m, tl.max(g, axis=2))
+    safe = tl.where(mx == float("-inf"), 0.0, mx)
+    if FAST:
+        sl = safe * 1.4426950408889634
+        alpha = tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=f,f", [m * 1.4426950408889634 - sl],
+                                          dtype=tl.float32, is_pure=True, pack=1)
+        p = tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=f,f", [g * 1.4426950408889634 - sl[:, :, None]],
+                                      dtype=tl.float32, is_pure=True, pack=1)
+    else:
+        alpha = tl.exp(m - safe)
+        p = tl.exp(g - safe[:, :, None])
+    return mx, lsum * alpha + tl.sum(p, axis=2), acc * alpha + tl.sum(p * x, axis=2)
+
+
+@triton.jit
+def _compress_stream_kernel(kv_ptr, gate_ptr, w_ptr, cos_ptr, sin_ptr, slot_ptr, pool32_ptr, pool64_ptr, L, eps,
+                            UNROLL: tl.constexpr, HW_CAST: tl.constexpr, EXACT: tl.constexpr, EVICT: tl.constexpr,
+                            FAST: tl.constexpr = False, NT: tl.constexpr = N_TILES, WORDS: tl.constexpr = TOKEN_BYTES // 8):
+    """One entry per program, its window streamed ``UNROLL`` rows per step (the rows of a step side by side in
+    each thread: all their loads go out first, then one max and one rescale per step; the rows past the last
+    whole step one at a time), every tensor ``[tile 8, 64]`` over the 512 channels (tile 7 = rope) at int32
+    offsets from the entry's base. A thread owns 4 adjacent channels: a 16-byte gate and an 8-byte source load
+    per row, and in the tail its 4 e4m3 bytes become one int32 word and its 4 bf16 rope values one int64 word
+    without leaving the thread (only the tile amax and the RMS sum are reductions)."""
+    e = tl.program_id(0).to(tl.int64)
+    tile = tl.arange(0, 8)
+    ch = tl.arange(0, 64)
+    off = tile[:, None] * 64 + ch[None, :]  # [8, 64] int32
+    kvp = kv_ptr + e * L * 512
+    gp = gate_ptr + e * L * 512
+    m = tl.full([8, 64], float("-inf"), tl.float32)
+    lsum = tl.zeros([8, 64], dtype=tl.float32)
+    acc = tl.zeros([8, 64], dtype=tl.float32)
+    whole = L - L % UNROLL
+    for l0 in range(0, whole, UNROLL):
+        g, x = _rows(gp, kvp, l0 * 512 + off, UNROLL, EVICT)
+        m, lsum, acc = _pool_rows(g, x, m, lsum, acc, FAST)
+    for lr in range(whole, L):
+        g, x = _rows(gp, kvp, lr * 512 + off, 1, EVICT)
+        m, lsum, acc = _pool_rows(g, x, m, lsum, acc, FAST)
+    pooled = acc / lsum
+    ss = tl.sum(tl.sum(pooled * pooled, axis=1), axis=0)
+    y = pooled * (1.0 / tl.sqrt_rn(ss / 512 + eps)) * tl.load(w_ptr + off)
+    # rope on tile 7: interleaved pairs, each pair inside one thread
+    is_rope = (tile == NT)[:, None]
+    pidx = e * 32 + (tile[:, None] * 0 + tl.arange(0, 32)[None, :])  # [8, 32]: pair index
+    cs = tl.load(cos_ptr + pidx, mask=is_rope, other=1.0)
+    sn = tl.load(sin_ptr + pidx, mask=is_rope, other=0.0)
+    ye, yo = tl.split(tl.reshape(y, [8, 32, 2]))
+    rope = tl.reshape(tl.join(ye * cs - yo * sn, ye * sn + yo * cs), [8, 64])
+    # e4m3 of tiles 0..6 by the power-of-two scale at or above amax / 448
+    amax = tl.maximum(tl.max(tl.abs(y), axis=1), 1e-4)  # [8]
+    sc = tl.math.div_rn(amax, tl.full(amax.shape, 448.0, tl.float32))
+    b = sc.to(tl.int32, bitcast=True)
+    ebyte = ((b >> 23) & 0xFF) + tl.where((b & 0x7FFFFF) != 0, 1, 0)  # biased exponent of the scale
+    inv = ((254 - ebyte) << 23).to(tl.float32, bitcast=True)  # 2^-(e) exactly
+    yq = tl.minimum(tl.maximum(y * inv[:, None], -448.0), 448.0)
+    if HW_CAST:
+        code = yq.to(tl.float8e4nv).to(tl.uint8, bitcast=True).to(tl.int32)
+    else:
+        code = e4m3_bits(yq)
+    c4 = tl.arange(0, 4)
+    qw = tl.sum(tl.reshape(code, [8, 16, 4]) << (c4 * 8)[None, None, :], axis=2)  # [8, 16]: 4 bytes, little-endian
+    r16 = cast_rne(tl.where(is_rope, rope, y), tl.bfloat16, EXACT).to(tl.int16, bitcast=True).to(tl.int64) & 0xFFFF
+    rw = tl.sum(tl.reshape(r16, [8, 16, 4]) << (c4 * 16).to(tl.int64)[None, None, :], axis=2)  # [8, 16]
+    sw = tl.sum(tl.where(tile < NT, ebyte, 0).to(tl.int64) << (tile * 8).to(tl.int64), axis=0)  # 7 scales + pad
+    slot = tl.load(slot_ptr + e + tl.arange(0, 1))  # [1]
+    ok = slot >= 0
+    w64 = slot * WORDS
+    q16 = tl.arange(0, 16)
+    tl.store(pool32_ptr + 2 * w64[:, None] + tile[:, None] * 16 + q16[None, :], qw,
+             mask=ok[:, None] & (tile < NT)[:, None], eviction_policy=EVICT)
+    tl.store(pool64_ptr + w64[:, None] + NT * 8 + (tile[:, None] * 0 + q16[None, :]), rw, mask=ok[:, None] & (tile == NT)[:, None],
+             eviction_policy=EVICT)
+    tl.store(pool64_ptr + w64 + NT * 8 + 16, sw, mask=ok, eviction_policy=EVICT)
+
+
 COMPRESS_IMPL = "unrolled"  # the default kernel of compress_store (H200: best of the row/words/pipe/tile/unrolled kernels)
 COMPRESS_WARPS = 4
 COMPRESS_BLOCK_L = 8
@@ -378,6 +494,8 @@ COMPRESS_UNROLL = 2  # window rows per loop trip of the unrolled kernel
 # the unrolled and tile kernels' exp: ex2.approx.ftz (GPU) instead of tl.exp. H200, 1 entry x 2 rows x 4 warps:
 # 4096 x 8 / 16384 x 8 / 1024 x 128 at 56.4 / 74.6 / 76.4 % of copy (tl.exp, 8 rows: 47.5 / 62.5 / 60.3 %)
 COMPRESS_FAST_EXP = True
+STREAM_UNROLL = 8  # the stream kernel: window rows per step (1, 2, 4 or 8), warps
+STREAM_WARPS = 4
 TILE_ENTRIES = 1  # the tile kernel: entries per program, window rows per load, warps
 TILE_CHUNK = 8
 TILE_WARPS = 4
@@ -407,8 +525,9 @@ def compress_store(kv, gate, norm_weight, eps, cos, sin, pool, slots, *, impl: s
         raise ValueError(f"compress_store: kv/gate must be [n, L, {HEAD_DIM}] and cos/sin [n, {ROPE_DIM // 2}], got "
                          f"{tuple(kv.shape)}, {tuple(gate.shape)}, {tuple(cos.shape)}")
     impl = impl or COMPRESS_IMPL
-    if impl not in ("tile", "words", "row", "unrolled", "pipe"):
-        raise ValueError(f"compress_store: impl must be 'tile', 'pipe', 'words', 'unrolled' or 'row', got {impl!r}")
+    if impl not in ("stream", "tile", "words", "row", "unrolled", "pipe"):
+        raise ValueError("compress_store: impl must be 'stream', 'tile', 'pipe', 'words', 'unrolled' or 'row', "
+                         f"got {impl!r}")
     flat = _flat(pool)
     if not n:
         return pool
@@ -433,6 +552,10 @@ def compress_store(kv, gate, norm_weight, eps, cos, sin, pool, slots, *, impl: s
                                                       L=length, ENTRIES=ent, CHUNK=chunk, HW_CAST=hw, EXACT=exact,
                                                       EVICT=evict, PREFETCH=bool(stages) and chunk < length,
                                                       FAST=fast, num_warps=num_warps or TILE_WARPS)
+    elif words is not None and impl == "stream":
+        _compress_stream_kernel[(n,)](*args, flat.view(torch.int32), words, length, float(eps),
+                                      UNROLL=1 << (min(block_l or STREAM_UNROLL, 8, length).bit_length() - 1), HW_CAST=hw, EXACT=exact, EVICT=evict,
+                                      FAST=fast, num_warps=num_warps or STREAM_WARPS)
     elif words is not None and impl == "unrolled":
         ent = entries or COMPRESS_ENTRIES
         _compress_unrolled_kernel[(triton.cdiv(n, ent),)](*args, words, n, length, float(eps), ENTRIES=ent,
