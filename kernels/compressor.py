@@ -12,7 +12,6 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._tl import cast_rne, e4m3_bits
 from kernels.arch import capability, fp8_hw_cast, interpreting
 from kernels.harness import Case, Check, ParitySpec
 from kernels.kv584 import (
@@ -30,6 +29,7 @@ from kernels.kv584 import (
     pack_row,
     pack_words,
     store_quads,
+    store_tiles,
     store_words,
 )
 
@@ -424,7 +424,7 @@ def _pool_rows(g, x, m, lsum, acc, FAST: tl.constexpr):
 @triton.jit
 def _compress_stream_kernel(kv_ptr, gate_ptr, w_ptr, cos_ptr, sin_ptr, slot_ptr, pool32_ptr, pool64_ptr, L, eps,
                             UNROLL: tl.constexpr, HW_CAST: tl.constexpr, EXACT: tl.constexpr, EVICT: tl.constexpr,
-                            FAST: tl.constexpr = False, NT: tl.constexpr = N_TILES, WORDS: tl.constexpr = TOKEN_BYTES // 8):
+                            FAST: tl.constexpr = False, NT: tl.constexpr = N_TILES):
     """One entry per program, its window streamed ``UNROLL`` rows per step (the rows of a step side by side in
     each thread: all their loads go out first, then one max and one rescale per step; the rows past the last
     whole step one at a time), every tensor ``[tile 8, 64]`` over the 512 channels (tile 7 = rope) at int32
@@ -457,31 +457,8 @@ def _compress_stream_kernel(kv_ptr, gate_ptr, w_ptr, cos_ptr, sin_ptr, slot_ptr,
     sn = tl.load(sin_ptr + pidx, mask=is_rope, other=0.0)
     ye, yo = tl.split(tl.reshape(y, [8, 32, 2]))
     rope = tl.reshape(tl.join(ye * cs - yo * sn, ye * sn + yo * cs), [8, 64])
-    # e4m3 of tiles 0..6 by the power-of-two scale at or above amax / 448
-    amax = tl.maximum(tl.max(tl.abs(y), axis=1), 1e-4)  # [8]
-    sc = tl.math.div_rn(amax, tl.full(amax.shape, 448.0, tl.float32))
-    b = sc.to(tl.int32, bitcast=True)
-    ebyte = ((b >> 23) & 0xFF) + tl.where((b & 0x7FFFFF) != 0, 1, 0)  # biased exponent of the scale
-    inv = ((254 - ebyte) << 23).to(tl.float32, bitcast=True)  # 2^-(e) exactly
-    yq = tl.minimum(tl.maximum(y * inv[:, None], -448.0), 448.0)
-    if HW_CAST:
-        code = yq.to(tl.float8e4nv).to(tl.uint8, bitcast=True).to(tl.int32)
-    else:
-        code = e4m3_bits(yq)
-    c4 = tl.arange(0, 4)
-    qw = tl.sum(tl.reshape(code, [8, 16, 4]) << (c4 * 8)[None, None, :], axis=2)  # [8, 16]: 4 bytes, little-endian
-    r16 = cast_rne(tl.where(is_rope, rope, y), tl.bfloat16, EXACT).to(tl.int16, bitcast=True).to(tl.int64) & 0xFFFF
-    rw = tl.sum(tl.reshape(r16, [8, 16, 4]) << (c4 * 16).to(tl.int64)[None, None, :], axis=2)  # [8, 16]
-    sw = tl.sum(tl.where(tile < NT, ebyte, 0).to(tl.int64) << (tile * 8).to(tl.int64), axis=0)  # 7 scales + pad
     slot = tl.load(slot_ptr + e + tl.arange(0, 1))  # [1]
-    ok = slot >= 0
-    w64 = slot * WORDS
-    q16 = tl.arange(0, 16)
-    tl.store(pool32_ptr + 2 * w64[:, None] + tile[:, None] * 16 + q16[None, :], qw,
-             mask=ok[:, None] & (tile < NT)[:, None], eviction_policy=EVICT)
-    tl.store(pool64_ptr + w64[:, None] + NT * 8 + (tile[:, None] * 0 + q16[None, :]), rw, mask=ok[:, None] & (tile == NT)[:, None],
-             eviction_policy=EVICT)
-    tl.store(pool64_ptr + w64 + NT * 8 + 16, sw, mask=ok, eviction_policy=EVICT)
+    store_tiles(tl.where(is_rope, rope, y), slot, pool32_ptr, pool64_ptr, HW_CAST, EXACT, EVICT)
 
 
 COMPRESS_IMPL = "unrolled"  # the default kernel of compress_store (H200: best of the row/words/pipe/tile/unrolled kernels)

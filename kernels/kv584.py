@@ -245,6 +245,39 @@ def store_quads(y, slot, pool8_ptr, pool32_ptr, pool64_ptr, HW_CAST: tl.constexp
 
 
 @triton.jit
+def store_tiles(y, slot, pool32_ptr, pool64_ptr, HW_CAST: tl.constexpr, EXACT: tl.constexpr, EVICT: tl.constexpr,
+                NT: tl.constexpr = N_TILES, WORDS: tl.constexpr = TOKEN_BYTES // 8):
+    """Pack one token ``y[tile 8, 64]`` fp32 (tile 7: the rope channels) and store it at int64 ``slot[1]``
+    (``-1``: skip), in a layout where a thread owns 4 adjacent channels: its e4m3 bytes become int32
+    words and its bf16 rope values int64 words without leaving the thread; only the tile amax is a reduction."""
+    tile = tl.arange(0, 8)
+    # e4m3 of tiles 0..6 by the power-of-two scale at or above amax / 448
+    amax = tl.maximum(tl.max(tl.abs(y), axis=1), 1e-4)  # [8]
+    sc = tl.math.div_rn(amax, tl.full(amax.shape, 448.0, tl.float32))
+    b = sc.to(tl.int32, bitcast=True)
+    ebyte = ((b >> 23) & 0xFF) + tl.where((b & 0x7FFFFF) != 0, 1, 0)  # biased exponent of the scale
+    inv = ((254 - ebyte) << 23).to(tl.float32, bitcast=True)  # 2^-(e) exactly
+    yq = tl.minimum(tl.maximum(y * inv[:, None], -448.0), 448.0)
+    if HW_CAST:
+        code = yq.to(tl.float8e4nv).to(tl.uint8, bitcast=True).to(tl.int32)
+    else:
+        code = e4m3_bits(yq)
+    c4 = tl.arange(0, 4)
+    qw = tl.sum(tl.reshape(code, [8, 16, 4]) << (c4 * 8)[None, None, :], axis=2)  # [8, 16]: 4 bytes, little-endian
+    r16 = cast_rne(y, tl.bfloat16, EXACT).to(tl.int16, bitcast=True).to(tl.int64) & 0xFFFF
+    rw = tl.sum(tl.reshape(r16, [8, 16, 4]) << (c4 * 16).to(tl.int64)[None, None, :], axis=2)  # [8, 16]
+    sw = tl.sum(tl.where(tile < NT, ebyte, 0).to(tl.int64) << (tile * 8).to(tl.int64), axis=0)  # 7 scales + pad
+    ok = slot >= 0
+    w64 = slot * WORDS
+    q16 = tl.arange(0, 16)
+    tl.store(pool32_ptr + 2 * w64[:, None] + tile[:, None] * 16 + q16[None, :], qw,
+             mask=ok[:, None] & (tile < NT)[:, None], eviction_policy=EVICT)
+    tl.store(pool64_ptr + w64[:, None] + NT * 8 + (tile[:, None] * 0 + q16[None, :]), rw,
+             mask=ok[:, None] & (tile == NT)[:, None], eviction_policy=EVICT)
+    tl.store(pool64_ptr + w64 + NT * 8 + 16, sw, mask=ok, eviction_policy=EVICT)
+
+
+@triton.jit
 def _store_block(kv_ptr, slot_ptr, pool64_ptr, n, stride_kv, blk, ROWS: tl.constexpr, HW_CAST: tl.constexpr,
                  EXACT: tl.constexpr, EVICT: tl.constexpr, NT: tl.constexpr = N_TILES, NOPE: tl.constexpr = NOPE_DIM):
     """Tokens ``blk * ROWS ..`` packed and written as 73 int64 words each (584 = 8 · 73)."""
@@ -279,6 +312,48 @@ def _store_rows_kernel(kv_ptr, slot_ptr, pool64_ptr, n, stride_kv, ROWS: tl.cons
         for b in tl.range(tl.program_id(0), tl.cdiv(n, ROWS), tl.num_programs(0), num_stages=STAGES):
             _store_block(kv_ptr, slot_ptr, pool64_ptr, n, stride_kv, (tl.program_id(0) * 0 + b).to(tl.int64), ROWS,
                          HW_CAST, EXACT, EVICT)
+
+
+@triton.jit
+def _store_tiles_kernel(kv_ptr, slot_ptr, pool64_ptr, n, stride_kv, ROWS: tl.constexpr, HW_CAST: tl.constexpr,
+                        EXACT: tl.constexpr, EVICT: tl.constexpr = "", NT: tl.constexpr = N_TILES,
+                        WORDS: tl.constexpr = TOKEN_BYTES // 8):
+    """``ROWS`` tokens per program as ``[ROWS · 8 (token, tile), 64]``, so a thread owns adjacent channels of one
+    tile (8 for bf16 input: one 16-byte load): the tile amax is a reduction over the tile's few threads, and each
+    thread packs its e4m3 bytes into int64 words (its bf16 rope values into int64 words) itself."""
+    rt = tl.arange(0, ROWS * 8)
+    tile = rt % 8
+    rid = tl.program_id(0).to(tl.int64) * ROWS + rt // 8
+    live = rid < n
+    ch = tl.arange(0, 64)
+    y = tl.load(kv_ptr + (rid * stride_kv + tile * 64)[:, None] + ch[None, :], mask=live[:, None], other=0.0,
+                eviction_policy=EVICT).to(tl.float32)
+    slot = tl.load(slot_ptr + rid, mask=live, other=-1)  # [R·8]: each tile's own copy of its token's slot
+    amax = tl.maximum(tl.max(tl.abs(y), axis=1), 1e-4)  # [R·8]
+    sc = tl.math.div_rn(amax, tl.full(amax.shape, 448.0, tl.float32))
+    b = sc.to(tl.int32, bitcast=True)
+    ebyte = ((b >> 23) & 0xFF) + tl.where((b & 0x7FFFFF) != 0, 1, 0)  # biased exponent of the scale
+    inv = ((254 - ebyte) << 23).to(tl.float32, bitcast=True)  # 2^-(e) exactly
+    yq = tl.minimum(tl.maximum(y * inv[:, None], -448.0), 448.0)
+    if HW_CAST:
+        code = yq.to(tl.float8e4nv).to(tl.uint8, bitcast=True).to(tl.int64)
+    else:
+        code = e4m3_bits(yq).to(tl.int64)
+    k8 = tl.arange(0, 8)
+    qw = tl.sum(tl.reshape(code, [ROWS * 8, 8, 8]) << (k8 * 8).to(tl.int64)[None, None, :], axis=2)  # [R·8, 8]
+    r16 = cast_rne(y, tl.bfloat16, EXACT).to(tl.int16, bitcast=True).to(tl.int64) & 0xFFFF
+    k4 = tl.arange(0, 4)
+    rw = tl.sum(tl.reshape(r16, [ROWS * 8, 16, 4]) << (k4 * 16).to(tl.int64)[None, None, :], axis=2)  # [R·8, 16]
+    ok = slot >= 0
+    w64 = slot * WORDS
+    tl.store(pool64_ptr + (w64 + tile * 8)[:, None] + k8[None, :], qw, mask=(ok & (tile < NT))[:, None],
+             eviction_policy=EVICT)
+    tl.store(pool64_ptr + (w64 + NT * 8)[:, None] + tl.arange(0, 16)[None, :], rw, mask=(ok & (tile == NT))[:, None],
+             eviction_policy=EVICT)
+    sw = tl.sum(tl.reshape(tl.where(tile < NT, ebyte, 0).to(tl.int64) << (tile * 8).to(tl.int64), [ROWS, 8]), axis=1)
+    r = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    s1 = tl.load(slot_ptr + r, mask=r < n, other=-1)
+    tl.store(pool64_ptr + s1 * WORDS + NT * 8 + 16, sw, mask=s1 >= 0, eviction_policy=EVICT)
 
 
 @triton.jit
@@ -328,6 +403,8 @@ def _load_rows_kernel(pool64_ptr, slot_ptr, o_ptr, n, ROWS: tl.constexpr, HW_CAS
 STORE_IMPL = "words"  # the default kernel of kv584_store (H200: 2.0x the byte-store kernel at 65536 tokens)
 STORE_ROWS = 4  # tokens per program of the word-store kernel (4 rows x 2 warps: best of 4..32 x 2..8 on the H200)
 STORE_WARPS = 2
+TILES_ROWS = 4  # the tiles kernel: tokens per program, warps
+TILES_WARPS = 4
 
 
 def _words(flat: torch.Tensor) -> torch.Tensor | None:
@@ -350,15 +427,19 @@ def kv584_store(kv: torch.Tensor, pool: torch.Tensor, slots: torch.Tensor, *, im
         raise ValueError(f"kv584: kv must be [N, {HEAD_DIM}] (unit stride) with slots [N], got "
                          f"{tuple(kv.shape)} and {tuple(slots.shape)}")
     impl = impl or STORE_IMPL
-    if impl not in ("words", "row"):
-        raise ValueError(f"kv584_store: impl must be 'words' or 'row', got {impl!r}")
+    if impl not in ("words", "row", "tiles"):
+        raise ValueError(f"kv584_store: impl must be 'words', 'tiles' or 'row', got {impl!r}")
     hw = fp8_hw_cast(capability(kv.device))
     n = kv.shape[0]
     if not n:
         return pool
     sl = slots.to(torch.int64).contiguous()
-    words = _words(flat) if impl == "words" else None
-    if words is None:
+    words = _words(flat) if impl != "row" else None
+    if words is not None and impl == "tiles":
+        r = rows or TILES_ROWS
+        _store_tiles_kernel[(triton.cdiv(n, r),)](kv, sl, words, n, kv.stride(0), ROWS=r, HW_CAST=hw,
+                                                  EXACT=interpreting(), EVICT=evict, num_warps=num_warps or TILES_WARPS)
+    elif words is None:
         _store_kernel[(n,)](kv, sl, flat, flat.view(torch.int16), kv.stride(0), HW_CAST=hw, EXACT=interpreting(),
                             num_warps=num_warps or 2)
     else:

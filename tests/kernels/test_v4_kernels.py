@@ -46,7 +46,8 @@ def test_584_byte_layout_byte_by_byte():
 # test_parity runs the default (words, 4 rows, 2 warps); these are the other paths
 STORE_VARIANTS = [{"impl": "row"}, {"impl": "words", "rows": 16, "num_warps": 8},
                   {"impl": "words", "rows": 8, "num_warps": 4, "evict": "evict_first"},
-                  {"impl": "words", "rows": 4, "stages": 2, "programs": 3}]
+                  {"impl": "words", "rows": 4, "stages": 2, "programs": 3}, {"impl": "tiles"},
+                  {"impl": "tiles", "rows": 2, "num_warps": 2}]
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -120,7 +121,7 @@ def test_load_decodes_every_scale_byte_exactly(impl, device):
     assert torch.equal(got.isnan(), want.isnan()) and not bits_differ.any(), bits_differ.nonzero()[:4].tolist()
 
 
-@pytest.mark.parametrize("impl", ["row", "words"])
+@pytest.mark.parametrize("impl", ["row", "words", "tiles"])
 def test_kv584_store_rounds_ties_to_even_at_every_e4m3_step(impl, device):
     x = _e4m3_ties(24, torch.Generator().manual_seed(0))
     x[1, 64:128] = 0.0
@@ -132,7 +133,7 @@ def test_kv584_store_rounds_ties_to_even_at_every_e4m3_step(impl, device):
     assert torch.equal(got, want), (got != want).nonzero()[:8].tolist()
 
 
-@pytest.mark.parametrize("impl", ["row", "words"])
+@pytest.mark.parametrize("impl", ["row", "words", "tiles"])
 def test_store_skips_negative_slots_and_load_zeroes_them(impl, device):
     pool = kv584.new_pool(2, 4, device)
     kv = torch.randn(3, 512, device=device)
