@@ -8,8 +8,9 @@ tok/s (torch and Triton paths) against HF transformers' DeepseekV4ForCausalLM.
     python benchmarks/v4_bench.py --smoke                         # tiny sizes on CPU: every section runs
 
 Bytes counted are the fewest an op must move (each input read once, each output written once); the
-pool's bytes per token come from the profile table below. kv584_store also prints its time against a copy of
-the same bytes (the ceiling at that size), hc_pre its % of the two-pass bound (x read twice). Exits non-zero if any section raised.
+pool's bytes per token come from the profile table below. kv584_store, kv584_load and compress_store also print
+their time against a copy of the same bytes (the ceiling at that size), hc_pre its % of the two-pass bound (x read
+twice). Exits non-zero if any section raised.
 """
 
 from __future__ import annotations
@@ -115,8 +116,9 @@ def sec_membound() -> None:
     pool, slots = pool_65k, slots_65k
     tok = slots.shape[0]
     out = torch.empty(tok, kv584.HEAD_DIM, device=DEV)
-    _row("kv584_load", f"{tok} tok -> fp32", tok * (kv584.TOKEN_BYTES + kv584.HEAD_DIM * 4),
-         bench_ms(lambda: kv584.kv584_load(pool, slots, out=out)), "membound")
+    nb = tok * (kv584.TOKEN_BYTES + kv584.HEAD_DIM * 4)
+    _row("kv584_load", f"{tok} tok -> fp32", nb, bench_ms(lambda: kv584.kv584_load(pool, slots, out=out)), "membound",
+         same_copy_ms=_copy_ms(nb))
     t, n, d = (2, 4, 64) if ARGS.smoke else (8192, 4, 4096)
     x = torch.randn(t, n, d, device=DEV).bfloat16()
     fn = torch.randn((2 + n) * n, n * d, device=DEV) * (n * d) ** -0.5
@@ -148,9 +150,10 @@ def sec_membound() -> None:
         cos, sin = torch.ones(n_ent, 32, device=DEV), torch.zeros(n_ent, 32, device=DEV)
         cpool = kv584.new_pool(-(-n_ent // 64), 64, DEV)
         cslots = torch.arange(n_ent, device=DEV)
-        _row("compress_store", f"{n_ent} entries x {length}", n_ent * (length * 512 * 6 + kv584.TOKEN_BYTES),
+        nb = n_ent * (length * 512 * 6 + kv584.TOKEN_BYTES)
+        _row("compress_store", f"{n_ent} entries x {length}", nb,
              bench_ms(lambda a=(ckv, cg, cw, 1e-6, cos, sin, cpool, cslots): compressor.compress_store(*a)),
-             "membound")
+             "membound", same_copy_ms=_copy_ms(nb))
         del ckv, cg
 
 
