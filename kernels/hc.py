@@ -159,10 +159,10 @@ def _hc_weights(acc, ss, base_ptr, scale_ptr, K, iters, eps, norm_eps, N: tl.con
 
 @triton.jit
 def _fn_dot(xv, fn_ptr, kk, km, K, acc, N: tl.constexpr, NMIX: tl.constexpr, SPLIT3: tl.constexpr,
-            PREC: tl.constexpr):
+            PREC: tl.constexpr, PARTS: tl.constexpr = 3):
     """``acc += xv[BT, BK] · fn[:, kk]ᵀ``. With ``SPLIT3`` (bf16 ``xv``, exact in bf16) fn is split in registers
-    into three bf16 parts (hi + mid + lo carry fp32's 24 bits), so three bf16 MMAs give the fp32 product;
-    else one dot at ``PREC`` (fp32 ``xv``)."""
+    into ``PARTS`` bf16 parts (hi + mid + lo carry fp32's 24 bits; hi + mid 16 of them, a relative error of
+    2^-17 per weight), so two or three bf16 MMAs give the fp32 product; else one dot at ``PREC`` (fp32 ``xv``)."""
     mix_i = tl.arange(0, NMIX)
     w = tl.load(fn_ptr + mix_i[None, :] * K + kk[:, None], mask=(mix_i[None, :] < (2 + N) * N) & km[:, None],
                 other=0.0)
@@ -173,7 +173,8 @@ def _fn_dot(xv, fn_ptr, kk, km, K, acc, N: tl.constexpr, NMIX: tl.constexpr, SPL
         lo = (r - mid.to(tl.float32)).to(tl.bfloat16)
         acc = tl.dot(xv, hi, acc)
         acc = tl.dot(xv, mid, acc)
-        acc = tl.dot(xv, lo, acc)
+        if PARTS > 2:
+            acc = tl.dot(xv, lo, acc)
     else:
         acc = tl.dot(xv, w, acc, input_precision=PREC)
     return acc
@@ -181,7 +182,8 @@ def _fn_dot(xv, fn_ptr, kk, km, K, acc, N: tl.constexpr, NMIX: tl.constexpr, SPL
 
 @triton.jit
 def _hc_logits_kernel(x_ptr, fn_ptr, part_ptr, T, K, K_SPLIT, N: tl.constexpr, NMIX: tl.constexpr,
-                      BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT3: tl.constexpr, PREC: tl.constexpr):
+                      BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT3: tl.constexpr, PREC: tl.constexpr,
+                      PARTS: tl.constexpr = 3):
     """Split design, pass 1: raw logits and sums of squares of BLOCK_T tokens over one K slice (x read once,
     fully parallel); ``part[s, t, :NMIX]`` logits, ``part[s, t, NMIX]`` the sum of squares."""
     t = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -196,9 +198,9 @@ def _hc_logits_kernel(x_ptr, fn_ptr, part_ptr, T, K, K_SPLIT, N: tl.constexpr, N
         xf = xv.to(tl.float32)
         ss += tl.sum(xf * xf, axis=1)
         if SPLIT3:
-            acc = _fn_dot(xv, fn_ptr, kk, km, K, acc, N, NMIX, SPLIT3, PREC)
+            acc = _fn_dot(xv, fn_ptr, kk, km, K, acc, N, NMIX, SPLIT3, PREC, PARTS)
         else:
-            acc = _fn_dot(xf, fn_ptr, kk, km, K, acc, N, NMIX, SPLIT3, PREC)
+            acc = _fn_dot(xf, fn_ptr, kk, km, K, acc, N, NMIX, SPLIT3, PREC, PARTS)
     mix_i = tl.arange(0, NMIX)
     row = part_ptr + (ks * T + t[:, None]) * (NMIX + 1)
     tl.store(row + mix_i[None, :], acc, mask=tm[:, None])
@@ -464,6 +466,167 @@ def _hc_persist_kernel(x_ptr, fn_ptr, base_ptr, scale_ptr, col_ptr, post_ptr, co
             tl.store(col_ptr + t2[:, None] * D + d[None, :], c.to(col_ptr.dtype.element_ty), mask=tm2[:, None] & dm[None, :])
 
 
+@triton.jit
+def _split_bf16(w, PARTS: tl.constexpr):
+    """fp32 ``w`` as ``PARTS`` bf16 tensors whose sum is ``w`` (3 parts: exact; 2 parts: 16 mantissa bits; the
+    last part is unused below PARTS)."""
+    hi = w.to(tl.bfloat16)
+    r = w - hi.to(tl.float32)
+    mid = r.to(tl.bfloat16)
+    lo = (r - mid.to(tl.float32)).to(tl.bfloat16)
+    return hi, mid, lo
+
+
+@triton.jit
+def _late(x, ON: tl.constexpr):
+    """``x`` unchanged, through a side-effecting identity where ``ON``: the compiler cannot move the layout
+    conversion that follows (for an MMA operand) up to the load that produced ``x``, so the program does not
+    stall on the load there (it stays in flight across the work in between)."""
+    if ON:
+        if x.dtype.primitive_bitwidth == 16:
+            x = tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=x.dtype, is_pure=False, pack=2)
+        else:
+            x = tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=x.dtype, is_pure=False, pack=1)
+    return x
+
+
+@triton.jit
+def _grp_load(x_ptr, tb, T, D, d, dm, N: tl.constexpr, BLOCK_T: tl.constexpr):
+    """The ``N`` stream tiles ``x[tb·BT : (tb+1)·BT, i, d]`` of one token block (rows past ``T`` masked)."""
+    t = tb.to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+    tm = t < T
+    xs = ()
+    for i in tl.static_range(N):
+        xs = xs + (tl.load(x_ptr + (t[:, None] * N + i) * D + d[None, :], mask=tm[:, None] & dm[None, :],
+                           other=0.0),)
+    return xs
+
+
+@triton.jit
+def _grp_wait(cnt_ptr, err_ptr, tb, budget, P: tl.constexpr):
+    """Poll the block's count until all ``P`` members are in (``budget`` polls left in all; a program out of
+    budget raises ``err`` and goes on, so a wrong launch gives wrong numbers, never a hang)."""
+    c = tl.atomic_add(cnt_ptr + tb, 0, sem="acquire")
+    while (c < P) & (budget > 0):
+        c = tl.atomic_add(cnt_ptr + tb, 0, sem="acquire")
+        budget -= 1
+    if c < P:
+        tl.atomic_xchg(err_ptr, 1)
+    tl.debug_barrier()
+    return budget
+
+
+@triton.jit
+def _grp_collapse(x_ptr, xs, acc_ptr, base_ptr, scale_ptr, col_ptr, post_ptr, comb_ptr, tb, m, T, D, d, dm, iters,
+                  eps, norm_eps, N: tl.constexpr, NMIX: tl.constexpr, BLOCK_T: tl.constexpr, HOLD: tl.constexpr):
+    """A complete block: its summed logits → weights and Sinkhorn (member 0 writes post and comb) → the
+    collapse of this member's columns (``xs`` held, or re-read from L2)."""
+    mix_i = tl.arange(0, NMIX)
+    jn = tl.arange(0, N)
+    nn = tl.arange(0, N * N)
+    t = tb.to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+    tm = t < T
+    tot = tl.load(acc_ptr + t[:, None] * (NMIX + 1) + mix_i[None, :], mask=tm[:, None], other=0.0,
+                  cache_modifier=".cg")
+    tss = tl.load(acc_ptr + t * (NMIX + 1) + NMIX, mask=tm, other=0.0, cache_modifier=".cg")
+    pre, post, comb = _hc_weights(tot, tss, base_ptr, scale_ptr, N * D, iters, eps, norm_eps, N, NMIX, BLOCK_T)
+    if m == 0:
+        tl.store(post_ptr + t[:, None] * N + jn[None, :], post, mask=tm[:, None])
+        tl.store(comb_ptr + t[:, None] * (N * N) + nn[None, :], tl.reshape(comb, [BLOCK_T, N * N]), mask=tm[:, None])
+    if not HOLD:
+        xs = _grp_load(x_ptr, tb, T, D, d, dm, N, BLOCK_T)
+    for i in tl.static_range(N):
+        pi = tl.sum(tl.where(jn[None, :] == i, pre, 0.0), axis=1)
+        if i == 0:
+            cv = pi[:, None] * xs[i].to(tl.float32)
+        else:
+            cv += pi[:, None] * xs[i].to(tl.float32)
+    tl.store(col_ptr + t[:, None] * D + d[None, :], cv.to(col_ptr.dtype.element_ty), mask=tm[:, None] & dm[None, :])
+
+
+@triton.jit(do_not_specialize=["T", "n_tb", "SPIN"])
+def _hc_group_kernel(x_ptr, fn_ptr, base_ptr, scale_ptr, col_ptr, post_ptr, comb_ptr, acc_ptr, cnt_ptr, err_ptr,
+                     T, D, n_tb, iters, eps, norm_eps, SPIN, N: tl.constexpr, NMIX: tl.constexpr,
+                     BLOCK_T: tl.constexpr, DW: tl.constexpr, P: tl.constexpr, PARTS: tl.constexpr,
+                     PREC: tl.constexpr, LAG: tl.constexpr, HOLD: tl.constexpr, FENCE: tl.constexpr,
+                     LATE: tl.constexpr):
+    """One HBM pass over x by groups of ``P`` co-resident programs (the host launches no more programs than
+    fit at once, so a program only waits on programs that are running). Member ``m`` of a group owns the
+    columns ``[m·DW, (m+1)·DW)`` of all ``N`` streams and the matching ``N·DW`` columns of fn, loaded and split
+    into bf16 parts once (they stay in shared memory). The group walks its token blocks ``g, g + groups, …``;
+    at step j a member issues the load of its ``x[BT, N, DW]`` slab of the next block, adds the partial
+    logits and sums of squares of the slab it holds (block j) into ``acc`` with atomics and counts itself
+    in, then collapses block ``j - LAG``: waits for that block's count to reach ``P``, reads the summed
+    logits, runs the weights and Sinkhorn and sums its own columns of the block's streams (held in registers
+    with ``HOLD``, else re-read from L2). ``LAG`` 1 gives the other members a whole step to count in. The
+    waits are bounded by ``SPIN`` polls in all (``err`` is raised instead of hanging)."""
+    pid = tl.program_id(0)
+    n_groups = tl.num_programs(0) // P
+    g = pid // P
+    m = pid % P
+    K = N * D
+    mix_i = tl.arange(0, NMIX)
+    n_mix = (2 + N) * N
+    d = m * DW + tl.arange(0, DW)
+    dm = d < D
+    fmask = (mix_i[None, :] < n_mix) & dm[:, None]
+    w = ()
+    w_hi = ()
+    w_mid = ()
+    w_lo = ()
+    for i in tl.static_range(N):
+        wi = tl.load(fn_ptr + mix_i[None, :] * K + i * D + d[:, None], mask=fmask, other=0.0)  # [DW, NMIX]
+        hi, mid, lo = _split_bf16(wi, PARTS)
+        w = w + (wi,)
+        w_hi = w_hi + (hi,)
+        w_mid = w_mid + (mid,)
+        w_lo = w_lo + (lo,)
+    n_steps = tl.cdiv(n_tb - g, n_groups)
+    budget = SPIN
+    xcur = _grp_load(x_ptr, g, T, D, d, dm, N, BLOCK_T)
+    xprev = xcur
+    for j in range(0, n_steps + LAG):
+        tb = g + j * n_groups
+        xn = _grp_load(x_ptr, tb + n_groups, T, D, d, dm, N, BLOCK_T)  # in flight across this step
+        if j < n_steps:
+            t = tb.to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+            tm = t < T
+            ss = tl.zeros([BLOCK_T], dtype=tl.float32)
+            acc = tl.zeros([BLOCK_T, NMIX], dtype=tl.float32)
+            for i in tl.static_range(N):
+                xi = _late(xcur[i], LATE)
+                xf = xi.to(tl.float32)
+                ss += tl.sum(xf * xf, axis=1)
+                if PARTS > 0:
+                    acc = tl.dot(xi, w_hi[i], acc)
+                    acc = tl.dot(xi, w_mid[i], acc)
+                    if PARTS > 2:
+                        acc = tl.dot(xi, w_lo[i], acc)
+                else:
+                    acc = tl.dot(xf, w[i], acc, input_precision=PREC)
+            tl.atomic_add(acc_ptr + t[:, None] * (NMIX + 1) + mix_i[None, :], acc,
+                          mask=tm[:, None] & (mix_i[None, :] < n_mix), sem="relaxed")
+            tl.atomic_add(acc_ptr + t * (NMIX + 1) + NMIX, ss, mask=tm, sem="relaxed")
+            if FENCE:  # else the barrier and the one release atomic publish every thread's adds (cumulativity)
+                _fence_gpu(tm.to(tl.int32))
+            tl.debug_barrier()
+            tl.atomic_add(cnt_ptr + tb, 1, sem="release")
+        if j >= LAG:
+            tbc = tb - LAG * n_groups
+            budget = _grp_wait(cnt_ptr, err_ptr, tbc, budget, P)
+            if LAG == 0:
+                xc = xcur
+            else:
+                xc = xprev
+            _grp_collapse(x_ptr, xc, acc_ptr, base_ptr, scale_ptr, col_ptr, post_ptr, comb_ptr, tbc, m, T, D, d, dm,
+                          iters, eps, norm_eps, N, NMIX, BLOCK_T, HOLD)
+        xprev = xcur
+        xcur = xn
+
+
+#: the group kernel's timeout flag of its last launch (non-zero: a program gave up waiting; results are wrong)
+GROUP_ERR: list[torch.Tensor | None] = [None]
+
 _OCCUPANCY: dict[tuple, int] = {}
 
 
@@ -515,6 +678,8 @@ def _hc_post_kernel(o_ptr, x_ptr, post_ptr, comb_ptr, y_ptr, D, N: tl.constexpr,
 HC_PRE = {"variant": "split", "split": {"bt": 256, "bk": 64, "s": 8, "bt2": 16, "ds": 4, "bd": 128, "warps": 8,
                                         "warps2": 4, "rev": True},
           "lag": {"bt": 64, "bk": 64, "s": 16, "ds": 16, "bd": 64, "bt2": 16, "lag": 12, "warps": 4},
+          "group": {"bt": 32, "dw": 128, "parts": 2, "lag": 1, "hold": True, "fence": True, "late": True, "warps": 8,
+                    "per_sm": 1},
           "fused": {"bt": 64, "bd": 64, "warps": 8}, "persist": {"bt": 64, "bd": 64, "warps": 8, "per_sm": 2,
                                                                           "overlap": True}}
 
@@ -569,7 +734,8 @@ def hc_pre(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.T
         n_s = triton.cdiv(k, k_split)
         part = torch.empty(n_s, t, nmix + 1, dtype=torch.float32, device=x.device)
         _hc_logits_kernel[(triton.cdiv(t, bt), n_s)](xc, fnc, part, t, k, k_split, N=n, NMIX=nmix, BLOCK_T=bt,
-                                                     BLOCK_K=bk, SPLIT3=split3, PREC=prec, num_warps=p["warps"])
+                                                     BLOCK_K=bk, SPLIT3=split3, PREC=prec, PARTS=p.get("parts", 3),
+                                                     num_warps=p["warps"])
         bd = min(bd, max(16, next_pow2(d)))
         n_d = max(1, min(p["ds"], triton.cdiv(d, bd)))
         d_split = triton.cdiv(triton.cdiv(d, n_d), bd) * bd
@@ -596,6 +762,32 @@ def hc_pre(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.T
             xc, fnc, bc, sc, col, post, comb, scratch[:t * (nmix + 1)], scratch[t * (nmix + 1):].view(torch.int32),
             t, d, k_split, d_split, n_tb, lag, iters, eps, norm_eps, N=n, NMIX=nmix, BLOCK_T=bt, BLOCK_K=bk,
             BLOCK_D=bd, S=n_s, DS=n_d, SPLIT3=split3, PREC=prec, FENCE=not interp, BLOCK_T2=bt2, num_warps=p["warps"])
+    elif v == "group":
+        p = {**HC_PRE["group"], **tune}
+        bt = 16 if interp else p["bt"]
+        # under the interpreter (programs run one after another) a group is one program owning every column
+        dw = max(16, next_pow2(d)) if interp else min(p["dw"], max(16, next_pow2(d)))
+        n_p = triton.cdiv(d, dw)
+        n_tb = triton.cdiv(t, bt)
+        scratch = torch.zeros(t * (nmix + 1) + n_tb + 1, dtype=torch.float32, device=x.device)
+        acc = scratch[:t * (nmix + 1)]
+        sync = scratch[t * (nmix + 1):].view(torch.int32)
+        parts = (p["parts"] if split3 else 0)
+        gkw = dict(N=n, NMIX=nmix, BLOCK_T=bt, DW=dw, P=n_p, PARTS=parts, PREC=prec, LAG=int(p["lag"]),
+                   HOLD=bool(p["hold"]), FENCE=bool(p["fence"]) and not interp, LATE=bool(p["late"]) and not interp,
+                   num_warps=p["warps"])
+        gargs = (xc, fnc, bc, sc, col, post, comb, acc, sync[:n_tb], sync[n_tb:], t, d, n_tb, iters, eps, norm_eps,
+                 p.get("spin", 1 << 20))
+        if interp:
+            groups = min(n_tb, p.get("groups", 2))
+        else:
+            resident = min(_resident_programs(_hc_group_kernel, gargs, gkw, x.device),
+                           p["per_sm"] * torch.cuda.get_device_properties(x.device).multi_processor_count)
+            if n_p > resident:
+                raise ValueError(f"hc_pre: a group of {n_p} programs exceeds the {resident} resident ones; raise dw")
+            groups = min(n_tb, resident // n_p)
+        _hc_group_kernel[(groups * n_p,)](*gargs, **gkw)
+        GROUP_ERR[0] = sync[n_tb:]
     elif v == "fused":
         if interp:
             raise ValueError("hc_pre: the fused variant needs a GPU (its programs wait on each other)")
@@ -621,7 +813,7 @@ def hc_pre(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.T
         sync = scratch[t * (nmix + 1):].view(torch.int32)
         pre = torch.empty(t, n, dtype=torch.float32, device=x.device)
         kw = dict(N=n, NMIX=nmix, BLOCK_T=bt, BLOCK_D=bd, SPLIT3=split3, PREC=prec, OVERLAP=bool(p["overlap"]),
-                  num_warps=p["warps"])
+                   num_warps=p["warps"])
         args = (xc, fnc, bc, sc, col, post, comb, acc, sync, pre, t, d, n_s, n_items, 3, iters, eps, norm_eps)
         resident = _resident_programs(_hc_persist_kernel, args, kw, x.device)
         g = min(n_items, resident, p["per_sm"] * torch.cuda.get_device_properties(x.device).multi_processor_count)

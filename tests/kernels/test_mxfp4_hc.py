@@ -230,3 +230,23 @@ def test_expert_alignment_kernel_matches_the_torch_tiles(device):
         # each expert's run holds the same pairs (in any order: rows of a tile are independent)
         assert torch.equal(flat[order.long()], flat[o_ref.long()])
         assert torch.equal(order.sort().values, torch.arange(flat.numel(), device=device, dtype=torch.int32))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_hc_pre_group_one_pass_matches_the_reference(device):
+    """The grouped one-pass design: members own column slices, exchange partial logits through atomics and a
+    per-block count, collapse one step later (lag 1) or in the same step (lag 0), from registers or L2.
+    Under the interpreter a group is one program over every column (programs run one after another);
+    on a GPU d=200 gives a group of two with a partly masked second member. Partial token blocks both ways."""
+    for dtype, tol in ((torch.float32, (1e-5, 1e-5)), (torch.bfloat16, (1 / 64, 2**-7))):
+        inp = _hc_inputs(37, 4, 200, device, dtype)
+        ref = hc.hc_pre_ref(**inp)
+        for tune in ({"groups": 3}, {"groups": 1, "lag": 0}, {"groups": 2, "hold": False, "parts": 3}):
+            if device != "cpu":
+                tune = {k: v for k, v in tune.items() if k != "groups"} | {"bt": 16, "warps": 4}
+            col, post, comb = hc.hc_pre(**inp, variant="group", **tune)
+            if device != "cpu":
+                assert not hc.GROUP_ERR[0].item()  # no program gave up waiting
+            torch.testing.assert_close(col, ref[0], atol=tol[0], rtol=tol[1])
+            torch.testing.assert_close(post, ref[1], rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(comb, ref[2], rtol=1e-4, atol=1e-5)
