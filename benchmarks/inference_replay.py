@@ -326,7 +326,8 @@ _NOISE = re.compile(r"new inferred findings: (\d+) = [\d.]+ per 100 commits; jud
 _TOTAL = re.compile(r"Commits replayed: .*\(total (\d+)\)")
 
 
-def anchor_run(rev: str, repos_dir: Path, ordinary_n: int, with_init: bool, noise_repos: list[str] | None = None) -> Anchor:
+def anchor_run(rev: str, repos_dir: Path, ordinary_n: int, with_init: bool, noise_repos: list[str] | None = None,
+               commits: Path = COMMITS) -> Anchor:
     """Recall and noise of revision ``rev`` of this product: its tree (``git archive``, read-only for this
     checkout) runs its own replay script in a subprocess with a cache of its own, on this run's commit lists
     (the data files are copied in), so before and after are measured on the same commits."""
@@ -336,9 +337,9 @@ def anchor_run(rev: str, repos_dir: Path, ordinary_n: int, with_init: bool, nois
         tree.mkdir()
         archive = subprocess.run(["git", "archive", rev], cwd=ROOT, capture_output=True, check=True).stdout
         subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
-        for data in (COMMITS, JUDGED):
+        for data, name in ((commits, COMMITS.name), (JUDGED, JUDGED.name)):
             if data.is_file():
-                (tree / "benchmarks" / data.name).write_text(data.read_text())
+                (tree / "benchmarks" / name).write_text(data.read_text())
         result = Path(tmp) / "anchor.md"
         args = [sys.executable, str(tree / "benchmarks" / "inference_replay.py"), "--repos", str(repos_dir),
                 "--ordinary", str(ordinary_n), "--skip", "timings", "--out", str(result)]
@@ -446,13 +447,17 @@ def main() -> int:
     ap.add_argument("--out", help="write the markdown table here (default benchmarks/results/inference_replay_DATE.md)")
     ap.add_argument("--fix-repo", action="append", metavar="OWNER/NAME",
                     help="replay only the fixes of these repos (a quick look at new corpus entries)")
+    ap.add_argument("--commits", metavar="FILE", default=str(COMMITS),
+                    help="the fixes (and noise repos) to replay: default the corpus; e.g. a held-out set "
+                         "(benchmarks/inference_commits_heldout.toml)")
     ap.add_argument("--anchor-rev", metavar="REV",
                     help="also replay this product at an earlier git revision in this run and report before/after")
     args = ap.parse_args()
     if args.smoke:
         return smoke()
     started = dt.datetime.now(dt.UTC)
-    data = tomllib.loads(COMMITS.read_text())
+    commits = Path(args.commits)
+    data = tomllib.loads(commits.read_text())
     fixes = [f for f in data["fix"] if not args.fix_repo or f["repo"] in args.fix_repo]
     noise_names = args.noise_repo or data.get("noise_repos", []) + (data.get("more_noise_repos", []) if args.more else [])
     names = sorted({f["repo"] for f in fixes} | set(noise_names)) if "recall" not in args.skip else sorted(
@@ -475,7 +480,7 @@ def main() -> int:
     text, problems = report(repos, times, replays, forwards, verdicts, started)
     if args.anchor_rev and replays and forwards:
         anchor = anchor_run(args.anchor_rev, root, args.ordinary, with_init="init" not in args.skip,
-                            noise_repos=noise_names)
+                            noise_repos=noise_names, commits=commits)
         head, _, rest = text.partition("\n## ")
         text = head + "\n" + "\n".join(anchor_lines(anchor, replays, forwards, verdicts)) + "\n## " + rest
         problems += [anchor.error] if anchor.error else []

@@ -26,7 +26,7 @@ from checks.config import Config, Fact, Pillar, Rule
 from checks.infer.families import VERSION, BlobCache, source_files, tree_members
 from checks.infer.mine import build_families, counted_families, mine, mine_counts, named_constants, self_named
 from checks.infer.rules import count_rule, named_rule, self_named_rule, summary, to_config
-from checks.infer.sources import export_lists, export_rule, source_lists, source_rule
+from checks.infer.sources import export_lists, export_rule, sibling_imports, sibling_rule, source_lists, source_rule
 
 MIN_SUPPORT = 4
 
@@ -105,6 +105,7 @@ def infer(
     handed = named_constants(members, min_support)
     lists = source_lists(members, tree.paths(), min_support)
     exports = export_lists(members, min_support)
+    registrars = sibling_imports(members, tree.paths(), min_support)
     t2 = time.perf_counter()
     out = Inferred()
     for inv in invariants:
@@ -138,6 +139,9 @@ def infer(
     for ex in exports:
         _add(out, *export_rule(ex, pillars, severity), f"the names {ex.path} imports from its package",
              f"__all__ of {ex.path}")
+    for si in registrars:
+        _add(out, *sibling_rule(si, pillars, severity), f"the modules {si.path} imports from its directory",
+             f"the modules of {si.directory or '.'}/")
     if verify and out.rules:
         _keep_holding(out, tree, pillars)
     t3 = time.perf_counter()

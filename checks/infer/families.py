@@ -26,7 +26,7 @@ import tree_sitter as ts
 from checks import syntax
 from checks.facts import read_blobs
 
-VERSION = 22  # bump when a pattern changes: cached rows of an older pattern set are not reused
+VERSION = 23  # bump when a pattern changes: cached rows of an older pattern set are not reused
 MAX_BYTES = 1_000_000  # generated tables and vendored amalgamations say nothing about the code's intent (ggml.c is 0.6 MB, by hand)
 MAX_CACHED = 60_000  # blobs kept in a repo's on-disk member cache before it is pruned to one tree
 
@@ -155,6 +155,22 @@ KINDS: tuple[Kind, ...] = (
         ("python",),
         "(class_definition name: (identifier) @_ctx body: (block (function_definition name: (identifier) @key)){pred})",
         affixed=True,
+    ),
+    # An interface: the methods a base class declares abstract (``@abc.abstractmethod``), which every concrete
+    # subclass must define ...
+    Kind(
+        "py-abstract",
+        ("python",),
+        "(class_definition name: (identifier) @_ctx body: (block (decorated_definition (decorator) @_d "
+        'definition: (function_definition name: (identifier) @key))) (#match? @_d "abstractmethod$"){pred})',
+    ),
+    # ... and the methods a class with a base defines, decorated or not: only ever the bigger side, of an interface.
+    Kind(
+        "py-class-methods",
+        ("python",),
+        "(class_definition name: (identifier) @_ctx superclasses: (argument_list) body: (block "
+        "[(function_definition name: (identifier) @key) (decorated_definition definition: (function_definition "
+        "name: (identifier) @key))]){pred})",
     ),
     Kind(
         "py-functions",

@@ -26,11 +26,14 @@ NAME = re.compile(r"^[A-Za-z_][\w.:]*$")
 AFFIXES = r"(?i:^(?:register_|task_|op_))|(?i:(?:_task|_op|_kernel|_impl|_fn)$)"
 CUT = r"[\s(<].*$"
 # Families that use names rather than declare them: a relation needs a declaring side (enum, table, registry).
-_USES = {"case", "py-functions", "py-methods"}
+_USES = {"case", "py-functions", "py-methods", "py-class-methods"}
 _SIBLINGS = {k.name for k in KINDS if k.siblings}
 # Families that are only ever the bigger side of a relation: every task's header included (``#include "linear.cuh"``)
 # is a belief; a header included for a helper is none, so they never join a class and are never the smaller side.
-_SUPERSET_ONLY = {"c-include"}  # prefix groups of one file that may relate to each other
+# A class's methods are the bigger side of an interface only (a base's abstract methods): a class adding a helper is no
+# drift, and two classes with the same methods agree by history, not by design.
+_SUPERSET_ONLY = {"c-include", "py-class-methods"}
+_INTERFACE = {"py-class-methods"}  # supersets of abstract-method families (``py-abstract``) only
 _ORDERED = {"enum", "array", "list", "py-enum"}  # (a Cython enum mirrors its C++ enum by name: no order fact)  # declarations whose order can carry meaning (indexed tables)
 _INDEXES = {"enum", "py-enum"}  # ... the side whose positions are the indices
 _TABLES = {"array", "list"}  # ... the side indexed by them
@@ -78,6 +81,7 @@ class Family:
             "enum": "enum", "case": "case labels in", "array": "array", "c-register": "registrations via",
             "py-enum": "enum class", "pyx-enum": "Cython enum", "c-include": "headers included by", "dict": "dict keys of", "list": "list", "compare": "names compared with",
             "py-register": "registrations via", "c-map": "map entries of", "c-compare": "names compared with", "py-methods": "methods of class",
+            "py-abstract": "abstract methods of class", "py-class-methods": "methods of class",
             "py-functions": "functions", "dict-values": "dict values of", "host-name": "kernels named",
         }.get(self.kind, self.kind)  # a kind added in families.py alone still reads
         if self.kind == "c-include":
@@ -289,6 +293,7 @@ def mine(families: list[Family], min_support: int, min_ratio: float = 0.5, max_r
     for i in range(len(families)):
         classes[class_of[i]].append(i)
     out: list[Invariant] = []
+    kept: set[str] = set()
     for cid, idx in classes.items():
         core = [families[i] for i in sorted(idx, key=lambda i: (-len(families[i].names), families[i].id))]
         if any(f.kind in _SUPERSET_ONLY for f in core):
@@ -299,11 +304,14 @@ def mine(families: list[Family], min_support: int, min_ratio: float = 0.5, max_r
         sup = {class_of[b] for b in rel.above(rep, class_of) if class_of[b] != cid}
         if all(f.kind in ("case", "array") for f in core):  # the compiler already keeps labels inside their enum
             sup = {c for c in sup if not any(families[i].kind == "enum" for i in classes[c])}
+        if not all(f.kind == "py-abstract" for f in core):  # a class's methods hold an interface, not any list
+            sup = {c for c in sup if not all(families[i].kind in _INTERFACE for i in classes[c])}
         minimal = {c for c in sup if not any(o != c and rel.inside(classes[o], classes[c]) for o in sup)}
         supersets = [max((families[i] for i in classes[c]), key=lambda f: (len(f.names), f.id)) for c in sorted(minimal)]
-        keep = _kept(core, supersets)
+        keep = _kept(core, supersets, min_support)
         if keep is not None:
             out.append(keep)
+            kept.add(keep.core[0].id)
         switches_only = not declares and not any(f.kind not in _USES for f in supersets)
         if switches_only and any(f.kind != "case" for f in core + supersets):
             continue  # helper functions named alike in two modules is chance, not a registry
@@ -349,36 +357,86 @@ def mine(families: list[Family], min_support: int, min_ratio: float = 0.5, max_r
         tables = [f for f in core if f.kind == "dict" and len(f.values) == len(f.names)]
         if len(tables) >= 2 and all(_same_values(tables[0], t) for t in tables[1:]):
             out.append(Invariant("table-equal", tables[:2]))
+    out += [inv for inv in copies(families, min_support) if inv.core[0].id not in kept]
     out.sort(key=lambda inv: (-inv.support, -inv.files, inv.core[0].id))
     return out[:max_rules]
 
 
-KEEP_EXTRAS = 2  # a switch inside a list with at most this many more names keeps the names it shares with it
+KEEP_EXTRAS = 2  # a switch or table inside a list with at most this many more names keeps the names it shares with it
+_TABLES_KEPT = {"list", "dict", "array", "enum", "py-enum", "pyx-enum"}  # declared tables a keep rule may hold
+_ENUMS = {"enum", "py-enum", "pyx-enum"}
 
 
-def _kept(core: list[Family], supersets: list[Family]) -> Invariant | None:
-    """A dispatch switch inside a list that has only a name or two more: it keeps every name it shares with it.
+def _mirror(small: Family, big: Family) -> bool:
+    """``small`` copies ``big`` in another file: the same table by name (``allowed_archs`` in two files), or an enum
+    mirrored in another language (a Python ``IntEnum`` of the C++ ``enum llm_arch``)."""
+    if set(small.paths) & set(big.paths):
+        return False
+    if small.kind == big.kind and small.ctx == big.ctx and small.kind in _TABLES_KEPT:
+        return True
+    return small.kind in _ENUMS and big.kind in _ENUMS and small.lang != big.lang
 
-    Containment alone says nothing when the switch loses a name (a backend's type switch dropping ``Q5_0``
-    that its sibling still handles): the smaller side may always shrink. When the two differ by at most
-    ``KEEP_EXTRAS`` names (recorded: the list may hold them alone), the switch is the list less those extras,
-    and a name the list still holds that the switch dropped deviates. Switches only (a ``case`` chain is
-    what dispatch looks like), at least ``CASE_CLASS_MIN`` names, and feature predicates need twice as many.
+
+def _kept(core: list[Family], supersets: list[Family], min_support: int = 4) -> Invariant | None:
+    """A switch or table inside a list with only a name or two more, or inside the table it copies: it keeps every
+    name it shares with it.
+
+    Containment alone says nothing when the smaller side loses a name (a backend's type switch dropping ``Q5_0``
+    that its sibling still handles; a supported-models list losing two names to a missing comma): the smaller side
+    may always shrink. When the two differ by at most ``KEEP_EXTRAS`` names (recorded: the list may hold them
+    alone), the smaller is the list less those extras, and a name the list still holds that it dropped deviates.
+    Switches (a ``case`` chain is what dispatch looks like) and declared tables of one kind, at least
+    ``CASE_CLASS_MIN`` names; feature predicates need twice as many. A copy (``_mirror``) keeps its names whatever
+    the other holds besides, from ``min_support`` names.
     """
-    if not supersets or not all(f.kind == "case" for f in core) or len(core[0].names) < CASE_CLASS_MIN:
+    if not supersets or len({f.kind for f in core}) != 1:
         return None
-    if all(_predicate(f) for f in core) and len(core[0].names) < PREDICATE_CLASS_MIN:
+    kind = core[0].kind
+    if kind not in _TABLES_KEPT | {"case"}:
+        return None
+    if kind == "case" and all(_predicate(f) for f in core) and len(core[0].names) < PREDICATE_CLASS_MIN:
         return None
     names = set(core[0].names)
-    closest = min(supersets, key=lambda f: (len(set(f.names) - names), f.id))
+    mirrors = [f for f in supersets if len(core) == 1 and _mirror(core[0], f)]
+    pool = mirrors or supersets
+    closest = min(pool, key=lambda f: (len(set(f.names) - names), f.id))
     extras = set(closest.names) - names
     if not KIND_BY_NAME[closest.kind].pattern:
         return None  # a list read by a regex (Cython enum, includes): no query to restrict to the shared names
-    if not extras or len(extras) > KEEP_EXTRAS or any(f.repo_wide for f in core + [closest]):
+    if kind == "case" and closest.kind in _ENUMS:
+        return None  # the compiler keeps labels inside their enum; a switch handles the part of it it needs
+    if not extras or any(f.repo_wide for f in core + [closest]):
+        return None
+    if not mirrors and (len(extras) > KEEP_EXTRAS or len(names) < CASE_CLASS_MIN):
+        return None
+    if len(names) < min_support:
         return None
     if any(not set(f.paths).isdisjoint(closest.paths) for f in core):
         return None  # sibling tables of one file (per-arch tuning) drop entries on purpose; backends in two files do not
     return Invariant("keep", list(core), [closest], exceptions={closest.id: sorted(extras)})
+
+
+def copies(families: list[Family], min_support: int) -> list[Invariant]:
+    """Keep rules for copies too small beside their original for containment's size ratio: a table of one name in
+    two files (a validation list copied with its function), the smaller inside the bigger."""
+    by: dict[tuple[str, str], list[Family]] = defaultdict(list)
+    for f in families:
+        if f.kind in _TABLES_KEPT and not f.repo_wide and len(f.paths) == 1:
+            by[(f.kind, f.ctx)].append(f)
+    out: list[Invariant] = []
+    for group in by.values():
+        if len(group) < 2:
+            continue
+        for small in group:
+            real = {n for n in small.names if not _sentinel(small, n)}
+            if len(real) < min_support:
+                continue
+            bigger = [b for b in group if b is not small and real <= set(b.names) and len(b.names) > len(small.names)
+                      and 2 * len(small.names) < len(b.names)]  # within the ratio, mine() has the pair already
+            inv = _kept([small], bigger, min_support) if bigger else None
+            if inv is not None:
+                out.append(inv)
+    return out
 
 
 def self_named(families: list[Family], min_support: int) -> list[Family]:
@@ -489,6 +547,8 @@ class Containment(Relation):
             self.members[g].append(i)
             self.group_of.append(g)
         names = [frozenset(families[m[0]].names) for m in self.members]
+        # A class's methods may hold far more than the interface it implements: no size ratio for them.
+        interface = [all(families[i].kind in _INTERFACE for i in m) for m in self.members]
         index: dict[str, list[int]] = defaultdict(list)
         for g, ns in enumerate(names):
             for n in ns:
@@ -501,7 +561,8 @@ class Containment(Relation):
                 rarest = min(real, key=lambda n: len(index[n]))
                 size = len(names[g])
                 for h in index[rarest]:
-                    if size < min_ratio * len(names[h]) or not real <= names[h] or len(names[g] - names[h]) > 4:
+                    if (size < min_ratio * len(names[h]) and not interface[h]) or not real <= names[h] or len(
+                            names[g] - names[h]) > 4:
                         continue
                     found.append(h)
             self.up.append(found)
@@ -558,7 +619,8 @@ class Containment(Relation):
                         seen.add(class_of[b])
                         yield b
                 continue
-            yield from (b for b in members if self._apart(a, b))
+            yield from (b for b in members if self._apart(a, b) or (
+                self.families[b].kind in _SUPERSET_ONLY and self.paths[a].isdisjoint(self.paths[b])))
 
     def inside(self, small: list[int], big: list[int]) -> bool:
         by_group: dict[int, list[int]] = defaultdict(list)

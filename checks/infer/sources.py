@@ -11,6 +11,10 @@ Mined apart from the name families (checks/infer/mine.py): their partner is no f
 - **Exports.** A package's ``__init__.py`` whose ``__all__`` holds exactly the names it imports from its own
   package (relative imports, or imports from a package its path names), at least ``min_support``: adding one
   and not the other (a class exported and never imported, an import never exported) deviates.
+- **Registration by import.** A module that imports every other module of its directory (``from .llama import
+  LlamaModel`` for each model file beside it, at least ``min_support`` of them) is where they register: a module
+  added to the directory and not imported there never registers, and deviates. Private (``_x.py``) and test
+  modules are left out; the importer may import more (a subpackage, a module elsewhere).
 """
 
 from __future__ import annotations
@@ -167,4 +171,85 @@ def _esc(s: str) -> str:
     return s.replace("\\", "\\\\").replace('"', '\\"')
 
 
-__all__ = ["SourceList", "Exports", "source_lists", "source_rule", "export_lists", "export_rule"]
+# --------------------------------------------------------------------------- registration by import
+
+
+@dataclass
+class SiblingImports:
+    path: str  # the importing module
+    directory: str
+    modules: dict[str, int] = field(default_factory=dict)  # sibling module → line of its import
+
+
+def _siblings_of(path: str, paths_by_dir: dict[str, list[str]]) -> list[str]:
+    directory, _, name = path.rpartition("/")
+    out = []
+    for p in paths_by_dir.get(directory, []):
+        base = p.rsplit("/", 1)[-1]
+        if base == name or base.startswith("_") or base.startswith("test_") or base.endswith("_test.py"):
+            continue
+        out.append(base[:-3])
+    return out
+
+
+def sibling_imports(files: list[FileMembers], paths: list[str], min_support: int) -> list[SiblingImports]:
+    """Modules that import every other (public, non-test) module of their directory by a relative import."""
+    by_dir: dict[str, list[str]] = {}
+    for p in paths:
+        if p.endswith(".py"):
+            by_dir.setdefault(p.rpartition("/")[0], []).append(p)
+    out = []
+    for fm in files:
+        if fm.lang != "python":
+            continue
+        imported: dict[str, int] = {}
+        for kind, ctx, raw, line, _ in fm.members:
+            if kind != "py-imports":
+                continue
+            if ctx == ".":
+                imported.setdefault(raw.split(".")[0], line)
+            elif _RELATIVE.match(ctx):
+                imported.setdefault(ctx[1:], line)
+        if len(imported) < min_support:
+            continue
+        siblings = _siblings_of(fm.path, by_dir)
+        if len(siblings) >= min_support and all(s in imported for s in siblings):
+            out.append(SiblingImports(fm.path, fm.path.rpartition("/")[0], {s: imported[s] for s in siblings}))
+    return out
+
+
+_RELATIVE = re.compile(r"^[.][A-Za-z_]\w*$")
+_IMPORTS_QUERY = ('(import_from_statement module_name: (relative_import) @key (#match? @key "^[.][A-Za-z_][A-Za-z0-9_]*$"))\n'
+                  '(import_from_statement module_name: (relative_import) @_m name: [(dotted_name) @key '
+                  '(aliased_import name: (dotted_name) @key)] (#eq? @_m "."))')
+
+
+def sibling_rule(si: SiblingImports, pillars: list[Pillar], severity: str = "warning") -> tuple[list[Fact], Rule, str]:
+    """Facts and a same-set rule: every public module of the directory is imported by ``si.path``."""
+    imports = Fact(id=f"py-modules@{si.path}", lang="python", files=[si.path], query=_IMPORTS_QUERY,
+                   options={"sub": {"key": [r"^[.]|[.].*$", ""]}})
+    d = si.directory
+    name = si.path.rsplit("/", 1)[-1]
+    globs = [f"{d}/*.py" if d else "*.py"] + [f"!{d + '/' if d else ''}{g}" for g in
+                                              (name, "__init__.py", "_*.py", "test_*.py", "*_test.py")]
+    modules = Fact(id=f"modules:{d or '.'}/*.py", lang="path", files=globs, options={"key": "{stem}"})
+    n = len(si.modules)
+    where = f"{d}/" if d else "the top directory"
+    examples = [f"e.g. {m} ({si.path}:{line}) = {d + '/' if d else ''}{m}.py" for m, line in list(si.modules.items())[:3]]
+    rule = Rule(
+        id=f"inferred-imports-{_slug(si.path)}-{_digest(imports.id, modules.id)}",
+        kind="same-set",
+        facts=[imports.id, modules.id],
+        pillar=pillar_of(si.path, pillars),
+        severity=severity,
+        message=f"inferred at base (support {n}): {si.path} imports every module of {where}",
+        options={"extra_ok": [imports.id]},
+        source="inferred",
+        evidence=[f"support {n}: {si.path} imports each of the {n} other modules of {where} (where they register)",
+                  *examples],
+    )
+    return [imports, modules], rule, f"{rule.id}: {si.path} imports every module of {where} ({n} modules)"
+
+
+__all__ = ["SourceList", "Exports", "SiblingImports", "source_lists", "source_rule", "export_lists", "export_rule",
+           "sibling_imports", "sibling_rule"]
