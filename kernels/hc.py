@@ -624,6 +624,72 @@ def _hc_group_kernel(x_ptr, fn_ptr, base_ptr, scale_ptr, col_ptr, post_ptr, comb
         xcur = xn
 
 
+@triton.jit(do_not_specialize=["T", "n_tb", "SPIN"])
+def _hc_groupw_kernel(x_ptr, fn_ptr, base_ptr, scale_ptr, col_ptr, post_ptr, comb_ptr, acc_ptr, cnt_ptr, err_ptr,
+                      T, D, n_tb, iters, eps, norm_eps, SPIN, N: tl.constexpr, NMIX: tl.constexpr,
+                      BLOCK_T: tl.constexpr, DW: tl.constexpr, P: tl.constexpr, STAGES: tl.constexpr,
+                      F32DOT: tl.constexpr = False):
+    """The grouped one-pass design with the slab transposed, ``xᵀ[N·DW, BT]``, as the MMA's B operand and
+    fn's hi and lo bf16 parts stacked as one ``[2·NMIX, N·DW]`` A operand (one MMA of M = 2·NMIX per step,
+    fn read from shared memory), the slab loads left to the software pipeliner (``STAGES``: slabs in flight
+    in shared memory), and the collapse in the same step (the count is waited for right after counting in,
+    with the next slabs already in flight). ``F32DOT``: the same products in an fp32 dot (the interpreter,
+    whose bf16 dot is wrong)."""
+    pid = tl.program_id(0)
+    n_groups = tl.num_programs(0) // P
+    g = pid // P
+    m = pid % P
+    K = N * D
+    n_mix = (2 + N) * N
+    r = tl.arange(0, N * DW)  # slab row: stream r // DW, column m·DW + r % DW
+    dcol = m * DW + r % DW
+    km = dcol < D
+    kk = (r // DW) * D + dcol
+    mr = tl.arange(0, 2 * NMIX)
+    mrow = mr % NMIX
+    w = tl.load(fn_ptr + mrow[:, None] * K + kk[None, :], mask=(mrow[:, None] < n_mix) & km[None, :], other=0.0)
+    hi = w.to(tl.bfloat16)
+    lo = (w - hi.to(tl.float32)).to(tl.bfloat16)
+    wa = tl.where(mr[:, None] < NMIX, hi, lo)  # [2·NMIX, N·DW]: hi rows then lo rows
+    mix_i = tl.arange(0, NMIX)
+    jn = tl.arange(0, N)
+    nn = tl.arange(0, N * N)
+    tt = tl.arange(0, BLOCK_T)
+    dloc = tl.arange(0, DW)
+    n_steps = tl.cdiv(n_tb - g, n_groups)
+    budget = SPIN
+    for j in tl.range(0, n_steps, num_stages=STAGES):
+        tb = g + j * n_groups
+        t = tb.to(tl.int64) * BLOCK_T + tt
+        tm = t < T
+        xt = tl.load(x_ptr + t[None, :] * K + kk[:, None], mask=km[:, None] & tm[None, :], other=0.0)  # [N·DW, BT]
+        if F32DOT:
+            a2 = tl.dot(wa.to(tl.float32), xt.to(tl.float32), input_precision="ieee")
+        else:
+            a2 = tl.dot(wa, xt)  # [2·NMIX, BT]
+        lt = tl.sum(tl.reshape(a2, [2, NMIX, BLOCK_T]), axis=0)  # hi + lo products: [NMIX, BT]
+        ss = tl.sum(xt.to(tl.float32) * xt.to(tl.float32), axis=0)
+        tl.atomic_add(acc_ptr + t[None, :] * (NMIX + 1) + mix_i[:, None], lt,
+                      mask=tm[None, :] & (mix_i[:, None] < n_mix), sem="relaxed")
+        tl.atomic_add(acc_ptr + t * (NMIX + 1) + NMIX, ss, mask=tm, sem="relaxed")
+        tl.debug_barrier()
+        tl.atomic_add(cnt_ptr + tb, 1, sem="release")
+        budget = _grp_wait(cnt_ptr, err_ptr, tb, budget, P)
+        tot = tl.load(acc_ptr + t[:, None] * (NMIX + 1) + mix_i[None, :], mask=tm[:, None], other=0.0,
+                      cache_modifier=".cg")
+        tss = tl.load(acc_ptr + t * (NMIX + 1) + NMIX, mask=tm, other=0.0, cache_modifier=".cg")
+        pre, post, comb = _hc_weights(tot, tss, base_ptr, scale_ptr, K, iters, eps, norm_eps, N, NMIX, BLOCK_T)
+        if m == 0:
+            tl.store(post_ptr + t[:, None] * N + jn[None, :], post, mask=tm[:, None])
+            tl.store(comb_ptr + t[:, None] * (N * N) + nn[None, :], tl.reshape(comb, [BLOCK_T, N * N]),
+                     mask=tm[:, None])
+        x3 = tl.reshape(xt, [N, DW, BLOCK_T]).to(tl.float32)
+        cv = tl.sum(x3 * tl.trans(pre)[:, None, :], axis=0)  # [DW, BT]
+        d = m * DW + dloc
+        tl.store(col_ptr + t[None, :] * D + d[:, None], cv.to(col_ptr.dtype.element_ty),
+                 mask=(d < D)[:, None] & tm[None, :])
+
+
 #: the group kernel's timeout flag of its last launch (non-zero: a program gave up waiting; results are wrong)
 GROUP_ERR: list[torch.Tensor | None] = [None]
 
@@ -680,6 +746,7 @@ HC_PRE = {"variant": "split", "split": {"bt": 256, "bk": 64, "s": 8, "bt2": 16, 
           "lag": {"bt": 64, "bk": 64, "s": 16, "ds": 16, "bd": 64, "bt2": 16, "lag": 12, "warps": 4},
           "group": {"bt": 32, "dw": 128, "parts": 2, "lag": 1, "hold": True, "fence": True, "late": True, "warps": 8,
                     "per_sm": 1},
+          "groupw": {"bt": 32, "dw": 128, "stages": 1, "warps": 4, "per_sm": 1},
           "fused": {"bt": 64, "bd": 64, "warps": 8}, "persist": {"bt": 64, "bd": 64, "warps": 8, "per_sm": 2,
                                                                           "overlap": True}}
 
@@ -787,6 +854,26 @@ def hc_pre(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.T
                 raise ValueError(f"hc_pre: a group of {n_p} programs exceeds the {resident} resident ones; raise dw")
             groups = min(n_tb, resident // n_p)
         _hc_group_kernel[(groups * n_p,)](*gargs, **gkw)
+        GROUP_ERR[0] = sync[n_tb:]
+    elif v == "groupw":
+        if not interp and x.dtype != torch.bfloat16:
+            raise ValueError("hc_pre: the groupw variant takes bf16 streams (its MMA operands are bf16)")
+        p = {**HC_PRE["groupw"], **tune}
+        bt, dw = p["bt"], min(p["dw"], max(16, next_pow2(d)))
+        if interp:  # one program per group: programs run one after another
+            bt, dw = 16, max(16, next_pow2(d))
+        n_p, n_tb = triton.cdiv(d, dw), triton.cdiv(t, bt)
+        scratch = torch.zeros(t * (nmix + 1) + n_tb + 1, dtype=torch.float32, device=x.device)
+        sync = scratch[t * (nmix + 1):].view(torch.int32)
+        wkw = dict(N=n, NMIX=nmix, BLOCK_T=bt, DW=dw, P=n_p, STAGES=p["stages"], F32DOT=interp, num_warps=p["warps"])
+        wargs = (xc, fnc, bc, sc, col, post, comb, scratch[:t * (nmix + 1)], sync[:n_tb], sync[n_tb:], t, d, n_tb,
+                 iters, eps, norm_eps, p.get("spin", 1 << 20))
+        resident = p.get("groups", 2) if interp else min(
+            _resident_programs(_hc_groupw_kernel, wargs, wkw, x.device),
+            p["per_sm"] * torch.cuda.get_device_properties(x.device).multi_processor_count)
+        if n_p > resident:
+            raise ValueError(f"hc_pre: a group of {n_p} programs exceeds the {resident} resident ones; raise dw")
+        _hc_groupw_kernel[(min(n_tb, resident // n_p) * n_p,)](*wargs, **wkw)
         GROUP_ERR[0] = sync[n_tb:]
     elif v == "fused":
         if interp:
