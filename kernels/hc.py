@@ -628,7 +628,7 @@ def _hc_group_kernel(x_ptr, fn_ptr, base_ptr, scale_ptr, col_ptr, post_ptr, comb
 def _hc_groupw_kernel(x_ptr, fn_ptr, base_ptr, scale_ptr, col_ptr, post_ptr, comb_ptr, acc_ptr, cnt_ptr, err_ptr,
                       T, D, n_tb, iters, eps, norm_eps, SPIN, N: tl.constexpr, NMIX: tl.constexpr,
                       BLOCK_T: tl.constexpr, DW: tl.constexpr, P: tl.constexpr, STAGES: tl.constexpr,
-                      F32DOT: tl.constexpr = False):
+                      PF: tl.constexpr, F32DOT: tl.constexpr = False):
     """The grouped one-pass design with the slab transposed, ``xᵀ[N·DW, BT]``, as the MMA's B operand and
     fn's hi and lo bf16 parts stacked as one ``[2·NMIX, N·DW]`` A operand (one MMA of M = 2·NMIX per step,
     fn read from shared memory), the slab loads left to the software pipeliner (``STAGES``: slabs in flight
@@ -645,24 +645,29 @@ def _hc_groupw_kernel(x_ptr, fn_ptr, base_ptr, scale_ptr, col_ptr, post_ptr, com
     dcol = m * DW + r % DW
     km = dcol < D
     kk = (r // DW) * D + dcol
-    mr = tl.arange(0, 2 * NMIX)
-    mrow = mr % NMIX
-    w = tl.load(fn_ptr + mrow[:, None] * K + kk[None, :], mask=(mrow[:, None] < n_mix) & km[None, :], other=0.0)
+    mix_i = tl.arange(0, NMIX)
+    w = tl.load(fn_ptr + mix_i[:, None] * K + kk[None, :], mask=(mix_i[:, None] < n_mix) & km[None, :], other=0.0)
     hi = w.to(tl.bfloat16)
     lo = (w - hi.to(tl.float32)).to(tl.bfloat16)
-    wa = tl.where(mr[:, None] < NMIX, hi, lo)  # [2·NMIX, N·DW]: hi rows then lo rows
-    mix_i = tl.arange(0, NMIX)
+    wa = tl.reshape(tl.permute(tl.join(hi, lo), (2, 0, 1)), [2 * NMIX, N * DW])  # hi rows, then lo rows
     jn = tl.arange(0, N)
     nn = tl.arange(0, N * N)
     tt = tl.arange(0, BLOCK_T)
     dloc = tl.arange(0, DW)
     n_steps = tl.cdiv(n_tb - g, n_groups)
     budget = SPIN
+    t = g.to(tl.int64) * BLOCK_T + tt
+    xnext = tl.load(x_ptr + t[None, :] * K + kk[:, None], mask=km[:, None] & (t < T)[None, :], other=0.0)
     for j in tl.range(0, n_steps, num_stages=STAGES):
         tb = g + j * n_groups
         t = tb.to(tl.int64) * BLOCK_T + tt
         tm = t < T
-        xt = tl.load(x_ptr + t[None, :] * K + kk[:, None], mask=km[:, None] & tm[None, :], other=0.0)  # [N·DW, BT]
+        if PF:  # this block's slab came in during the last step; the next one's is in flight across this one
+            xt = _late(xnext, not F32DOT)
+            tn = t + n_groups * BLOCK_T
+            xnext = tl.load(x_ptr + tn[None, :] * K + kk[:, None], mask=km[:, None] & (tn < T)[None, :], other=0.0)
+        else:
+            xt = tl.load(x_ptr + t[None, :] * K + kk[:, None], mask=km[:, None] & tm[None, :], other=0.0)
         if F32DOT:
             a2 = tl.dot(wa.to(tl.float32), xt.to(tl.float32), input_precision="ieee")
         else:
@@ -746,7 +751,7 @@ HC_PRE = {"variant": "split", "split": {"bt": 256, "bk": 64, "s": 8, "bt2": 16, 
           "lag": {"bt": 64, "bk": 64, "s": 16, "ds": 16, "bd": 64, "bt2": 16, "lag": 12, "warps": 4},
           "group": {"bt": 32, "dw": 128, "parts": 2, "lag": 1, "hold": True, "fence": True, "late": True, "warps": 8,
                     "per_sm": 1},
-          "groupw": {"bt": 32, "dw": 128, "stages": 1, "warps": 4, "per_sm": 1},
+          "groupw": {"bt": 32, "dw": 128, "stages": 1, "pf": True, "warps": 8, "per_sm": 1},
           "fused": {"bt": 64, "bd": 64, "warps": 8}, "persist": {"bt": 64, "bd": 64, "warps": 8, "per_sm": 2,
                                                                           "overlap": True}}
 
@@ -865,7 +870,8 @@ def hc_pre(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.T
         n_p, n_tb = triton.cdiv(d, dw), triton.cdiv(t, bt)
         scratch = torch.zeros(t * (nmix + 1) + n_tb + 1, dtype=torch.float32, device=x.device)
         sync = scratch[t * (nmix + 1):].view(torch.int32)
-        wkw = dict(N=n, NMIX=nmix, BLOCK_T=bt, DW=dw, P=n_p, STAGES=p["stages"], F32DOT=interp, num_warps=p["warps"])
+        wkw = dict(N=n, NMIX=nmix, BLOCK_T=bt, DW=dw, P=n_p, STAGES=p["stages"], PF=bool(p["pf"]), F32DOT=interp,
+                   num_warps=p["warps"])
         wargs = (xc, fnc, bc, sc, col, post, comb, scratch[:t * (nmix + 1)], sync[:n_tb], sync[n_tb:], t, d, n_tb,
                  iters, eps, norm_eps, p.get("spin", 1 << 20))
         resident = p.get("groups", 2) if interp else min(
