@@ -12,6 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels import kv584
 from kernels.arch import capability, fp8_hw_cast, interpreting
 from kernels.harness import Case, Check, ParitySpec
 from kernels.kv584 import (
@@ -422,9 +423,10 @@ def _pool_rows(g, x, m, lsum, acc, FAST: tl.constexpr):
 
 
 @triton.jit
-def _compress_stream_kernel(kv_ptr, gate_ptr, w_ptr, cos_ptr, sin_ptr, slot_ptr, pool32_ptr, pool64_ptr, L, eps,
-                            UNROLL: tl.constexpr, HW_CAST: tl.constexpr, EXACT: tl.constexpr, EVICT: tl.constexpr,
-                            FAST: tl.constexpr = False, NT: tl.constexpr = N_TILES):
+def _compress_stream_kernel(kv_ptr, gate_ptr, w_ptr, cos_ptr, sin_ptr, slot_ptr, pool8_ptr, pool32_ptr, pool64_ptr,
+                            L, eps, UNROLL: tl.constexpr, HW_CAST: tl.constexpr, EXACT: tl.constexpr,
+                            EVICT: tl.constexpr, FAST: tl.constexpr = False, ASM: tl.constexpr = False,
+                            NT: tl.constexpr = N_TILES):
     """One entry per program, its window streamed ``UNROLL`` rows per step (the rows of a step side by side in
     each thread: all their loads go out first, then one max and one rescale per step; the rows past the last
     whole step one at a time), every tensor ``[tile 8, 64]`` over the 512 channels (tile 7 = rope) at int32
@@ -458,7 +460,7 @@ def _compress_stream_kernel(kv_ptr, gate_ptr, w_ptr, cos_ptr, sin_ptr, slot_ptr,
     ye, yo = tl.split(tl.reshape(y, [8, 32, 2]))
     rope = tl.reshape(tl.join(ye * cs - yo * sn, ye * sn + yo * cs), [8, 64])
     slot = tl.load(slot_ptr + e + tl.arange(0, 1))  # [1]
-    store_tiles(tl.where(is_rope, rope, y), slot, pool32_ptr, pool64_ptr, HW_CAST, EXACT, EVICT)
+    store_tiles(tl.where(is_rope, rope, y), slot, pool8_ptr, pool32_ptr, pool64_ptr, HW_CAST, EXACT, EVICT, ASM)
 
 
 COMPRESS_IMPL = "unrolled"  # the default kernel of compress_store (H200: best of the row/words/pipe/tile/unrolled kernels)
@@ -530,9 +532,9 @@ def compress_store(kv, gate, norm_weight, eps, cos, sin, pool, slots, *, impl: s
                                                       EVICT=evict, PREFETCH=bool(stages) and chunk < length,
                                                       FAST=fast, num_warps=num_warps or TILE_WARPS)
     elif words is not None and impl == "stream":
-        _compress_stream_kernel[(n,)](*args, flat.view(torch.int32), words, length, float(eps),
+        _compress_stream_kernel[(n,)](*args, flat, flat.view(torch.int32), words, length, float(eps),
                                       UNROLL=1 << (min(block_l or STREAM_UNROLL, 8, length).bit_length() - 1), HW_CAST=hw, EXACT=exact, EVICT=evict,
-                                      FAST=fast, num_warps=num_warps or STREAM_WARPS)
+                                      FAST=fast, ASM=hw and kv584.PACK_ASM, num_warps=num_warps or STREAM_WARPS)
     elif words is not None and impl == "unrolled":
         ent = entries or COMPRESS_ENTRIES
         _compress_unrolled_kernel[(triton.cdiv(n, ent),)](*args, words, n, length, float(eps), ENTRIES=ent,

@@ -245,36 +245,77 @@ def store_quads(y, slot, pool8_ptr, pool32_ptr, pool64_ptr, HW_CAST: tl.constexp
 
 
 @triton.jit
-def store_tiles(y, slot, pool32_ptr, pool64_ptr, HW_CAST: tl.constexpr, EXACT: tl.constexpr, EVICT: tl.constexpr,
-                NT: tl.constexpr = N_TILES, WORDS: tl.constexpr = TOKEN_BYTES // 8):
+def _quarters(y):
+    """``y[M, 4K]`` → its 4 columns of every group of 4 adjacent channels, ``[M, K]`` each (in-thread splits)."""
+    a, b = tl.split(tl.reshape(y, [y.shape[0], y.shape[1] // 4, 2, 2]))  # a: channels 4k, 4k+2; b: 4k+1, 4k+3
+    c0, c2 = tl.split(a)
+    c1, c3 = tl.split(b)
+    return c0, c1, c2, c3
+
+
+@triton.jit
+def e4m3_words(y, ASM: tl.constexpr):
+    """``y[M, 4K]`` fp32 (``|y| <= 448`` or saturated) → ``[M, K]`` int32: the e4m3 bytes of each 4 adjacent
+    channels, little-endian. ``ASM`` (sm89+): two ``cvt.rn.satfinite.e4m3x2.f32`` and a move per word; else the
+    byte arithmetic (exact for the interpreter and older parts)."""
+    if ASM:
+        c0, c1, c2, c3 = _quarters(y)
+        return tl.inline_asm_elementwise(
+            "{ .reg .b16 lo, hi; cvt.rn.satfinite.e4m3x2.f32 lo, $2, $1; cvt.rn.satfinite.e4m3x2.f32 hi, $4, $3; "
+            "mov.b32 $0, {lo, hi}; }", "=r,f,f,f,f", [c0, c1, c2, c3], dtype=tl.int32, is_pure=True, pack=1)
+    else:
+        code = e4m3_bits(tl.minimum(tl.maximum(y, -448.0), 448.0))
+        sh = (tl.arange(0, 4) * 8)[None, None, :]
+        return tl.sum(tl.reshape(code, [y.shape[0], y.shape[1] // 4, 4]) << sh, axis=2)
+
+
+@triton.jit
+def bf16_words(y, ASM: tl.constexpr, EXACT: tl.constexpr):
+    """``y[M, 4K]`` fp32 → ``[M, K]`` int64: the bf16 (round to nearest even) of each 4 adjacent channels,
+    little-endian. ``ASM`` (sm80+): two ``cvt.rn.bf16x2.f32`` and a move per word."""
+    if ASM:
+        c0, c1, c2, c3 = _quarters(y)
+        return tl.inline_asm_elementwise(
+            "{ .reg .b32 lo, hi; cvt.rn.bf16x2.f32 lo, $2, $1; cvt.rn.bf16x2.f32 hi, $4, $3; mov.b64 $0, {lo, hi}; }",
+            "=l,f,f,f,f", [c0, c1, c2, c3], dtype=tl.int64, is_pure=True, pack=1)
+    else:
+        r16 = cast_rne(y, tl.bfloat16, EXACT).to(tl.int16, bitcast=True).to(tl.int64) & 0xFFFF
+        sh = (tl.arange(0, 4) * 16).to(tl.int64)[None, None, :]
+        return tl.sum(tl.reshape(r16, [y.shape[0], y.shape[1] // 4, 4]) << sh, axis=2)
+
+
+@triton.jit
+def store_tiles(y, slot, pool8_ptr, pool32_ptr, pool64_ptr, HW_CAST: tl.constexpr, EXACT: tl.constexpr,
+                EVICT: tl.constexpr, ASM: tl.constexpr = False, NT: tl.constexpr = N_TILES,
+                ROW: tl.constexpr = TOKEN_BYTES, SOFF: tl.constexpr = SCALE_OFFSET):
     """Pack one token ``y[tile 8, 64]`` fp32 (tile 7: the rope channels) and store it at int64 ``slot[1]``
-    (``-1``: skip), in a layout where a thread owns 4 adjacent channels: its e4m3 bytes become int32
-    words and its bf16 rope values int64 words without leaving the thread; only the tile amax is a reduction."""
+    (``-1``: skip), in a layout where a thread owns 4 adjacent channels: its e4m3 bytes become an int32 word and
+    its bf16 rope values an int64 word without leaving the thread (``ASM``: by the paired hardware converts);
+    only the tile amax is a reduction. The 7 scale bytes and the zero pad go as bytes."""
     tile = tl.arange(0, 8)
-    # e4m3 of tiles 0..6 by the power-of-two scale at or above amax / 448
     amax = tl.maximum(tl.max(tl.abs(y), axis=1), 1e-4)  # [8]
     sc = tl.math.div_rn(amax, tl.full(amax.shape, 448.0, tl.float32))
     b = sc.to(tl.int32, bitcast=True)
     ebyte = ((b >> 23) & 0xFF) + tl.where((b & 0x7FFFFF) != 0, 1, 0)  # biased exponent of the scale
     inv = ((254 - ebyte) << 23).to(tl.float32, bitcast=True)  # 2^-(e) exactly
-    yq = tl.minimum(tl.maximum(y * inv[:, None], -448.0), 448.0)
-    if HW_CAST:
+    if ASM:  # the saturating convert clamps; |y / scale| <= 448 holds anyway
+        qw = e4m3_words(y * inv[:, None], True)  # [8, 16]
+    elif HW_CAST:
+        yq = tl.minimum(tl.maximum(y * inv[:, None], -448.0), 448.0)
         code = yq.to(tl.float8e4nv).to(tl.uint8, bitcast=True).to(tl.int32)
+        qw = tl.sum(tl.reshape(code, [8, 16, 4]) << (tl.arange(0, 4) * 8)[None, None, :], axis=2)
     else:
-        code = e4m3_bits(yq)
-    c4 = tl.arange(0, 4)
-    qw = tl.sum(tl.reshape(code, [8, 16, 4]) << (c4 * 8)[None, None, :], axis=2)  # [8, 16]: 4 bytes, little-endian
-    r16 = cast_rne(y, tl.bfloat16, EXACT).to(tl.int16, bitcast=True).to(tl.int64) & 0xFFFF
-    rw = tl.sum(tl.reshape(r16, [8, 16, 4]) << (c4 * 16).to(tl.int64)[None, None, :], axis=2)  # [8, 16]
-    sw = tl.sum(tl.where(tile < NT, ebyte, 0).to(tl.int64) << (tile * 8).to(tl.int64), axis=0)  # 7 scales + pad
+        qw = e4m3_words(y * inv[:, None], False)
+    rw = bf16_words(y, ASM, EXACT)  # [8, 16]
     ok = slot >= 0
-    w64 = slot * WORDS
+    w32 = slot * (ROW // 4)
     q16 = tl.arange(0, 16)
-    tl.store(pool32_ptr + 2 * w64[:, None] + tile[:, None] * 16 + q16[None, :], qw,
+    tl.store(pool32_ptr + w32[:, None] + tile[:, None] * 16 + q16[None, :], qw,
              mask=ok[:, None] & (tile < NT)[:, None], eviction_policy=EVICT)
-    tl.store(pool64_ptr + w64[:, None] + NT * 8 + (tile[:, None] * 0 + q16[None, :]), rw,
+    tl.store(pool64_ptr + (w32 // 2)[:, None] + NT * 8 + (tile[:, None] * 0 + q16[None, :]), rw,
              mask=ok[:, None] & (tile == NT)[:, None], eviction_policy=EVICT)
-    tl.store(pool64_ptr + w64 + NT * 8 + 16, sw, mask=ok, eviction_policy=EVICT)
+    tl.store(pool8_ptr + slot * ROW + SOFF + tile, tl.where(tile < NT, ebyte, 0).to(tl.uint8), mask=ok & (tile >= 0),
+             eviction_policy=EVICT)
 
 
 @triton.jit
@@ -357,6 +398,61 @@ def _store_tiles_kernel(kv_ptr, slot_ptr, pool64_ptr, n, stride_kv, ROWS: tl.con
 
 
 @triton.jit
+def _store_tiles2_kernel(kv_ptr, kv32_ptr, slot_ptr, pool8_ptr, pool32_ptr, n, stride_kv, ROWS: tl.constexpr,
+                         HW_CAST: tl.constexpr, EXACT: tl.constexpr, BF16: tl.constexpr, EVICT: tl.constexpr = "",
+                         ASM: tl.constexpr = False, NT: tl.constexpr = N_TILES, ROW: tl.constexpr = TOKEN_BYTES,
+                         SOFF: tl.constexpr = SCALE_OFFSET):
+    """``ROWS`` tokens per program, all 512 channels as ``[ROWS · 8 (token, tile), 64]`` (tile 7's e4m3 bytes are
+    computed and dropped: cheaper than a second layout), so a thread owns adjacent channels of one tile (8 for
+    bf16 input: one 16-byte load) and packs its e4m3 bytes into int32 words itself (``ASM``: by the paired
+    hardware converts, which saturate: ``|y / scale| <= 448`` holds anyway for the power-of-two scale at or
+    above amax / 448); only the tile amax is a reduction, over the tile's few threads. The rope channels come
+    from a second, small load as int32 words: for bf16 input (``BF16``) their bits unchanged, else rounded to
+    bf16. Each (token, tile) writes its scale byte (tile 7: the zero pad)."""
+    pid = tl.program_id(0).to(tl.int64)
+    rt = tl.arange(0, ROWS * 8)
+    tile = rt % 8
+    rid = pid * ROWS + rt // 8
+    live = rid < n
+    ch = tl.arange(0, 64)
+    y = tl.load(kv_ptr + (rid * stride_kv + tile * 64)[:, None] + ch[None, :], mask=live[:, None], other=0.0,
+                eviction_policy=EVICT).to(tl.float32)
+    r = pid * ROWS + tl.arange(0, ROWS)
+    rl = r < n
+    j = tl.arange(0, 32)
+    if BF16:
+        rw = tl.load(kv32_ptr + (r * (stride_kv // 2) + (NT * 32))[:, None] + j[None, :], mask=rl[:, None], other=0,
+                     eviction_policy=EVICT)
+    else:
+        two = tl.arange(0, 2)
+        v = tl.load(kv_ptr + (r * stride_kv + NT * 64)[:, None, None] + (j * 2)[None, :, None] + two[None, None, :],
+                    mask=rl[:, None, None], other=0.0, eviction_policy=EVICT).to(tl.float32)
+        b16 = cast_rne(v, tl.bfloat16, EXACT).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+        rw = tl.sum(b16 << (two * 16)[None, None, :], axis=2)  # [R, 32]: two bf16, little-endian
+    slot = tl.load(slot_ptr + rid, mask=live, other=-1)  # [R·8]: each tile's own copy of its token's slot
+    s1 = tl.load(slot_ptr + r, mask=rl, other=-1)
+    amax = tl.maximum(tl.max(tl.abs(y), axis=1), 1e-4)  # [R·8]
+    sc = tl.math.div_rn(amax, tl.full(amax.shape, 448.0, tl.float32))
+    b = sc.to(tl.int32, bitcast=True)
+    ebyte = ((b >> 23) & 0xFF) + tl.where((b & 0x7FFFFF) != 0, 1, 0)  # biased exponent of the scale
+    inv = ((254 - ebyte) << 23).to(tl.float32, bitcast=True)  # 2^-(e) exactly
+    if ASM:
+        qw = e4m3_words(y * inv[:, None], True)  # [R·8, 16]
+    elif HW_CAST:
+        code = tl.minimum(tl.maximum(y * inv[:, None], -448.0), 448.0).to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+        qw = tl.sum(tl.reshape(code.to(tl.int32), [ROWS * 8, 16, 4]) << (tl.arange(0, 4) * 8)[None, None, :], axis=2)
+    else:
+        qw = e4m3_words(y * inv[:, None], False)
+    ok = slot >= 0
+    tl.store(pool32_ptr + (slot * (ROW // 4) + tile * 16)[:, None] + tl.arange(0, 16)[None, :], qw,
+             mask=(ok & (tile < NT))[:, None], eviction_policy=EVICT)
+    tl.store(pool32_ptr + (s1 * (ROW // 4) + NT * 16)[:, None] + j[None, :], rw, mask=(s1 >= 0)[:, None],
+             eviction_policy=EVICT)
+    tl.store(pool8_ptr + slot * ROW + SOFF + tile, tl.where(tile < NT, ebyte, 0).to(tl.uint8), mask=ok,
+             eviction_policy=EVICT)
+
+
+@triton.jit
 def _load_kernel(pool_ptr, pool16_ptr, slot_ptr, o_ptr, HW_CAST: tl.constexpr, ROW: tl.constexpr = TOKEN_BYTES):
     i = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_ptr + i).to(tl.int64)
@@ -400,6 +496,7 @@ def _load_rows_kernel(pool64_ptr, slot_ptr, o_ptr, n, ROWS: tl.constexpr, HW_CAS
     tl.store(orow[:, None, None] + NOPE + j[None, :, None] * 4 + h[None, None, :], rope, mask=live[:, None, None])
 
 
+PACK_ASM = True  # the stream/tiles kernels pack e4m3 and bf16 words by paired hardware converts (inline PTX)
 STORE_IMPL = "words"  # the default kernel of kv584_store (H200: 2.0x the byte-store kernel at 65536 tokens)
 STORE_ROWS = 4  # tokens per program of the word-store kernel (4 rows x 2 warps: best of 4..32 x 2..8 on the H200)
 STORE_WARPS = 2
@@ -427,8 +524,8 @@ def kv584_store(kv: torch.Tensor, pool: torch.Tensor, slots: torch.Tensor, *, im
         raise ValueError(f"kv584: kv must be [N, {HEAD_DIM}] (unit stride) with slots [N], got "
                          f"{tuple(kv.shape)} and {tuple(slots.shape)}")
     impl = impl or STORE_IMPL
-    if impl not in ("words", "row", "tiles"):
-        raise ValueError(f"kv584_store: impl must be 'words', 'tiles' or 'row', got {impl!r}")
+    if impl not in ("words", "row", "tiles", "tiles2"):
+        raise ValueError(f"kv584_store: impl must be 'words', 'tiles', 'tiles2' or 'row', got {impl!r}")
     hw = fp8_hw_cast(capability(kv.device))
     n = kv.shape[0]
     if not n:
@@ -439,6 +536,13 @@ def kv584_store(kv: torch.Tensor, pool: torch.Tensor, slots: torch.Tensor, *, im
         r = rows or TILES_ROWS
         _store_tiles_kernel[(triton.cdiv(n, r),)](kv, sl, words, n, kv.stride(0), ROWS=r, HW_CAST=hw,
                                                   EXACT=interpreting(), EVICT=evict, num_warps=num_warps or TILES_WARPS)
+    elif words is not None and impl == "tiles2":
+        r = rows or TILES_ROWS
+        bf16 = kv.dtype == torch.bfloat16 and kv.stride(0) % 2 == 0 and kv.data_ptr() % 4 == 0
+        kv32 = kv.view(torch.int32) if bf16 else kv  # the rope channels' bf16 pairs as int32 words
+        _store_tiles2_kernel[(triton.cdiv(n, r),)](kv, kv32, sl, flat, flat.view(torch.int32), n, kv.stride(0), ROWS=r,
+                                                   HW_CAST=hw, EXACT=interpreting(), BF16=bf16, EVICT=evict,
+                                                   ASM=hw and PACK_ASM, num_warps=num_warps or TILES_WARPS)
     elif words is None:
         _store_kernel[(n,)](kv, sl, flat, flat.view(torch.int16), kv.stride(0), HW_CAST=hw, EXACT=interpreting(),
                             num_warps=num_warps or 2)

@@ -47,7 +47,8 @@ def test_584_byte_layout_byte_by_byte():
 STORE_VARIANTS = [{"impl": "row"}, {"impl": "words", "rows": 16, "num_warps": 8},
                   {"impl": "words", "rows": 8, "num_warps": 4, "evict": "evict_first"},
                   {"impl": "words", "rows": 4, "stages": 2, "programs": 3}, {"impl": "tiles"},
-                  {"impl": "tiles", "rows": 2, "num_warps": 2}]
+                  {"impl": "tiles", "rows": 2, "num_warps": 2}, {"impl": "tiles2"},
+                  {"impl": "tiles2", "rows": 2, "num_warps": 2}]
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -121,7 +122,7 @@ def test_load_decodes_every_scale_byte_exactly(impl, device):
     assert torch.equal(got.isnan(), want.isnan()) and not bits_differ.any(), bits_differ.nonzero()[:4].tolist()
 
 
-@pytest.mark.parametrize("impl", ["row", "words", "tiles"])
+@pytest.mark.parametrize("impl", ["row", "words", "tiles", "tiles2"])
 def test_kv584_store_rounds_ties_to_even_at_every_e4m3_step(impl, device):
     x = _e4m3_ties(24, torch.Generator().manual_seed(0))
     x[1, 64:128] = 0.0
@@ -133,7 +134,7 @@ def test_kv584_store_rounds_ties_to_even_at_every_e4m3_step(impl, device):
     assert torch.equal(got, want), (got != want).nonzero()[:8].tolist()
 
 
-@pytest.mark.parametrize("impl", ["row", "words", "tiles"])
+@pytest.mark.parametrize("impl", ["row", "words", "tiles", "tiles2"])
 def test_store_skips_negative_slots_and_load_zeroes_them(impl, device):
     pool = kv584.new_pool(2, 4, device)
     kv = torch.randn(3, 512, device=device)
@@ -146,6 +147,19 @@ def test_store_skips_negative_slots_and_load_zeroes_them(impl, device):
         kv584.kv584_load(torch.zeros(2, 583, dtype=torch.uint8, device=device), torch.tensor([0], device=device))
     with pytest.raises(ValueError, match="impl"):
         kv584.kv584_store(kv, pool, torch.tensor([5, -1, 0], device=device), impl="bytes")
+
+
+@pytest.mark.parametrize("offset", [2, 1])
+def test_tiles2_store_reads_strided_bf16_rows(offset, device):
+    """Rows of a wider bf16 buffer: at an even element offset the rope words are read through the int32 view of
+    the rows (their bits unchanged), at an odd one (not 4-byte aligned) they are rounded from the values."""
+    kv = kv584._rows(5, torch.Generator().manual_seed(3), "cpu", torch.bfloat16)
+    wide = torch.zeros(5, 2 * kv584.HEAD_DIM, dtype=torch.bfloat16)
+    wide[:, offset:offset + kv584.HEAD_DIM] = kv
+    pool = kv584.new_pool(1, 8, device)
+    kv584.kv584_store(wide.to(device)[:, offset:offset + kv584.HEAD_DIM], pool, torch.arange(5, device=device),
+                      impl="tiles2")
+    assert torch.equal(pool.view(-1, kv584.TOKEN_BYTES)[:5].cpu(), kv584.pack_ref(kv))
 
 
 def test_word_store_on_a_pool_not_8_byte_aligned_falls_back(device):
