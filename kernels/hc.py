@@ -624,17 +624,47 @@ def _hc_group_kernel(x_ptr, fn_ptr, base_ptr, scale_ptr, col_ptr, post_ptr, comb
         xcur = xn
 
 
+@triton.jit
+def _gw_load(x_ptr, tb, T, K, kk, km, BLOCK_T: tl.constexpr):
+    """Token block ``tb``'s slab, transposed: ``xᵀ[N·DW, BT]`` (rows past ``T`` masked)."""
+    t = tb.to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+    return tl.load(x_ptr + t[None, :] * K + kk[:, None], mask=km[:, None] & (t < T)[None, :], other=0.0)
+
+
+@triton.jit
+def _gw_collapse(xt, acc_ptr, base_ptr, scale_ptr, col_ptr, post_ptr, comb_ptr, tb, m, T, D, iters, eps, norm_eps,
+                 N: tl.constexpr, NMIX: tl.constexpr, BLOCK_T: tl.constexpr, DW: tl.constexpr):
+    """A complete block: summed logits → weights and Sinkhorn (member 0 writes post and comb) → this member's
+    columns of the collapse from the held slab ``xt``."""
+    mix_i = tl.arange(0, NMIX)
+    jn = tl.arange(0, N)
+    nn = tl.arange(0, N * N)
+    t = tb.to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+    tm = t < T
+    tot = tl.load(acc_ptr + t[:, None] * (NMIX + 1) + mix_i[None, :], mask=tm[:, None], other=0.0,
+                  cache_modifier=".cg")
+    tss = tl.load(acc_ptr + t * (NMIX + 1) + NMIX, mask=tm, other=0.0, cache_modifier=".cg")
+    pre, post, comb = _hc_weights(tot, tss, base_ptr, scale_ptr, N * D, iters, eps, norm_eps, N, NMIX, BLOCK_T)
+    if m == 0:
+        tl.store(post_ptr + t[:, None] * N + jn[None, :], post, mask=tm[:, None])
+        tl.store(comb_ptr + t[:, None] * (N * N) + nn[None, :], tl.reshape(comb, [BLOCK_T, N * N]), mask=tm[:, None])
+    x3 = tl.reshape(xt, [N, DW, BLOCK_T]).to(tl.float32)
+    cv = tl.sum(x3 * tl.trans(pre)[:, None, :], axis=0)  # [DW, BT]
+    d = m * DW + tl.arange(0, DW)
+    tl.store(col_ptr + t[None, :] * D + d[:, None], cv.to(col_ptr.dtype.element_ty), mask=(d < D)[:, None] & tm[None, :])
+
+
 @triton.jit(do_not_specialize=["T", "n_tb", "SPIN"])
 def _hc_groupw_kernel(x_ptr, fn_ptr, base_ptr, scale_ptr, col_ptr, post_ptr, comb_ptr, acc_ptr, cnt_ptr, err_ptr,
                       T, D, n_tb, iters, eps, norm_eps, SPIN, N: tl.constexpr, NMIX: tl.constexpr,
-                      BLOCK_T: tl.constexpr, DW: tl.constexpr, P: tl.constexpr, STAGES: tl.constexpr,
-                      PF: tl.constexpr, F32DOT: tl.constexpr = False):
-    """The grouped one-pass design with the slab transposed, ``xᵀ[N·DW, BT]``, as the MMA's B operand and
-    fn's hi and lo bf16 parts stacked as one ``[2·NMIX, N·DW]`` A operand (one MMA of M = 2·NMIX per step,
-    fn read from shared memory), the slab loads left to the software pipeliner (``STAGES``: slabs in flight
-    in shared memory), and the collapse in the same step (the count is waited for right after counting in,
-    with the next slabs already in flight). ``F32DOT``: the same products in an fp32 dot (the interpreter,
-    whose bf16 dot is wrong)."""
+                      BLOCK_T: tl.constexpr, DW: tl.constexpr, P: tl.constexpr, PF: tl.constexpr,
+                      LAG: tl.constexpr, F32DOT: tl.constexpr = False):
+    """The grouped one-pass design (see :func:`_hc_group_kernel`) with the slab transposed, ``xᵀ[N·DW, BT]``,
+    as the MMA's B operand and fn's hi and lo bf16 parts stacked as one ``[2·NMIX, N·DW]`` A operand (one
+    MMA of M = 2·NMIX per step; fn stays in shared memory). ``PF`` (0-2): slabs of later blocks in flight in
+    registers across a step; ``LAG`` (0-1): the block collapsed at step j is ``j - LAG`` (0: wait for the
+    block just counted in; 1: for the one before, held a step longer). ``F32DOT``: the same products in an
+    fp32 dot (the interpreter, whose bf16 dot is wrong)."""
     pid = tl.program_id(0)
     n_groups = tl.num_programs(0) // P
     g = pid // P
@@ -650,49 +680,49 @@ def _hc_groupw_kernel(x_ptr, fn_ptr, base_ptr, scale_ptr, col_ptr, post_ptr, com
     hi = w.to(tl.bfloat16)
     lo = (w - hi.to(tl.float32)).to(tl.bfloat16)
     wa = tl.reshape(tl.permute(tl.join(hi, lo), (2, 0, 1)), [2 * NMIX, N * DW])  # hi rows, then lo rows
-    jn = tl.arange(0, N)
-    nn = tl.arange(0, N * N)
     tt = tl.arange(0, BLOCK_T)
-    dloc = tl.arange(0, DW)
     n_steps = tl.cdiv(n_tb - g, n_groups)
     budget = SPIN
-    t = g.to(tl.int64) * BLOCK_T + tt
-    xnext = tl.load(x_ptr + t[None, :] * K + kk[:, None], mask=km[:, None] & (t < T)[None, :], other=0.0)
-    for j in tl.range(0, n_steps, num_stages=STAGES):
+    q0 = _gw_load(x_ptr, g, T, K, kk, km, BLOCK_T)
+    q1 = q0
+    if PF > 1:
+        q1 = _gw_load(x_ptr, g + n_groups, T, K, kk, km, BLOCK_T)
+    xprev = q0
+    for j in range(0, n_steps + LAG):
         tb = g + j * n_groups
-        t = tb.to(tl.int64) * BLOCK_T + tt
-        tm = t < T
-        if PF:  # this block's slab came in during the last step; the next one's is in flight across this one
-            xt = _late(xnext, not F32DOT)
-            tn = t + n_groups * BLOCK_T
-            xnext = tl.load(x_ptr + tn[None, :] * K + kk[:, None], mask=km[:, None] & (tn < T)[None, :], other=0.0)
+        if PF == 0:
+            xt = _gw_load(x_ptr, tb, T, K, kk, km, BLOCK_T)
+        elif PF == 1:  # this block's slab came in during the last step; the next one's is in flight across this
+            xt = _late(q0, not F32DOT)
+            q0 = _gw_load(x_ptr, tb + n_groups, T, K, kk, km, BLOCK_T)
         else:
-            xt = tl.load(x_ptr + t[None, :] * K + kk[:, None], mask=km[:, None] & tm[None, :], other=0.0)
-        if F32DOT:
-            a2 = tl.dot(wa.to(tl.float32), xt.to(tl.float32), input_precision="ieee")
-        else:
-            a2 = tl.dot(wa, xt)  # [2·NMIX, BT]
-        lt = tl.sum(tl.reshape(a2, [2, NMIX, BLOCK_T]), axis=0)  # hi + lo products: [NMIX, BT]
-        ss = tl.sum(xt.to(tl.float32) * xt.to(tl.float32), axis=0)
-        tl.atomic_add(acc_ptr + t[None, :] * (NMIX + 1) + mix_i[:, None], lt,
-                      mask=tm[None, :] & (mix_i[:, None] < n_mix), sem="relaxed")
-        tl.atomic_add(acc_ptr + t * (NMIX + 1) + NMIX, ss, mask=tm, sem="relaxed")
-        tl.debug_barrier()
-        tl.atomic_add(cnt_ptr + tb, 1, sem="release")
-        budget = _grp_wait(cnt_ptr, err_ptr, tb, budget, P)
-        tot = tl.load(acc_ptr + t[:, None] * (NMIX + 1) + mix_i[None, :], mask=tm[:, None], other=0.0,
-                      cache_modifier=".cg")
-        tss = tl.load(acc_ptr + t * (NMIX + 1) + NMIX, mask=tm, other=0.0, cache_modifier=".cg")
-        pre, post, comb = _hc_weights(tot, tss, base_ptr, scale_ptr, K, iters, eps, norm_eps, N, NMIX, BLOCK_T)
-        if m == 0:
-            tl.store(post_ptr + t[:, None] * N + jn[None, :], post, mask=tm[:, None])
-            tl.store(comb_ptr + t[:, None] * (N * N) + nn[None, :], tl.reshape(comb, [BLOCK_T, N * N]),
-                     mask=tm[:, None])
-        x3 = tl.reshape(xt, [N, DW, BLOCK_T]).to(tl.float32)
-        cv = tl.sum(x3 * tl.trans(pre)[:, None, :], axis=0)  # [DW, BT]
-        d = m * DW + dloc
-        tl.store(col_ptr + t[None, :] * D + d[:, None], cv.to(col_ptr.dtype.element_ty),
-                 mask=(d < D)[:, None] & tm[None, :])
+            xt = _late(q0, not F32DOT)
+            q0 = q1
+            q1 = _gw_load(x_ptr, tb + 2 * n_groups, T, K, kk, km, BLOCK_T)
+        if j < n_steps:
+            t = tb.to(tl.int64) * BLOCK_T + tt
+            tm = t < T
+            if F32DOT:
+                a2 = tl.dot(wa.to(tl.float32), xt.to(tl.float32), input_precision="ieee")
+            else:
+                a2 = tl.dot(wa, xt)  # [2·NMIX, BT]
+            lt = tl.sum(tl.reshape(a2, [2, NMIX, BLOCK_T]), axis=0)  # hi + lo products: [NMIX, BT]
+            ss = tl.sum(xt.to(tl.float32) * xt.to(tl.float32), axis=0)
+            tl.atomic_add(acc_ptr + t[None, :] * (NMIX + 1) + mix_i[:, None], lt,
+                          mask=tm[None, :] & (mix_i[:, None] < n_mix), sem="relaxed")
+            tl.atomic_add(acc_ptr + t * (NMIX + 1) + NMIX, ss, mask=tm, sem="relaxed")
+            tl.debug_barrier()
+            tl.atomic_add(cnt_ptr + tb, 1, sem="release")
+        if j >= LAG:
+            tbc = tb - LAG * n_groups
+            budget = _grp_wait(cnt_ptr, err_ptr, tbc, budget, P)
+            if LAG == 0:
+                xc = xt
+            else:
+                xc = xprev
+            _gw_collapse(xc, acc_ptr, base_ptr, scale_ptr, col_ptr, post_ptr, comb_ptr, tbc, m, T, D, iters, eps,
+                         norm_eps, N, NMIX, BLOCK_T, DW)
+        xprev = xt
 
 
 #: the group kernel's timeout flag of its last launch (non-zero: a program gave up waiting; results are wrong)
@@ -751,7 +781,7 @@ HC_PRE = {"variant": "split", "split": {"bt": 256, "bk": 64, "s": 8, "bt2": 16, 
           "lag": {"bt": 64, "bk": 64, "s": 16, "ds": 16, "bd": 64, "bt2": 16, "lag": 12, "warps": 4},
           "group": {"bt": 32, "dw": 128, "parts": 2, "lag": 1, "hold": True, "fence": True, "late": True, "warps": 8,
                     "per_sm": 1},
-          "groupw": {"bt": 32, "dw": 128, "stages": 1, "pf": True, "warps": 8, "per_sm": 1},
+          "groupw": {"bt": 32, "dw": 128, "pf": 1, "lag": 0, "warps": 8, "per_sm": 1},
           "fused": {"bt": 64, "bd": 64, "warps": 8}, "persist": {"bt": 64, "bd": 64, "warps": 8, "per_sm": 2,
                                                                           "overlap": True}}
 
@@ -870,7 +900,7 @@ def hc_pre(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.T
         n_p, n_tb = triton.cdiv(d, dw), triton.cdiv(t, bt)
         scratch = torch.zeros(t * (nmix + 1) + n_tb + 1, dtype=torch.float32, device=x.device)
         sync = scratch[t * (nmix + 1):].view(torch.int32)
-        wkw = dict(N=n, NMIX=nmix, BLOCK_T=bt, DW=dw, P=n_p, STAGES=p["stages"], PF=bool(p["pf"]), F32DOT=interp,
+        wkw = dict(N=n, NMIX=nmix, BLOCK_T=bt, DW=dw, P=n_p, PF=int(p["pf"]), LAG=int(p["lag"]), F32DOT=interp,
                    num_warps=p["warps"])
         wargs = (xc, fnc, bc, sc, col, post, comb, scratch[:t * (nmix + 1)], sync[:n_tb], sync[n_tb:], t, d, n_tb,
                  iters, eps, norm_eps, p.get("spin", 1 << 20))
