@@ -245,6 +245,16 @@ def store_quads(y, slot, pool8_ptr, pool32_ptr, pool64_ptr, HW_CAST: tl.constexp
 
 
 @triton.jit
+def scale_byte(amax):
+    """The UE8M0 byte of the scale for tile amax ``amax`` (fp32, normal, the floor applied): the exponent of the
+    power of two at or above ``RN(amax / 448)``, from the bits of ``amax`` alone. That power of two ``P`` is the
+    smallest with ``448 · P >= amax`` (no fp32 lies between ``448 · P`` and the next value that rounds to ``P``),
+    and ``448 = 1.75 · 2^8``: so ``biased exponent - 8``, plus one where the mantissa is above 1.75's."""
+    b = amax.to(tl.int32, bitcast=True)
+    return ((b >> 23) & 0xFF) - 8 + tl.where((b & 0x7FFFFF) > 0x600000, 1, 0)
+
+
+@triton.jit
 def _quarters(y):
     """``y[M, 4K]`` → its 4 columns of every group of 4 adjacent channels, ``[M, K]`` each (in-thread splits)."""
     a, b = tl.split(tl.reshape(y, [y.shape[0], y.shape[1] // 4, 2, 2]))  # a: channels 4k, 4k+2; b: 4k+1, 4k+3
@@ -293,10 +303,7 @@ def store_tiles(y, slot, pool8_ptr, pool32_ptr, pool64_ptr, HW_CAST: tl.constexp
     its bf16 rope values an int64 word without leaving the thread (``ASM``: by the paired hardware converts);
     only the tile amax is a reduction. The 7 scale bytes and the zero pad go as bytes."""
     tile = tl.arange(0, 8)
-    amax = tl.maximum(tl.max(tl.abs(y), axis=1), 1e-4)  # [8]
-    sc = tl.math.div_rn(amax, tl.full(amax.shape, 448.0, tl.float32))
-    b = sc.to(tl.int32, bitcast=True)
-    ebyte = ((b >> 23) & 0xFF) + tl.where((b & 0x7FFFFF) != 0, 1, 0)  # biased exponent of the scale
+    ebyte = scale_byte(tl.maximum(tl.max(tl.abs(y), axis=1), 1e-4))  # [8]
     inv = ((254 - ebyte) << 23).to(tl.float32, bitcast=True)  # 2^-(e) exactly
     if ASM:  # the saturating convert clamps; |y / scale| <= 448 holds anyway
         qw = e4m3_words(y * inv[:, None], True)  # [8, 16]
@@ -431,10 +438,7 @@ def _store_tiles2_kernel(kv_ptr, kv32_ptr, slot_ptr, pool8_ptr, pool32_ptr, n, s
         rw = tl.sum(b16 << (two * 16)[None, None, :], axis=2)  # [R, 32]: two bf16, little-endian
     slot = tl.load(slot_ptr + rid, mask=live, other=-1)  # [R·8]: each tile's own copy of its token's slot
     s1 = tl.load(slot_ptr + r, mask=rl, other=-1)
-    amax = tl.maximum(tl.max(tl.abs(y), axis=1), 1e-4)  # [R·8]
-    sc = tl.math.div_rn(amax, tl.full(amax.shape, 448.0, tl.float32))
-    b = sc.to(tl.int32, bitcast=True)
-    ebyte = ((b >> 23) & 0xFF) + tl.where((b & 0x7FFFFF) != 0, 1, 0)  # biased exponent of the scale
+    ebyte = scale_byte(tl.maximum(tl.max(tl.abs(y), axis=1), 1e-4))  # [R·8]
     inv = ((254 - ebyte) << 23).to(tl.float32, bitcast=True)  # 2^-(e) exactly
     if ASM:
         qw = e4m3_words(y * inv[:, None], True)  # [R·8, 16]

@@ -134,6 +134,25 @@ def test_kv584_store_rounds_ties_to_even_at_every_e4m3_step(impl, device):
     assert torch.equal(got, want), (got != want).nonzero()[:8].tolist()
 
 
+@pytest.mark.parametrize("impl", ["words", "tiles2"])
+def test_kv584_store_scale_bytes_at_binade_edges(impl, device):
+    """Tile amaxes at 448·2^k and one ulp either side (where the scale's power of two steps), and at 2^k and
+    one ulp either side: the scale bytes (and the e4m3 bytes) equal the reference's, bit for bit."""
+    base = torch.tensor([448.0 * 2.0**k for k in range(-12, 14)] + [2.0**k for k in range(-12, 14)])
+    amax = torch.cat([torch.nextafter(base, base * 0), base, torch.nextafter(base, base * 4)])
+    amax = torch.cat([amax, amax[: (-amax.numel()) % 7]])  # whole rows of 7 nope tiles
+    n = amax.numel() // 7
+    x = torch.rand(n, kv584.HEAD_DIM, generator=torch.Generator().manual_seed(6)) * 2 - 1
+    x[:, :kv584.NOPE_DIM].view(n, 7, 64).mul_(amax.view(n, 7, 1))
+    x[:, 0:kv584.NOPE_DIM:kv584.TILE] = -amax.view(n, 7)  # each tile's amax exactly, negative
+    want = kv584.pack_ref(x)
+    pool = kv584.new_pool(1, n, device)
+    kv584.kv584_store(x.to(device), pool, torch.arange(n, device=device), impl=impl)
+    got = pool.view(-1, kv584.TOKEN_BYTES).cpu()
+    assert len(set(want[:, kv584.SCALE_OFFSET:kv584.SCALE_OFFSET + 7].flatten().tolist())) > 30
+    assert torch.equal(got, want), (got != want).nonzero()[:8].tolist()
+
+
 @pytest.mark.parametrize("impl", ["row", "words", "tiles", "tiles2"])
 def test_store_skips_negative_slots_and_load_zeroes_them(impl, device):
     pool = kv584.new_pool(2, 4, device)
