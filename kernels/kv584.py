@@ -421,9 +421,15 @@ def _store_tiles2_kernel(kv_ptr, kv32_ptr, slot_ptr, pool8_ptr, pool32_ptr, n, s
     tile = rt % 8
     rid = pid * ROWS + rt // 8
     live = rid < n
-    ch = tl.arange(0, 64)
-    y = tl.load(kv_ptr + (rid * stride_kv + tile * 64)[:, None] + ch[None, :], mask=live[:, None], other=0.0,
-                eviction_policy=EVICT).to(tl.float32)
+    if BF16:  # pairs of bf16 as int32 words, widened by a shift and a mask
+        w = tl.load(kv32_ptr + (rid * (stride_kv // 2) + tile * 32)[:, None] + tl.arange(0, 32)[None, :],
+                    mask=live[:, None], other=0, eviction_policy=EVICT)
+        y = tl.reshape(tl.join((w << 16).to(tl.float32, bitcast=True),
+                               (w & -65536).to(tl.float32, bitcast=True)), [ROWS * 8, 64])
+    else:
+        ch = tl.arange(0, 64)
+        y = tl.load(kv_ptr + (rid * stride_kv + tile * 64)[:, None] + ch[None, :], mask=live[:, None], other=0.0,
+                    eviction_policy=EVICT).to(tl.float32)
     r = pid * ROWS + tl.arange(0, ROWS)
     rl = r < n
     j = tl.arange(0, 32)
