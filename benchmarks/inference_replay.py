@@ -136,6 +136,56 @@ def time_inference(repo: Path, cache: Path) -> dict:
             "load": os.getloadavg()[0]}
 
 
+REVIEW = r"""
+import json, resource, subprocess, sys, time
+sys.path.insert(0, {root!r})
+from checks.audit import run_checks
+from checks.config import default_config
+from checks.diff import build_changeset
+from checks.model import Checkout
+def cpu():
+    a = resource.getrusage(resource.RUSAGE_SELF)
+    b = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return a.ru_utime + a.ru_stime + b.ru_utime + b.ru_stime
+out = []
+for _ in range(2):
+    c0, t0 = cpu(), time.perf_counter()
+    co = Checkout(repo={repo!r}, base_sha={base!r}, head_sha={head!r}, merge_base_sha={base!r})
+    found = run_checks(co, default_config(), build_changeset(co))
+    out.append({{"s": time.perf_counter() - t0, "cpu": cpu() - c0, "rules": len(found.rules_run),
+                "new": len([f for f in found.with_status("new") if f.source == "inferred"])}})
+print(json.dumps(out))
+"""
+
+
+def time_review(repo: Path, sha: str, tree: Path = ROOT) -> dict:
+    """The zero-config checks stage of one commit (forward: base = its parent) in a fresh process with an empty
+    cache: cold (inference mines base and head), then warm (the same audit again in that process)."""
+    head = git(repo, "rev-parse", sha).strip()
+    base = git(repo, "rev-parse", f"{head}^").strip()
+    files = len(git(repo, "diff", "--name-only", base, head).split())
+    with tempfile.TemporaryDirectory(prefix="infer-review-") as cache:
+        env = {**os.environ, "DRIFT_AUDIT_CACHE": cache, "PYTHONPATH": str(tree)}
+        code = REVIEW.format(root=str(tree), repo=str(repo), base=base, head=head)
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True,
+                              cwd=tree)
+    cold, warm = json.loads(proc.stdout.strip().splitlines()[-1])
+    return {"files": files, "cold": cold, "warm": warm, "load": os.getloadavg()[0]}
+
+
+def review_lines(reviews: dict[str, dict], anchors: dict[str, dict], rev: str) -> list[str]:
+    lines = ["## Review time of big PRs (zero-config checks stage, fresh process, empty cache; anchor = this product at "
+             f"{rev or 'none'}, same run)", "",
+             "| PR | files | anchor cold s | anchor cpu s | cold s | cold cpu s | warm s | rules | new inferred | load |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for name, t in reviews.items():
+        a = anchors.get(name, {}).get("cold", {})
+        lines.append(f"| {name} | {t['files']} | {a.get('s', float('nan')):.2f} | {a.get('cpu', float('nan')):.2f} | "
+                     f"{t['cold']['s']:.2f} | {t['cold']['cpu']:.2f} | {t['warm']['s']:.2f} | {t['cold']['rules']} | "
+                     f"{t['cold']['new']} | {t['load']:.1f} |")
+    return lines + [""]
+
+
 # --------------------------------------------------------------------------- recall and noise
 
 
@@ -447,6 +497,8 @@ def main() -> int:
     ap.add_argument("--out", help="write the markdown table here (default benchmarks/results/inference_replay_DATE.md)")
     ap.add_argument("--fix-repo", action="append", metavar="OWNER/NAME",
                     help="replay only the fixes of these repos (a quick look at new corpus entries)")
+    ap.add_argument("--review", action="append", metavar="OWNER/NAME@SHA",
+                    help="time the zero-config checks stage of this commit (a big PR), and of the anchor revision")
     ap.add_argument("--commits", metavar="FILE", default=str(COMMITS),
                     help="the fixes (and noise repos) to replay: default the corpus; e.g. a held-out set "
                          "(benchmarks/inference_commits_heldout.toml)")
@@ -484,6 +536,21 @@ def main() -> int:
         head, _, rest = text.partition("\n## ")
         text = head + "\n" + "\n".join(anchor_lines(anchor, replays, forwards, verdicts)) + "\n## " + rest
         problems += [anchor.error] if anchor.error else []
+    if args.review:
+        reviews, anchors = {}, {}
+        with tempfile.TemporaryDirectory(prefix="infer-review-tree-") as tmp:
+            if args.anchor_rev:
+                archive = subprocess.run(["git", "archive", args.anchor_rev], cwd=ROOT, capture_output=True,
+                                         check=True).stdout
+                subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
+            for spec in args.review:
+                name, _, sha = spec.partition("@")
+                repo = clone(name, root)
+                if args.anchor_rev:
+                    anchors[spec] = time_review(repo, sha, Path(tmp))
+                reviews[spec] = time_review(repo, sha)
+        head, _, rest = text.partition("\n## ")
+        text = head + "\n" + "\n".join(review_lines(reviews, anchors, args.anchor_rev or "")) + "\n## " + rest
     out = Path(args.out) if args.out else ROOT / "benchmarks" / "results" / f"inference_replay_{started:%Y-%m-%d}.md"
     out.write_text(text)
     print(text)

@@ -25,6 +25,7 @@ from typing import Any
 from checks.config import Config, Fact, Pillar, Rule
 from checks.infer.families import VERSION, BlobCache, source_files, tree_members
 from checks.infer.mine import build_families, counted_families, mine, mine_counts, named_constants, self_named
+from checks.infer.numbers import indexed_rule, indexed_tables, mine_sizes, size_families, size_rule
 from checks.infer.rules import count_rule, named_rule, self_named_rule, summary, to_config
 from checks.infer.sources import export_lists, export_rule, sibling_imports, sibling_rule, source_lists, source_rule
 
@@ -106,6 +107,8 @@ def infer(
     lists = source_lists(members, tree.paths(), min_support)
     exports = export_lists(members, min_support)
     registrars = sibling_imports(members, tree.paths(), min_support)
+    sizes = mine_sizes(size_families(members))
+    indexed = indexed_tables(members, families)
     t2 = time.perf_counter()
     out = Inferred()
     for inv in invariants:
@@ -139,6 +142,10 @@ def infer(
     for ex in exports:
         _add(out, *export_rule(ex, pillars, severity), f"the names {ex.path} imports from its package",
              f"__all__ of {ex.path}")
+    for small, big, directed in sizes:
+        _add(out, *size_rule(small, big, directed, pillars, severity), small.what(), big.what())
+    for ix in indexed:
+        _add(out, *indexed_rule(ix, pillars, severity), ix.enum.what(), ix.table.what())
     for si in registrars:
         _add(out, *sibling_rule(si, pillars, severity), f"the modules {si.path} imports from its directory",
              f"the modules of {si.directory or '.'}/")

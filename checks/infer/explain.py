@@ -195,6 +195,19 @@ class Explainer:
                 return replace(loc, note=f"{self.label(fid)}: {_quote(raw or value)}")
         return loc
 
+    def indexed(self, rule: Rule, key: str, have: str, lack: str, side: str) -> str:
+        """A table indexed by an enum (or the enum) lacks the entry at one position."""
+        rows = [r for r in self.fact_rows(have, side) if r.key == key]
+        value = str(rows[0].values.get("value", "")) if rows else ""
+        raw = raw_name(self.readers[side], self.facts.get(have), "value", value, rows[0].path, rows[0].line) if rows else ""
+        at = f" ({rows[0].path}:{rows[0].line})" if rows else ""
+        w = self.where(lack, side)
+        entry = f"{_quote(raw or value)}, position {int(key) + 1} of {self.label(have)}{at}"
+        support = _support(rule)
+        return (f"{self.label(lack)}{f' ({w})' if w else ''} has no entry for {entry}. Fix: add the entry at that "
+                f"position, or remove {_quote(raw or value)}. At the base the two had {support + ' ' if support else ''}"
+                f"entries each, one per position, so one indexes the other. {_fix(rule)}")
+
     def rewrite(self, rule: Rule, detail: str, f: Finding, side: str) -> str | None:
         reader = self.readers[side]
         if rule.kind == "same-set":
@@ -218,6 +231,8 @@ class Explainer:
                 raw = raw or mine
                 sides.append(f"{self.label(fid)}" + (f" ({at})" if at else ""))
             name = _quote(raw or m.group("written") or key)
+            if all(x.endswith("#count") for x in have + lack) and key.isdigit():
+                return self.indexed(rule, key, have[0], lack[0], side)
             missing = []
             for fid in lack:
                 w = self.where(fid, side)

@@ -26,7 +26,7 @@ import tree_sitter as ts
 from checks import syntax
 from checks.facts import read_blobs
 
-VERSION = 23  # bump when a pattern changes: cached rows of an older pattern set are not reused
+VERSION = 24  # bump when a pattern changes: cached rows of an older pattern set are not reused
 MAX_BYTES = 1_000_000  # generated tables and vendored amalgamations say nothing about the code's intent (ggml.c is 0.6 MB, by hand)
 MAX_CACHED = 60_000  # blobs kept in a repo's on-disk member cache before it is pruned to one tree
 
@@ -214,6 +214,27 @@ KINDS: tuple[Kind, ...] = (
         "(import_from_statement module_name: (_) @_ctx name: [(dotted_name) @key (aliased_import alias: (identifier) @key)]{pred})",
         apart=True,
     ),
+    # Sizes a switch dispatches on (``switch (head_dim) { case 64: ... }``) and the sizes Python accepts
+    # (``head_dim in (64, 128)``, ``HEAD_DIMS = [64, 128, 256]``): mined apart (checks/infer/numbers.py), by subject.
+    Kind(
+        "c-num-case",
+        _C,
+        "(switch_statement condition: (condition_clause value: (_) @_ctx) body: (compound_statement "
+        "(case_statement value: (number_literal) @key)){pred})",
+        apart=True,
+    ),
+    Kind(
+        "py-num",
+        ("python",),
+        "(comparison_operator [(identifier) (attribute)] @_ctx [(list (integer) @key) (tuple (integer) @key) "
+        "(set (integer) @key)]{pred})\n"
+        '(comparison_operator [(identifier) (attribute)] @_ctx "==" (integer) @key{pred})\n'
+        "(assignment left: [(identifier) (attribute)] @_ctx right: [(list (integer) @key) (tuple (integer) @key) "
+        "(set (integer) @key)]{pred})\n"
+        "(keyword_argument name: (identifier) @_ctx value: [(list (integer) @key) (tuple (integer) @key) "
+        "(set (integer) @key)]{pred})",
+        apart=True,
+    ),
     Kind(
         "py-register",
         ("python",),
@@ -245,8 +266,9 @@ def query_text(kind: Kind, ctx: str | None, lang: str, label: str = "", extra: s
     if extra:
         pred += " " + extra
     text = kind.pattern.replace("{pred}", pred) if "{pred}" in kind.pattern else kind.pattern[:-1] + pred + ")"
-    if lang == "c":  # C has no qualified names, and one subscript index
+    if lang == "c":  # C has no qualified names, and one subscript index; a switch's condition is parenthesised
         text = text.replace(" (qualified_identifier)", "").replace("indices: (subscript_argument_list ", "index: (")
+        text = text.replace("condition: (condition_clause value: (_) @_ctx)", "condition: (parenthesized_expression (_) @_ctx)")
     return text
 
 
@@ -560,6 +582,11 @@ def _members(lang: str, data: bytes, offset: int) -> list[Member]:
         elif kind.name == "enum":
             owner = _owner_class(node)
             value = f"{OWNER}{owner}" if owner else ""
+        elif kind.name == "c-num-case":  # the function whose switch it is: the fact's scope
+            fn = _enclosing_function(node)
+            if fn is None:
+                continue
+            value = _function_name(fn)
         out.append((kind.name, ctx, _unquote(syntax.text(node).strip()), node.start_point[0] + 1 + offset, value))
     return out
 
