@@ -371,34 +371,36 @@ def _compress_tile_kernel(kv_ptr, gate_ptr, w_ptr, cos_ptr, sin_ptr, slot_ptr, p
 
 
 @triton.jit
-def _rows2(gp, kvp, off, EVICT: tl.constexpr):
+def _rows2(gp, kvp, off, EVICT: tl.constexpr, CACHE: tl.constexpr = ""):
     """Window rows ``off`` and ``off + 512`` (int32 element offsets ``[8, 64]``): gates and sources (fp32)
     ``[8, 64, 2]``, the two rows side by side in each thread."""
-    g = tl.join(tl.load(gp + off, eviction_policy=EVICT), tl.load(gp + off + 512, eviction_policy=EVICT))
-    x = tl.join(tl.load(kvp + off, eviction_policy=EVICT), tl.load(kvp + off + 512, eviction_policy=EVICT))
+    g = tl.join(tl.load(gp + off, eviction_policy=EVICT, cache_modifier=CACHE),
+                tl.load(gp + off + 512, eviction_policy=EVICT, cache_modifier=CACHE))
+    x = tl.join(tl.load(kvp + off, eviction_policy=EVICT, cache_modifier=CACHE),
+                tl.load(kvp + off + 512, eviction_policy=EVICT, cache_modifier=CACHE))
     return g, x.to(tl.float32)
 
 
 @triton.jit
-def _rows(gp, kvp, off, U: tl.constexpr, EVICT: tl.constexpr):
+def _rows(gp, kvp, off, U: tl.constexpr, EVICT: tl.constexpr, CACHE: tl.constexpr = ""):
     """``U`` (1, 2, 4 or 8) window rows from ``off``: gates and sources (fp32) ``[8, 64, U]``, the rows side by
     side in each thread (joined, so every load is issued before the first use of any)."""
     if U == 1:
-        g = tl.load(gp + off, eviction_policy=EVICT)[:, :, None]
-        x = tl.load(kvp + off, eviction_policy=EVICT).to(tl.float32)[:, :, None]
+        g = tl.load(gp + off, eviction_policy=EVICT, cache_modifier=CACHE)[:, :, None]
+        x = tl.load(kvp + off, eviction_policy=EVICT, cache_modifier=CACHE).to(tl.float32)[:, :, None]
     elif U == 2:
-        g, x = _rows2(gp, kvp, off, EVICT)
+        g, x = _rows2(gp, kvp, off, EVICT, CACHE)
     elif U == 4:
-        g0, x0 = _rows2(gp, kvp, off, EVICT)
-        g1, x1 = _rows2(gp, kvp, off + 1024, EVICT)
+        g0, x0 = _rows2(gp, kvp, off, EVICT, CACHE)
+        g1, x1 = _rows2(gp, kvp, off + 1024, EVICT, CACHE)
         g = tl.reshape(tl.join(g0, g1), [8, 64, 4])
         x = tl.reshape(tl.join(x0, x1), [8, 64, 4])
     else:
         tl.static_assert(U == 8, "rows per step: 1, 2, 4 or 8")
-        g0, x0 = _rows2(gp, kvp, off, EVICT)
-        g1, x1 = _rows2(gp, kvp, off + 1024, EVICT)
-        g2, x2 = _rows2(gp, kvp, off + 2048, EVICT)
-        g3, x3 = _rows2(gp, kvp, off + 3072, EVICT)
+        g0, x0 = _rows2(gp, kvp, off, EVICT, CACHE)
+        g1, x1 = _rows2(gp, kvp, off + 1024, EVICT, CACHE)
+        g2, x2 = _rows2(gp, kvp, off + 2048, EVICT, CACHE)
+        g3, x3 = _rows2(gp, kvp, off + 3072, EVICT, CACHE)
         g = tl.reshape(tl.join(tl.join(g0, g1), tl.join(g2, g3)), [8, 64, 8])
         x = tl.reshape(tl.join(tl.join(x0, x1), tl.join(x2, x3)), [8, 64, 8])
     return g, x
@@ -426,7 +428,7 @@ def _pool_rows(g, x, m, lsum, acc, FAST: tl.constexpr):
 def _compress_stream_kernel(kv_ptr, gate_ptr, w_ptr, cos_ptr, sin_ptr, slot_ptr, pool8_ptr, pool32_ptr, pool64_ptr,
                             L, eps, UNROLL: tl.constexpr, HW_CAST: tl.constexpr, EXACT: tl.constexpr,
                             EVICT: tl.constexpr, FAST: tl.constexpr = False, ASM: tl.constexpr = False,
-                            NT: tl.constexpr = N_TILES):
+                            CACHE: tl.constexpr = "", NT: tl.constexpr = N_TILES):
     """One entry per program, its window streamed ``UNROLL`` rows per step (the rows of a step side by side in
     each thread: all their loads go out first, then one max and one rescale per step; the rows past the last
     whole step one at a time), every tensor ``[tile 8, 64]`` over the 512 channels (tile 7 = rope) at int32
@@ -444,10 +446,10 @@ def _compress_stream_kernel(kv_ptr, gate_ptr, w_ptr, cos_ptr, sin_ptr, slot_ptr,
     acc = tl.zeros([8, 64], dtype=tl.float32)
     whole = L - L % UNROLL
     for l0 in range(0, whole, UNROLL):
-        g, x = _rows(gp, kvp, l0 * 512 + off, UNROLL, EVICT)
+        g, x = _rows(gp, kvp, l0 * 512 + off, UNROLL, EVICT, CACHE)
         m, lsum, acc = _pool_rows(g, x, m, lsum, acc, FAST)
     for lr in range(whole, L):
-        g, x = _rows(gp, kvp, lr * 512 + off, 1, EVICT)
+        g, x = _rows(gp, kvp, lr * 512 + off, 1, EVICT, CACHE)
         m, lsum, acc = _pool_rows(g, x, m, lsum, acc, FAST)
     pooled = acc / lsum
     ss = tl.sum(tl.sum(pooled * pooled, axis=1), axis=0)
@@ -475,6 +477,7 @@ COMPRESS_UNROLL = 2  # window rows per loop trip of the unrolled kernel
 COMPRESS_FAST_EXP = True
 STREAM_UNROLL = 8  # the stream kernel: window rows per step (1, 2, 4 or 8), warps
 STREAM_WARPS = 4
+STREAM_CACHE = ""  # the stream kernel's load cache modifier ("" or ".cg": L2 only)
 TILE_ENTRIES = 1  # the tile kernel: entries per program, window rows per load, warps
 TILE_CHUNK = 8
 TILE_WARPS = 4
@@ -534,7 +537,8 @@ def compress_store(kv, gate, norm_weight, eps, cos, sin, pool, slots, *, impl: s
     elif words is not None and impl == "stream":
         _compress_stream_kernel[(n,)](*args, flat, flat.view(torch.int32), words, length, float(eps),
                                       UNROLL=1 << (min(block_l or STREAM_UNROLL, 8, length).bit_length() - 1), HW_CAST=hw, EXACT=exact, EVICT=evict,
-                                      FAST=fast, ASM=hw and kv584.PACK_ASM, num_warps=num_warps or STREAM_WARPS)
+                                      FAST=fast, ASM=hw and kv584.PACK_ASM, CACHE=STREAM_CACHE,
+                                      num_warps=num_warps or STREAM_WARPS)
     elif words is not None and impl == "unrolled":
         ent = entries or COMPRESS_ENTRIES
         _compress_unrolled_kernel[(triton.cdiv(n, ent),)](*args, words, n, length, float(eps), ENTRIES=ent,
