@@ -102,7 +102,9 @@ def _decide(settings: BotSettings, store: JobStore, event: str, delivery: str, b
     if isinstance(decision, Ignored):
         return _Answer(202, {"status": "ignored", "reason": decision.reason})
     if job_id is None:
-        return _Answer(202, {"status": "ignored", "reason": "a push older than the pull request's recorded head"})
+        reason = "a re-run of a check run this bot has no record of" if event in ("check_run", "check_suite") \
+            else "a push older than the pull request's recorded head"
+        return _Answer(202, {"status": "ignored", "reason": reason})
     return _Answer(202, {"status": "queued", "job": job_id}, queued=True)
 
 

@@ -28,6 +28,7 @@ ACTED_ON = {
     "pull_request": AUDIT_PR_ACTIONS,
     "issue_comment": ("created",),
     "check_run": ("rerequested",),
+    "check_suite": ("rerequested",),
     "merge_group": ("checks_requested",),
     "workflow_run": ("completed",),
 }
@@ -176,7 +177,20 @@ def job_for(event: str, payload: dict, *, audit_drafts: bool = False, app_id: in
                 cause="merge_group",
                 check_run_id=run.get("id", int),
             )
-        return Ignored("check run with no pull request and no merge-queue entry")
+        # GitHub lists no pull request for a run whose head is in a fork: the store finds the PR from the job
+        # that opened this run (bot.queue._route), or ignores a run it has no record of
+        run_id = run.get("id", int)
+        return RerunJob(**common, key=f"{repo}!check-run:{run_id}", check_run_id=run_id,
+                        head_sha=run.get("head_sha", str), actor=f.get("sender.login", str, required=False))
+
+    if event == "check_suite":  # "Re-run all checks": the suite's head, in the check run this bot opened on it
+        suite = f.obj("check_suite")
+        if app_id is not None and suite.get("app.id", int, required=False) != app_id:
+            return Ignored("check suite of another app")
+        head = suite.get("head_sha", str)
+        prs = suite.items("pull_requests")
+        return RerunJob(**common, key=f"{repo}!check-suite:{head}", head_sha=head,
+                        pr=prs[0].get("number", int) if prs else None, actor=f.get("sender.login", str, required=False))
 
     if event == "merge_group":
         mg = f.obj("merge_group")

@@ -29,7 +29,7 @@ def actions_module() -> Any | None:
 class GpuDispatch:
     def __init__(self, repo, *, gate: Gate, head_sha: str, workflow: str, ref: str,
                  redact: Callable[[str], str] = lambda text: text, earlier: Results | None = None,
-                 awaited: set[str] | None = None):
+                 awaited: set[str] | None = None, on_plan: Callable[[str], None] | None = None):
         self.repo, self.gate, self.head_sha, self.workflow, self.ref = repo, gate, head_sha, workflow, ref
         self.redact = redact  # a failed dispatch's reason is published: no secret in it
         self.earlier = earlier  # what earlier audits of this commit ran: kept when this one may not run it
@@ -37,9 +37,12 @@ class GpuDispatch:
         self.pending: list[str] = []  # labels dispatched, results not back yet
         self.dispatched: list[str] = []
         self.unapproved: list[str] = []  # suites selected for runners this audit may not send code to
+        self.on_plan = on_plan  # told the audit id before anything is dispatched (the bot routes its results)
 
     def __call__(self, plan: TestPlan) -> Results:
         results = Results(audit_id=plan.audit_id, head_sha=plan.head_sha)
+        if self.on_plan is not None and plan.runners:
+            self.on_plan(plan.audit_id)
         actions = actions_module()
         ran = {(s.suite, s.runner): s for s in (self.earlier.suites if self.earlier else [])}
         for label in plan.runners:

@@ -170,9 +170,9 @@ class RerunJob(_Job):
     """A re-requested PR check run: audit that run's head again, in that run, and nothing newer."""
 
     kind: ClassVar[str] = "rerun"
-    pr: int
-    check_run_id: int
     head_sha: str
+    pr: int | None = None  # None at intake for a fork PR's run or a check suite: the store finds it (and the run)
+    check_run_id: int | None = None  # None at intake for a re-requested check suite
     actor: str | None = None
 
     @property
@@ -185,8 +185,8 @@ class RerunJob(_Job):
 
     def validate(self) -> None:
         super().validate()
-        _id(self, "pr")
-        _id(self, "check_run_id")
+        _id(self, "pr", optional=True)
+        _id(self, "check_run_id", optional=True)
         _sha(self, "head_sha")
         _check(self, "actor", str, optional=True)
 

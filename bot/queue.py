@@ -27,7 +27,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, replace
 from typing import Any
 
-from bot.jobs import JOB_SCHEMA, AuditJob, CommandJob, Job, JobLoadError, dump_job, load_job
+from bot.jobs import JOB_SCHEMA, AuditJob, CollectJob, CommandJob, Job, JobLoadError, RerunJob, dump_job, load_job
 
 QUEUED, LEASED, DONE, FAILED, SUPERSEDED, DEAD = "queued", "leased", "done", "failed", "superseded", "dead"
 TERMINAL = (DONE, FAILED, SUPERSEDED, DEAD)
@@ -94,6 +94,11 @@ class JobStore(ABC):
         under another delivery GUID raises ``ReplayedDelivery``."""
 
     @abstractmethod
+    def bind_audit(self, job_id: int, audit_id: str) -> None:
+        """The audit this job runs, recorded before its GPU runs are dispatched: their results (a ``CollectJob``)
+        are queued under this job's key, so they never publish while another job of the same PR does."""
+
+    @abstractmethod
     def mark_head(self, job_id: int, head_sha: str) -> None:
         """Set a job's head once known (commands learn it when they run), superseding older ones."""
 
@@ -108,6 +113,11 @@ class JobStore(ABC):
 
     @abstractmethod
     def retry_later(self, job_id: int, owner: str, error: str, delay: float) -> str: ...
+
+    @abstractmethod
+    def note_error(self, job_id: int, owner: str, error: str) -> None:
+        """Record why the current attempt failed while it still holds the lease (its failure is being reported):
+        should the process die now, the expired lease's reason carries it."""
 
     @abstractmethod
     def superseded_by(self, job_id: int) -> str | None: ...
@@ -215,6 +225,7 @@ _ADDED_COLUMNS = (
     ("installation_id", "INTEGER"),
     ("run_state", "TEXT"),  # opening | open | closed: the check run this job opened
     ("external_id", "TEXT"),
+    ("audit_id", "TEXT"),  # the audit this job runs (bind_audit): a CollectJob of it takes this job's key
 )
 _SUPERSEDABLE = "('audit', 'command', 'rerun')"
 
@@ -289,7 +300,10 @@ class SqliteJobStore(JobStore):
                        (delivery, event, now, body_sha))
             if job is None or self._stale_push(db, job):
                 return True, None
-            job = self._pin(db, job, now)
+            routed = self._route(db, job)
+            if routed is None:
+                return True, None
+            job = self._pin(db, routed, now)
             if job.supersedes and job.head:
                 self._supersede(db, job.key, job.head, now)
             job_id = db.execute(
@@ -309,6 +323,40 @@ class SqliteJobStore(JobStore):
             return False
         row = db.execute("SELECT head_sha, updated FROM heads WHERE repo = ? AND pr = ?", (job.repo, job.pr)).fetchone()
         return row is not None and row["head_sha"] != job.head_sha and job.pushed < row["updated"]
+
+    @staticmethod
+    def _route(db: sqlite3.Connection, job: Job) -> Job | None:
+        """What intake could not know, from the bot's own records (None: nothing of ours to act on).
+
+        - A workflow run's results take the key of the job that dispatched it (one PR's jobs run one at a time,
+          so an old head's results never publish while, or after, a newer head's audit does).
+        - A re-run that names no pull request (a fork PR's check run: GitHub leaves ``pull_requests`` empty when
+          the head is in another repository), or no check run (a re-requested check suite), is matched to the
+          check run this bot opened on that commit, and takes that job's PR and key."""
+        if isinstance(job, CollectJob):
+            row = db.execute("SELECT j.key FROM audits a JOIN jobs j ON j.id = a.job_id WHERE a.audit_id = ?"
+                             " AND a.repo = ?", (job.audit_id, job.repo)).fetchone() or db.execute(
+                "SELECT key FROM jobs WHERE audit_id = ? AND repo = ? ORDER BY id DESC LIMIT 1",
+                (job.audit_id, job.repo)).fetchone()
+            return replace(job, key=row["key"]) if row else job
+        if not isinstance(job, RerunJob) or (job.pr is not None and job.check_run_id is not None):
+            return job
+        if job.check_run_id is not None:
+            rows = db.execute(f"SELECT * FROM jobs WHERE repo = ? AND check_run_id = ? AND kind IN {_SUPERSEDABLE}"
+                              " ORDER BY id DESC", (job.repo, job.check_run_id)).fetchall()
+        else:
+            rows = db.execute(f"SELECT * FROM jobs WHERE repo = ? AND head_sha = ? AND check_run_id > 0"
+                              f" AND kind IN {_SUPERSEDABLE} ORDER BY id DESC", (job.repo, job.head_sha)).fetchall()
+        for row in rows:
+            try:
+                opened = load_job(row["kind"], row["version"], row["payload"])
+            except JobLoadError:
+                continue
+            pr = getattr(opened, "pr", None)
+            if pr is None or (job.pr is not None and pr != job.pr):
+                continue
+            return replace(job, pr=pr, key=opened.key, check_run_id=row["check_run_id"])
+        return None
 
     @staticmethod
     def _pin(db: sqlite3.Connection, job: Job, now: float) -> Job:
@@ -356,6 +404,10 @@ class SqliteJobStore(JobStore):
             f" AND head_sha IS NOT NULL AND head_sha != ? AND kind IN {_SUPERSEDABLE}",
             (head_sha, now, key, QUEUED, LEASED, head_sha),
         )
+
+    def bind_audit(self, job_id: int, audit_id: str) -> None:
+        with self._tx() as db:
+            db.execute("UPDATE jobs SET audit_id = ? WHERE id = ?", (audit_id, job_id))
 
     def mark_head(self, job_id: int, head_sha: str) -> None:
         now = time.time()
@@ -450,6 +502,11 @@ class SqliteJobStore(JobStore):
                 (status, error[-2000:], now + delay, now, job_id),
             )
             return status
+
+    def note_error(self, job_id: int, owner: str, error: str) -> None:
+        with self._tx() as db:
+            db.execute("UPDATE jobs SET error = ? WHERE id = ? AND lease_owner = ? AND status = ?",
+                       (error[-2000:], job_id, owner, LEASED))
 
     def superseded_by(self, job_id: int) -> str | None:
         row = self._db().execute("SELECT superseded_by FROM jobs WHERE id = ?", (job_id,)).fetchone()

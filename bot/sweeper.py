@@ -91,7 +91,36 @@ class Sweeper:
             # timed_out blocks a required check: selected GPU suites that never reported passed nothing
             return ("timed_out", "GPU results did not arrive",
                     f"No results came back from the GPU runners within {hours:g} h; say `/audit` to try again.")
-        reason = (row.error or row.result or "no reason was recorded").strip()
-        return ("neutral", "The audit could not finish",
-                f"Drift Audit stopped working on this audit after {row.attempts} attempt(s) ({row.status}): "
-                f"{code(reason[:3000])}\n\nSay `/audit` to try again.")  # quoted: error text may echo PR text
+        return gave_up(row.error or row.result, row.attempts, row.status)
+
+
+CRASHED = "AuditCrashed"  # how the error text of an audit that crashed in the pipeline starts (bot.worker)
+RETRY = "Re-run this check from the pull request's Checks tab, or say `/audit`, to audit it again."
+
+
+def crashed(error: str) -> bool:
+    """Did the audit itself fail on this input (the pipeline raised), as opposed to what is around it (GitHub,
+    the network, fetching the commits, the store, a worker process that was stopped)?"""
+    return (error or "").lstrip().startswith(CRASHED)
+
+
+def gave_up(error: str, attempts: int, status: str = "failed") -> tuple[str, str, str]:
+    """(conclusion, title, summary) of a check run whose audit never finished.
+
+    Neither conclusion passes a required check: an audit that did not finish audited nothing, and a PR that makes
+    the auditor crash (or the fetch of its commits fail) must not merge as if it had been audited. ``neutral``,
+    which branch protection counts as passing, is kept for what a maintainer decides (a base config that does not
+    parse). A crash on this input is ``failure``: the same input crashes it again, so only a fixed bot changes
+    it. Anything else is ``cancelled``, which GitHub offers to re-run: it says that nothing was wrong with the
+    change as far as the audit got, and that a re-run is the fix."""
+    reason = code((error or "no reason was recorded").strip()[:3000])  # quoted: error text may echo PR text
+    if crashed(error):
+        return ("failure", "The audit crashed on this pull request",
+                f"Drift Audit crashed while auditing this pull request ({attempts} attempt(s)): {reason}\n\n"
+                "This is a bug in Drift Audit, not a finding about the change. The check fails because nothing "
+                "was audited, and a change the auditor cannot read must not merge as if it had been. "
+                f"{RETRY} Once the bot is fixed the same commit audits normally.")
+    return ("cancelled", "The audit could not finish: re-run it",
+            f"Drift Audit gave up after {attempts} attempt(s) ({status}) on something outside the audit itself "
+            f"(GitHub, the network, fetching the commits, the bot's own store, or a worker that was stopped): {reason}\n\n"
+            f"Nothing was audited, so the check does not pass. {RETRY}")

@@ -36,11 +36,11 @@ from bot.gpu import GpuDispatch, actions_module, failed_suites, merge_results
 from bot.jobs import AuditJob, CollectJob, CommandJob, InstallationJob, Job, RerunJob
 from bot.mirror import Mirrors
 from bot.payloads import Fields
-from bot.publish import Publisher, reply_marker, split_comment
+from bot.publish import COMMENT_MARKER, Publisher, reply_marker, split_comment
 from bot.queue import DONE, FAILED, SUPERSEDED, AuditRecord, JobRow, JobStore
 from bot.security import Gate, RedactingFilter, Redactor, details_url, gpu_gate, is_writer
 from bot.settings import BotSettings
-from bot.sweeper import Sweeper
+from bot.sweeper import RETRY, Sweeper, gave_up
 from checks.config import ConfigError
 from checks.model import Audit, AuditOptions, AuditRequest, Report, Results, SuiteResult, from_json, to_json
 from runner.report.safe import code
@@ -49,6 +49,7 @@ from runner.select import SelectionError
 log = logging.getLogger("drift_audit.worker")
 LOGGERS = ("drift_audit.worker", "drift_audit.sweeper", "drift_audit.app")  # what a Service's redactor filters
 PERMANENT_HTTP = (400, 401, 404, 410, 422)
+CRASH_ATTEMPTS = 2  # an audit that crashed is tried once more (a transient MemoryError), then concluded
 
 
 def _user_errors() -> tuple[type[Exception], ...]:
@@ -68,6 +69,13 @@ USER_ERRORS = _user_errors()
 
 class LeaseLost(RuntimeError):
     """Another worker owns this job now; stop without publishing."""
+
+
+class AuditCrashed(RuntimeError):
+    """The GitHub-free pipeline (git, the diff, tree-sitter, the checks, the report) raised on this input.
+
+    Its name starts the job's error text, which is how ``bot.sweeper.gave_up`` tells a crash (``failure``: the
+    same input crashes it again) from the infrastructure around the audit (``cancelled``: re-run it)."""
 
 
 @dataclass
@@ -253,37 +261,55 @@ class Service:
         return True
 
     def _failed_attempt(self, row: JobRow, owner: str, exc: Exception) -> None:
-        permanent = isinstance(exc, GithubException) and exc.status in PERMANENT_HTTP
+        permanent = (isinstance(exc, GithubException) and exc.status in PERMANENT_HTTP) or (
+            isinstance(exc, AuditCrashed) and row.attempts >= CRASH_ATTEMPTS)
         text = self.redact(f"{type(exc).__name__}: {exc}")
         log.warning("job %s attempt %s failed: %s", row.id, row.attempts, text)
+        if permanent or row.attempts >= row.max_attempts:
+            # reported while the job still holds its lease: whoever waits for the job sees the report done, and
+            # should this process die here, the lease runs out and the sweeper concludes the run with this reason
+            self.store.note_error(row.id, owner, text)
+            self._report_failure(row, text)
         if permanent:
             self.store.finish(row.id, owner, FAILED, error=text)
-            status = FAILED
         else:
             delay = self.settings.retry_backoff * 2 ** max(row.attempts - 1, 0)
             trace = self.redact(traceback.format_exc())[-1500:]
-            status = self.store.retry_later(row.id, owner, text + "\n" + trace, delay)
-        if status == FAILED:
-            self._report_failure(row, text)
+            self.store.retry_later(row.id, owner, text + "\n" + trace, delay)
 
     def _report_failure(self, row: JobRow, text: str) -> None:
-        """Best effort: the check run and the command say the audit could not finish. If this fails too
-        (or the process dies first), the sweeper concludes the check run."""
+        """Best effort: the check run, the PR's comment and the command say the audit could not finish, and
+        whether re-running it can help (``bot.sweeper.gave_up``: a crash fails the check, anything else cancels
+        it; neither passes a required check). If this fails too (or the process dies first), the sweeper
+        concludes the check run the same way."""
         job = row.job
         if job is None:
             return
         try:
             repo = self._repo(job)
             pub = self._publisher(repo)
-            self._conclude_run_of(
-                repo, pub, row.id, "neutral", "The audit could not finish",
-                f"Drift Audit gave up after {row.attempts} attempt(s): {code(text[:2000])}",  # quoted: GitHub or
-                # git may echo PR text (a path, a ref) in an error, and the summary is markdown
-            )
+            conclusion, title, summary = gave_up(text, row.attempts)
+            self._conclude_run_of(repo, pub, row.id, conclusion, title, summary)
+            stored = self.store.get(row.id)
+            head = stored.head_sha if stored else None  # a command learns its head when it runs
+            pr = getattr(job, "pr", None)
+            if pr is not None and head and self._current(job.repo, pr, head, row.id):
+                pub.upsert_comment(pr, _gave_up_comment(conclusion, title, head, text, self._details_url(row.id)))
             if isinstance(job, CommandJob):
                 pub.react(job.comment_id, "confused")
+            if isinstance(job, CollectJob):  # the audit it was folding into waits no more: conclude its run
+                record = self.store.audit(job.audit_id)
+                if record and record.repo == job.repo and record.status == "awaiting-gpu" and job.label in record.pending:
+                    self._conclude_run_of(repo, pub, record.job_id, conclusion, title, summary)
+                    self.store.save_audit(replace(record, status="done", pending=[]))
         except Exception:
             log.exception("job %s: could not report its failure", row.id)
+
+    def _current(self, full_name: str, pr: int, head: str, job_id: int) -> bool:
+        """Is ``head`` still the PR's newest head as far as the bot knows? Only then may a job of it write the
+        PR's comment: a newer head's comment is never overwritten with an older head's news."""
+        known = self.store.known_head(full_name, pr)
+        return (known is None or known == head) and not self.store.superseded_by(job_id)
 
     # ------------------------------------------------------------------ GitHub
     def _repo_of(self, repo: str, installation_id: int | None) -> Any:
@@ -362,8 +388,8 @@ class Service:
             repo, gate=task.gate, head_sha=task.head_sha, workflow=self.settings.gpu_workflow,
             ref=repo.default_branch, redact=self.redact,
             earlier=None if task.gate.allowed else self._earlier_results(job.repo, task.head_sha),
-            awaited=set() if task.gate.allowed else {
-                lab for rec in self.store.awaiting(job.repo, head_sha=task.head_sha) for lab in rec.pending},
+            awaited=set() if task.gate.allowed else self._awaited(job.repo, task.head_sha),
+            on_plan=lambda audit_id: self.store.bind_audit(row.id, audit_id),
         )
         request = AuditRequest(
             repo=mirror, base=task.base_sha, head=task.head_sha, pr=task.pr, trigger=task.trigger,  # type: ignore[arg-type]
@@ -397,6 +423,15 @@ class Service:
         if task.pr is not None:
             self._retire_older(repo, pub, job.repo, task, audit)
         return DONE
+
+    def _awaited(self, full_name: str, head_sha: str) -> set[str]:
+        """Labels an earlier audit of this commit dispatched whose results have not come back: that run reports
+        to this audit too (``_collect``). Also from an audit a newer push retired (A -> B -> A before the results
+        came: they are still this commit's), while its run can still report (``gpu_timeout``)."""
+        since = time.time() - self.settings.gpu_timeout
+        return {lab for rec in self.store.audits_of_head(full_name, head_sha)
+                if rec.status == "awaiting-gpu" or (rec.status == "superseded" and rec.updated > since)
+                for lab in rec.pending}
 
     def _earlier_results(self, full_name: str, head_sha: str) -> Results:
         """The outcomes earlier audits of this commit got from the runners, newest first per suite and label."""
@@ -434,7 +469,8 @@ class Service:
                 repo, pub, old.job_id, "cancelled", "Superseded by a newer push",
                 f"`{task.head_sha[:12]}` is audited instead of `{old.head_sha[:12]}`.",
             )
-            self.store.save_audit(replace(old, status="superseded", pending=[]))
+            # ``pending`` stays: should the head come back (A -> B -> A), its runs still report for that commit
+            self.store.save_audit(replace(old, status="superseded"))
 
     def _conclude_run_of(self, repo: Any, pub: Publisher, job_id: int, conclusion: str, title: str,
                          summary: str) -> None:
@@ -560,6 +596,9 @@ class Service:
     def _rerun(self, row: JobRow, job: RerunJob, beat: _Heartbeat) -> str:
         """Re-run of a PR check run: that run's head, in that run. A run of an older head is closed instead:
         the PR's current head has its own run, and re-running an old one never sends newer code anywhere."""
+        if job.pr is None or job.check_run_id is None:  # intake's store resolves both (bot.queue._route)
+            log.info("job %s: a re-run with no pull request or check run of ours; nothing to do", row.id)
+            return DONE
         repo = self._repo(job)
         pr = repo.get_pull(job.pr)
         if pr.head.sha != job.head_sha or row.superseded_by:
@@ -604,7 +643,10 @@ class Service:
         for later in self.store.awaiting(job.repo, head_sha=record.head_sha):
             if later.audit_id != record.audit_id and job.label in later.pending:
                 self._fold(repo, job, later, incoming, reason, beat)
-        self._fold(repo, job, record, incoming, reason, beat)  # last: a crash before it leaves the run to redo
+        if record.status == "superseded":  # retired by a newer push, its check run closed: only its label is done
+            self.store.save_audit(replace(record, pending=[lab for lab in record.pending if lab != job.label]))
+        else:
+            self._fold(repo, job, record, incoming, reason, beat)  # last: a crash before it leaves the run to redo
         return DONE
 
     def _fold(self, repo: Any, job: CollectJob, record: AuditRecord, incoming: Results | None, reason: str,
@@ -623,7 +665,9 @@ class Service:
         audit.report = _render(audit, blob_url=f"{repo.html_url}/blob/{record.head_sha}", details_url=details)
         beat.check()
         latest = self.store.latest_audit(job.repo, record.pr) if record.pr is not None else None
-        shown = latest is None or latest.audit_id == record.audit_id  # never overwrite a newer head's comment
+        # never overwrite a newer head's comment (a collect runs one at a time with the PR's other jobs: its key)
+        shown = (latest is None or latest.audit_id == record.audit_id) and (
+            record.pr is None or self.store.known_head(job.repo, record.pr) in (None, record.head_sha))
         self.store.save_audit(
             replace(
                 record,
@@ -656,6 +700,8 @@ def _plan_and_run(request: AuditRequest, dispatch: GpuDispatch, *, blob_url: str
             audit = pipeline.run(audit, dispatch)
     except USER_ERRORS as exc:
         return Unrunnable(str(exc))
+    except Exception as exc:
+        raise AuditCrashed(f"{type(exc).__name__}: {exc}") from exc
     audit.report = _render(audit, blob_url=blob_url, details_url=details_url)
     return audit
 
@@ -663,4 +709,18 @@ def _plan_and_run(request: AuditRequest, dispatch: GpuDispatch, *, blob_url: str
 def _render(audit: Audit, *, blob_url: str | None, details_url: str | None) -> Report:
     from runner.report import Context, report
 
-    return report(audit, Context(blob_url=blob_url, details_url=details_url))
+    try:
+        return report(audit, Context(blob_url=blob_url, details_url=details_url))
+    except Exception as exc:  # the report renders PR-derived text: a crash here is a crash on the PR's input
+        raise AuditCrashed(f"{type(exc).__name__} in the report: {exc}") from exc
+
+
+def _gave_up_comment(conclusion: str, title: str, head: str, error: str, details: str) -> str:
+    """The PR comment of an audit that never finished: what happened, that the check does not pass, what to do.
+    The error's first line only (redacted and quoted by the caller's text); the check run holds the rest."""
+    first = (error.strip().splitlines() or ["no reason was recorded"])[0][:300]
+    icon = "💥" if conclusion == "failure" else "⚠️"
+    return (f"{COMMENT_MARKER}\n### {icon} Drift Audit: {title.lower()}\n\n"
+            f"The audit of `{head[:12]}` did not finish: {code(first)}\n\n"
+            f"The **{conclusion}** check does not pass, because nothing was audited. {RETRY} "
+            f"[Details]({details})\n")

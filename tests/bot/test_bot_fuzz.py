@@ -41,6 +41,11 @@ def _sources() -> list[tuple[str, dict]]:
     rerun = fixture_payload("check_run.rerequested")
     rerun["check_run"]["pull_requests"] = [check_run_pr(2, "a" * 40, "b" * 40, repo="Codertocat/Hello-World")]
     out.append(("check_run", rerun))
+    fork_run = fixture_payload("check_run.rerequested")  # a fork's head: no pull request listed
+    out.append(("check_run", fork_run))
+    suite = fixture_payload("check_suite.requested")
+    suite["action"] = "rerequested"
+    out.append(("check_suite", suite))
     out.append(("merge_group", fixture_payload("merge_group.checks_requested")))
     run = fixture_payload("workflow_run.completed")
     run["installation"] = installation_lite(1)

@@ -115,7 +115,8 @@ def test_every_fixture_maps_to_the_right_job():
     assert mg.head_sha == mg_payload["merge_group"]["head_sha"] and mg.base_sha == mg_payload["merge_group"]["base_sha"]
 
     rerun = fixture_payload("check_run.rerequested")
-    assert isinstance(job_for("check_run", rerun), Ignored)  # no PR and not a merge-queue run of ours
+    fork_run = job_for("check_run", rerun)  # no PR listed (a fork's head): the store finds it from the run's job
+    assert fork_run.kind == "rerun" and fork_run.pr is None and fork_run.check_run_id == rerun["check_run"]["id"]
     rerun["check_run"]["pull_requests"] = [check_run_pr(5, "a" * 40, "b" * 40)]
     again = job_for("check_run", rerun)
     assert again.kind == "rerun" and again.pr == 5 and again.check_run_id == rerun["check_run"]["id"]
@@ -131,6 +132,10 @@ def test_every_fixture_maps_to_the_right_job():
     inst = job_for("installation", fixture_payload("installation.created"))
     assert inst.kind == "installation" and "Codertocat/Hello-World" in inst.note
     assert isinstance(job_for("check_suite", fixture_payload("check_suite.requested")), Ignored)
+    suite = fixture_payload("check_suite.requested")
+    suite["action"] = "rerequested"  # "Re-run all checks": the suite's head, the run found by the store
+    again = job_for("check_suite", suite)
+    assert (again.kind, again.head_sha, again.check_run_id) == ("rerun", suite["check_suite"]["head_sha"], None)
 
 
 def test_forks_and_first_timers_are_untrusted():

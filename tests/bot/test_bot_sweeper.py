@@ -44,7 +44,8 @@ def test_kill9_in_each_window_leaves_no_check_run_unconcluded(tmp_path, ghstub, 
     try:
         _deliver(svc, pr_payload("opened", number=21, head=head, base=base))
         if window == "after the last attempt failed":
-            wait_for(lambda: _status(store) == "failed", timeout=60, interval=0.01)
+            # the attempt's reason is recorded as its failure report starts, whose first request then stalls
+            wait_for(lambda: store.jobs() and "502" in store.jobs()[0].error, timeout=60, interval=0.01)
         else:
             wait_for(lambda: state.arrived("PATCH", "/check-runs/"), timeout=30, interval=0.01)
         svc.kill9()
@@ -56,8 +57,8 @@ def test_kill9_in_each_window_leaves_no_check_run_unconcluded(tmp_path, ghstub, 
         svc.start()
         wait_for(lambda: state.check_runs[run["id"]]["status"] == "completed", timeout=30)
         concluded = state.check_runs[run["id"]]
-        assert concluded["conclusion"] == "neutral"
-        assert "could not finish" in concluded["output"]["title"]
+        assert concluded["conclusion"] == "cancelled"  # blocks a required check, and GitHub offers a re-run
+        assert "could not finish" in concluded["output"]["title"] and "Re-run" in concluded["output"]["summary"]
         reason = concluded["output"]["summary"]
         assert ("502" in reason) if window == "after the last attempt failed" else ("lease expired" in reason)
         wait_for(lambda: store.jobs()[0].run_state == "closed", timeout=5)  # recorded once GitHub accepted it
@@ -84,7 +85,7 @@ def test_the_timer_concludes_a_run_whose_failure_report_failed(bot_factory, engi
     assert state.check_runs[run["id"]]["status"] != "completed"
     state.fault.rate = 0.0
     wait_for(lambda: state.check_runs[run["id"]]["status"] == "completed", timeout=10)
-    assert state.check_runs[run["id"]]["conclusion"] == "neutral"
+    assert state.check_runs[run["id"]]["conclusion"] == "cancelled"
     wait_for(lambda: bot.store.jobs()[0].run_state == "closed", timeout=5)
 
 
@@ -138,6 +139,6 @@ def test_a_dead_lettered_job_with_a_queued_check_run_gets_it_concluded(bot_facto
     (dead,) = bot.store.jobs("dead")
     swept = bot.service.sweeper.sweep()
     assert swept.concluded == [run["id"]]
-    assert state.check_runs[run["id"]]["conclusion"] == "neutral"
+    assert state.check_runs[run["id"]]["conclusion"] == "cancelled"
     assert "dead-lettered" in state.check_runs[run["id"]]["output"]["summary"]
     assert bot.store.get(dead.id).run_state == "closed" and bot.service.sweeper.sweep().concluded == []
