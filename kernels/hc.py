@@ -125,10 +125,11 @@ def _hc_pre_kernel(x_ptr, fn_ptr, base_ptr, scale_ptr, col_ptr, post_ptr, comb_p
 
 @triton.jit
 def _hc_weights(acc, ss, base_ptr, scale_ptr, K, iters, eps, norm_eps, N: tl.constexpr, NMIX: tl.constexpr,
-                BLOCK_T: tl.constexpr):
+                BLOCK_T: tl.constexpr, ITERS: tl.constexpr = 0):
     """Per-token mixing weights from the raw logits ``acc[BT, NMIX]`` (``x·fnᵀ``, not yet normalised) and the
     sums of squares ``ss[BT]`` over the ``K = N·D`` flattened row: ``(pre[BT, N], post[BT, N], comb[BT, N, N])``
-    with ``comb`` projected by Sinkhorn-Knopp exactly as :func:`hc_pre_ref` does (columns first)."""
+    with ``comb`` projected by Sinkhorn-Knopp exactly as :func:`hc_pre_ref` does (columns first); ``ITERS`` > 0
+    unrolls the iterations (it must equal ``iters``)."""
     mix_i = tl.arange(0, NMIX)
     n_mix = (2 + N) * N
     rstd = 1.0 / tl.sqrt_rn(ss / K + norm_eps)
@@ -151,9 +152,14 @@ def _hc_weights(acc, ss, base_ptr, scale_ptr, K, iters, eps, norm_eps, N: tl.con
     ce = tl.exp(cl)
     comb = ce / tl.sum(ce, axis=2)[:, :, None] + eps
     comb = comb / (tl.sum(comb, axis=1)[:, None, :] + eps)
-    for _ in range(iters - 1):
-        comb = comb / (tl.sum(comb, axis=2)[:, :, None] + eps)
-        comb = comb / (tl.sum(comb, axis=1)[:, None, :] + eps)
+    if ITERS > 0:  # unrolled (``ITERS`` = iters): no loop inside the caller's loop, which the pipeliner needs
+        for _ in tl.static_range(ITERS - 1):
+            comb = comb / (tl.sum(comb, axis=2)[:, :, None] + eps)
+            comb = comb / (tl.sum(comb, axis=1)[:, None, :] + eps)
+    else:
+        for _ in range(iters - 1):
+            comb = comb / (tl.sum(comb, axis=2)[:, :, None] + eps)
+            comb = comb / (tl.sum(comb, axis=1)[:, None, :] + eps)
     return pre, post, comb
 
 
@@ -725,6 +731,119 @@ def _hc_groupw_kernel(x_ptr, fn_ptr, base_ptr, scale_ptr, col_ptr, post_ptr, com
         xprev = xt
 
 
+@triton.jit
+def _spin_ptx(ptr, target, polls):
+    """Per element: poll ``*ptr`` (``ld.acquire.gpu``) until it reaches ``target`` or ``polls`` polls have
+    passed; returns the last value. A loop in PTX, so the caller's loop has no inner loop (the software
+    pipeliner leaves loops that hold one alone)."""
+    return tl.inline_asm_elementwise(
+        """{
+        .reg .pred %p;
+        .reg .u32 %n;
+        mov.u32 %n, 0;
+        LAB_WAIT:
+        ld.acquire.gpu.global.u32 $0, [$1];
+        setp.ge.s32 %p, $0, $2;
+        @%p bra LAB_DONE;
+        add.u32 %n, %n, 1;
+        setp.lt.s32 %p, %n, $3;
+        @%p bra LAB_WAIT;
+        LAB_DONE:
+        }""", "=r,l,r,r", [ptr, target, polls], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _bar_ptx(v, FENCE: tl.constexpr):
+    """A CTA barrier (``fence.acq_rel.gpu`` first in every thread with ``FENCE``) as inline PTX on the scalar
+    ``v`` (returned): unlike ``tl.debug_barrier`` it leaves the loop to the software pipeliner."""
+    if FENCE:
+        return tl.inline_asm_elementwise("fence.acq_rel.gpu;\n\tbar.sync 0;\n\tmov.b32 $0, $1;", "=r,r", [v],
+                                         dtype=tl.int32, is_pure=False, pack=1)
+    else:
+        return tl.inline_asm_elementwise("bar.sync 0;\n\tmov.b32 $0, $1;", "=r,r", [v], dtype=tl.int32,
+                                         is_pure=False, pack=1)
+
+
+@triton.jit
+def _ld_cg(ptrs):
+    """``ld.global.cg`` of fp32 words as inline PTX: a load the software pipeliner cannot move ahead of the
+    wait before it (it only pipelines ``tl.load``)."""
+    return tl.inline_asm_elementwise("ld.global.cg.b32 $0, [$1];", "=r,l", [ptrs], dtype=tl.float32, is_pure=False,
+                                     pack=1)
+
+
+@triton.jit(do_not_specialize=["T", "n_tb", "SPIN"])
+def _hc_groupp_kernel(x_ptr, fn_ptr, base_ptr, scale_ptr, col_ptr, post_ptr, comb_ptr, acc_ptr, cnt_ptr, err_ptr,
+                      T, D, n_tb, iters, eps, norm_eps, SPIN, N: tl.constexpr, NMIX: tl.constexpr,
+                      BLOCK_T: tl.constexpr, DW: tl.constexpr, P: tl.constexpr, STAGES: tl.constexpr,
+                      ITERS: tl.constexpr, GPU: tl.constexpr, FENCE: tl.constexpr):
+    """:func:`_hc_groupw_kernel` with a loop the software pipeliner takes: the wait is a PTX loop and the
+    Sinkhorn is unrolled (``ITERS``), so the slabs of the next ``STAGES - 1`` blocks stream into shared
+    memory (async copies) while a step exchanges, waits and collapses. ``GPU`` False (the interpreter):
+    the wait is a Triton loop and the dot is fp32."""
+    pid = tl.program_id(0)
+    n_groups = tl.num_programs(0) // P
+    g = pid // P
+    m = pid % P
+    K = N * D
+    n_mix = (2 + N) * N
+    r = tl.arange(0, N * DW)  # slab row: stream r // DW, column m·DW + r % DW
+    dcol = m * DW + r % DW
+    km = dcol < D
+    kk = (r // DW) * D + dcol
+    mix_i = tl.arange(0, NMIX)
+    jn = tl.arange(0, N)
+    nn = tl.arange(0, N * N)
+    w = tl.load(fn_ptr + mix_i[:, None] * K + kk[None, :], mask=(mix_i[:, None] < n_mix) & km[None, :], other=0.0)
+    hi = w.to(tl.bfloat16)
+    lo = (w - hi.to(tl.float32)).to(tl.bfloat16)
+    wa = tl.reshape(tl.permute(tl.join(hi, lo), (2, 0, 1)), [2 * NMIX, N * DW])  # hi rows, then lo rows
+    tt = tl.arange(0, BLOCK_T)
+    d = m * DW + tl.arange(0, DW)
+    n_steps = tl.cdiv(n_tb - g, n_groups)
+    budget = SPIN
+    for j in tl.range(0, n_steps, num_stages=STAGES):
+        tb = g + j * n_groups
+        t = tb.to(tl.int64) * BLOCK_T + tt
+        tm = t < T
+        xt = tl.load(x_ptr + t[None, :] * K + kk[:, None], mask=km[:, None] & tm[None, :], other=0.0)
+        if GPU:
+            a2 = tl.dot(wa, xt)  # [2·NMIX, BT]
+        else:
+            a2 = tl.dot(wa.to(tl.float32), xt.to(tl.float32), input_precision="ieee")
+        lt = tl.sum(tl.reshape(a2, [2, NMIX, BLOCK_T]), axis=0)  # hi + lo products: [NMIX, BT]
+        ss = tl.sum(xt.to(tl.float32) * xt.to(tl.float32), axis=0)
+        tl.atomic_add(acc_ptr + t[None, :] * (NMIX + 1) + mix_i[:, None], lt,
+                      mask=tm[None, :] & (mix_i[:, None] < n_mix), sem="relaxed")
+        tl.atomic_add(acc_ptr + t * (NMIX + 1) + NMIX, ss, mask=tm, sem="relaxed")
+        if GPU:
+            tb = _bar_ptx(tb, FENCE)
+        else:
+            tl.debug_barrier()
+        tl.atomic_add(cnt_ptr + tb, 1, sem="release")
+        if GPU:
+            c = _spin_ptx(cnt_ptr + tb + tt * 0, P, SPIN)
+            tl.atomic_xchg(err_ptr + tt * 0, 1, mask=c < P)
+            tr = tl.where(tm, t, 0)  # masked rows read row 0 (in bounds), then are dropped
+            tot = tl.where(tm[:, None], _ld_cg(acc_ptr + tr[:, None] * (NMIX + 1) + mix_i[None, :]), 0.0)
+            tss = tl.where(tm, _ld_cg(acc_ptr + tr * (NMIX + 1) + NMIX), 0.0)
+        else:
+            budget = _grp_wait(cnt_ptr, err_ptr, tb, budget, P)
+            tot = tl.load(acc_ptr + t[:, None] * (NMIX + 1) + mix_i[None, :], mask=tm[:, None], other=0.0,
+                          cache_modifier=".cg")
+            tss = tl.load(acc_ptr + t * (NMIX + 1) + NMIX, mask=tm, other=0.0, cache_modifier=".cg")
+        pre, post, comb = _hc_weights(tot, tss, base_ptr, scale_ptr, K, iters, eps, norm_eps, N, NMIX, BLOCK_T,
+                                      ITERS)
+        if m == 0:
+            tl.store(post_ptr + t[:, None] * N + jn[None, :], post, mask=tm[:, None])
+            tl.store(comb_ptr + t[:, None] * (N * N) + nn[None, :], tl.reshape(comb, [BLOCK_T, N * N]),
+                     mask=tm[:, None])
+        x3 = tl.reshape(xt, [N, DW, BLOCK_T]).to(tl.float32)
+        cv = tl.sum(x3 * tl.trans(pre)[:, None, :], axis=0)  # [DW, BT]
+        tl.store(col_ptr + t[None, :] * D + d[:, None], cv.to(col_ptr.dtype.element_ty),
+                 mask=(d < D)[:, None] & tm[None, :])
+
+
 #: the group kernel's timeout flag of its last launch (non-zero: a program gave up waiting; results are wrong)
 GROUP_ERR: list[torch.Tensor | None] = [None]
 
@@ -782,6 +901,7 @@ HC_PRE = {"variant": "split", "split": {"bt": 256, "bk": 64, "s": 8, "bt2": 16, 
           "group": {"bt": 32, "dw": 128, "parts": 2, "lag": 1, "hold": True, "fence": True, "late": True, "warps": 8,
                     "per_sm": 1},
           "groupw": {"bt": 32, "dw": 128, "pf": 1, "lag": 0, "warps": 8, "per_sm": 1},
+          "groupp": {"bt": 32, "dw": 128, "stages": 3, "fence": True, "warps": 8, "per_sm": 1},
           "fused": {"bt": 64, "bd": 64, "warps": 8}, "persist": {"bt": 64, "bd": 64, "warps": 8, "per_sm": 2,
                                                                           "overlap": True}}
 
@@ -910,6 +1030,27 @@ def hc_pre(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.T
         if n_p > resident:
             raise ValueError(f"hc_pre: a group of {n_p} programs exceeds the {resident} resident ones; raise dw")
         _hc_groupw_kernel[(min(n_tb, resident // n_p) * n_p,)](*wargs, **wkw)
+        GROUP_ERR[0] = sync[n_tb:]
+    elif v == "groupp":
+        if not interp and x.dtype != torch.bfloat16:
+            raise ValueError("hc_pre: the groupp variant takes bf16 streams (its MMA operands are bf16)")
+        p = {**HC_PRE["groupp"], **tune}
+        bt, dw = p["bt"], min(p["dw"], max(16, next_pow2(d)))
+        if interp:  # one program per group: programs run one after another
+            bt, dw = 16, max(16, next_pow2(d))
+        n_p, n_tb = triton.cdiv(d, dw), triton.cdiv(t, bt)
+        scratch = torch.zeros(t * (nmix + 1) + n_tb + 1, dtype=torch.float32, device=x.device)
+        sync = scratch[t * (nmix + 1):].view(torch.int32)
+        pkw = dict(N=n, NMIX=nmix, BLOCK_T=bt, DW=dw, P=n_p, STAGES=p["stages"], ITERS=iters, GPU=not interp,
+                   FENCE=bool(p["fence"]), num_warps=p["warps"])
+        pargs = (xc, fnc, bc, sc, col, post, comb, scratch[:t * (nmix + 1)], sync[:n_tb], sync[n_tb:], t, d, n_tb,
+                 iters, eps, norm_eps, p.get("spin", 1 << 16))
+        resident = p.get("groups", 2) if interp else min(
+            _resident_programs(_hc_groupp_kernel, pargs, pkw, x.device),
+            p["per_sm"] * torch.cuda.get_device_properties(x.device).multi_processor_count)
+        if n_p > resident:
+            raise ValueError(f"hc_pre: a group of {n_p} programs exceeds the {resident} resident ones; raise dw")
+        _hc_groupp_kernel[(min(n_tb, resident // n_p) * n_p,)](*pargs, **pkw)
         GROUP_ERR[0] = sync[n_tb:]
     elif v == "fused":
         if interp:
