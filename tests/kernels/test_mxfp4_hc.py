@@ -250,3 +250,24 @@ def test_hc_pre_group_one_pass_matches_the_reference(device):
             torch.testing.assert_close(col, ref[0], atol=tol[0], rtol=tol[1])
             torch.testing.assert_close(post, ref[1], rtol=1e-4, atol=1e-5)
             torch.testing.assert_close(comb, ref[2], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("variant", ["groupw", "groupp"])
+@pytest.mark.parametrize("device", DEVICES)
+def test_hc_pre_group_mma_designs_match_the_reference(device, variant):
+    """The grouped one-pass designs with the transposed slab as the MMA's B operand and fn's two bf16 parts
+    (hi + lo: 16 mantissa bits, products exact) stacked as A: prefetch depths and lags (groupw), the
+    pipelined loop (groupp); several groups, partial token blocks, and on a GPU a partly masked member."""
+    inp = _hc_inputs(37, 4, 200, device, torch.bfloat16)
+    ref = hc.hc_pre_ref(**inp)
+    tunes = {"groupw": ({"groups": 3}, {"groups": 1, "pf": 2, "lag": 1}, {"pf": 0, "lag": 1}),
+             "groupp": ({"groups": 3}, {"groups": 1, "stages": 2})}[variant]
+    for tune in tunes:
+        if device != "cpu":
+            tune = {k: v for k, v in tune.items() if k != "groups"} | {"bt": 16}
+        col, post, comb = hc.hc_pre(**inp, variant=variant, **tune)
+        if device != "cpu":
+            assert not hc.GROUP_ERR[0].item()
+        torch.testing.assert_close(col, ref[0], atol=1 / 64, rtol=2**-7)
+        torch.testing.assert_close(post, ref[1], rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(comb, ref[2], rtol=1e-4, atol=1e-5)
