@@ -60,6 +60,8 @@ PURE_DECORATORS = {
     # kernel DSLs wrap a function into a kernel or device op, registering nothing (CuTe DSL, TileLang/TVM, torch)
     "dsl_user_op", "kernel", "prim_func", "macro", "script", "custom_fwd", "custom_bwd", "deprecated",
     "no_type_check", "enable_grad",
+    # torch.compiler / torch._dynamo: keep a function out of (or in) a traced graph
+    "disable", "allow_in_graph", "assume_constant_result",
 }
 _DYNAMIC_CALLS = {"getattr", "hasattr", "vars", "dir", "getmembers"}
 # in a file's text, ways to reach a module's names without spelling them
@@ -87,6 +89,11 @@ class Stmt:
     registered_by_call: frozenset[str] = frozenset()  # those of them called as the decorator (``@register(C)``)
     # the classes it is registered for (``@register_handler(AWQConfig)``): only code naming one looks it up
     keys: frozenset[str] = frozenset()
+    # a module-level registration call (``AutoModel.register(KDAConfig, KDAModel)``): the binding it is made
+    # through and the bindings it hands over; through a library's registry it binds those names (``_registering``)
+    call_base: str = ""
+    call_args: frozenset[str] = frozenset()
+    decorated_by: frozenset[str] = frozenset()  # the names of its decorators that may register (not pure ones)
 
 
 @dataclass(frozen=True)
@@ -112,6 +119,10 @@ class ModuleInfo:
     escapes: frozenset[str] = frozenset()  # names used as values (in a tuple, passed on): any attribute may be read
     registries: frozenset[str] = frozenset()  # bindings decorated definitions register into (Stmt.registers)
     registry_functions: frozenset[str] = frozenset()  # those called as decorators: functions filling a table
+    # top-level functions that, used as decorators, only wrap what they decorate (``@functools.wraps`` inside,
+    # nothing stored into a table of the module at decoration time): decorating with them registers nothing
+    wrappers: frozenset[str] = frozenset()
+    strings: bytes = b""  # the string constants, one a line, of a module that imports by name
 
 
     def changed_at(self, lines: Iterable[int]) -> Changed:
@@ -147,20 +158,32 @@ class ModuleInfo:
                     return ALL
         return frozenset(changed)
 
-    def may_load(self, module_path: str, names: Changed) -> bool:
+    def may_load(self, module_path: str, names: Changed, static: bool = False) -> bool:
         """Whether a run-time import here (``import_module(OPS[op])`` + ``getattr``) could reach ``names``.
 
         Only when the module's stem and one of the names appear somewhere in this file's text:
-        registries spell both out as strings, however they are put together.
+        registries spell both out as strings, however they are put together. ``static``: this file also
+        imports the module by a statement (``from .cross_entropy import F``), so a stem spelled only in code
+        is that import, and only a stem among the strings (``"pkg.ops.cross_entropy"``) says a run-time one.
         """
         if not self.imports_by_name:
             return False
         stem = module_path.rsplit("/", 1)[-1].removesuffix(".py")
         if stem == "__init__":
             stem = module_path.rsplit("/", 2)[-2] if "/" in module_path else stem
-        if not _word(stem, self.text):
+        if not _word(stem, self.strings if static else self.text):
             return False
         return names == ALL or any(_word(n, self.text) for n in names)
+
+
+    def loaders(self) -> frozenset[str]:
+        """The names bound by the statements that import by name (``import_module``, ``__import__``)."""
+        lines = self.text.splitlines()
+        out: set[str] = set()
+        for st in self.stmts:
+            if any(b"import_module" in ln or b"__import__" in ln for ln in lines[st.start - 1:st.end]):
+                out |= st.names
+        return frozenset(out)
 
 
 @lru_cache(maxsize=256)
@@ -266,15 +289,41 @@ def _class_keys(node: ast.expr) -> frozenset[str]:
     return frozenset(out)
 
 
+# decorator names that say they register what they decorate somewhere a library looks it up (``custom_op``,
+# ``register_fake``, ``app.route``, ``app.get``, ``click.command``, ``hookimpl``)
+_REGISTERING = re.compile(
+    r"regist|custom_op|^op$|_op$|impl|route|hook|fake|librar|export|entry|plugin|command|group|handler|listen"
+    r"|subscri|callback|^on_|task|endpoint|^(get|post|put|patch|delete|head|options|websocket)$|^define|^add_",
+    re.IGNORECASE)
+
+
+_LAYOUT_DIRS = {"src", "python", "lib", "py"}
+
+
 def _registering(path: str, stmts: list[Stmt], bindings: list[Binding]) -> list[Stmt]:
     """Decorated definitions whose decorators all come from the tree's own package (imported from it, or
     defined here) register into a registry the tree holds: the definition and that registry binding change,
-    not the whole module. Other registering decorators (a library's) keep the whole module changed."""
-    package = set(path.split("/")[:-1])
+    not the whole module. A library's decorator named like a registration (``custom_op``, ``route``) keeps
+    the whole module changed; any other library decorator only wraps. A module-level ``Lib.register(Key, Value)`` into a library's registry binds its arguments instead."""
+    # the tree's package: the file's first directory, or the first after a layout one (``src/pkg/…``); a
+    # directory deeper down named like a library (``pkg/transformers/``) does not make that library the tree's
+    dirs = path.split("/")[:-1]
+    package = set(dirs[:1]) | set([d for d in dirs if d not in _LAYOUT_DIRS][:1])
     own = {b.local for b in bindings if stmts[b.stmt].imports and b.module.split(".", 1)[0] in package}
     own |= {n for st in stmts if not st.imports for n in st.names}
     out = []
     for st in stmts:
+        if st.call_base and st.call_base not in own and any(b.local == st.call_base for b in bindings):
+            # a library's registry (``AutoModel.register(Cfg, Model)``): what is looked up under the keys it
+            # was handed changes with them, so the statement binds them; nothing else of the module changes
+            st = dataclasses.replace(st, names=st.names | st.call_args, effect=False)
+        library = st.registers - own
+        if library and not any(_REGISTERING.search(d) for d in st.decorated_by):
+            # a library's decorator named like no registration (``@can_return_tuple``, ``@cuda_required``,
+            # ``@torch.compile``): it wraps the definition, which changes alone
+            kept = st.registers & own
+            st = dataclasses.replace(st, registers=kept, registered_by_call=st.registered_by_call & kept,
+                                     keys=st.keys if kept else frozenset(), effect=False)
         if st.registers:
             if st.registers <= own:
                 st = dataclasses.replace(st, effect=False)
@@ -314,6 +363,9 @@ def _bound(node: ast.stmt, imported: set[str]) -> tuple[set[str], bool]:
         return names, False
     if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
         return set(), False  # a docstring
+    own = _own_mutation(node, imported)
+    if own:
+        return {own}, False
     if isinstance(node, (ast.If, ast.Try)) or node.__class__.__name__ == "TryStar":
         names, effect = set(), False  # "if TYPE_CHECKING:", "try: import x / except ImportError: x = None"
         for inner in _block_statements(node):
@@ -324,6 +376,26 @@ def _bound(node: ast.stmt, imported: set[str]) -> tuple[set[str], bool]:
     if isinstance(node, ast.Pass):
         return set(), False
     return set(), True
+
+
+_MUTATORS = {"append", "extend", "update", "add", "insert", "setdefault", "remove", "discard"}
+
+
+def _own_mutation(node: ast.stmt, imported: set[str]) -> str | None:
+    """The module's own binding a statement like ``__all__.extend([...])`` or ``TABLE.update({"k": f})``
+    changes in place (with no call among its arguments): it binds that name again, with no other effect.
+    None for anything else (``sys.path.append``: an imported module's state)."""
+    if not isinstance(node, ast.Expr) or not isinstance(node.value, ast.Call):
+        return None
+    func = node.value.func
+    if not (isinstance(func, ast.Attribute) and func.attr in _MUTATORS and isinstance(func.value, ast.Name)):
+        return None
+    if func.value.id in imported:
+        return None
+    for arg in [*node.value.args, *(k.value for k in node.value.keywords)]:
+        if any(isinstance(sub, (ast.Call, ast.Await, ast.Yield, ast.NamedExpr)) for sub in ast.walk(arg)):
+            return None
+    return func.value.id
 
 
 def _block_statements(node: ast.stmt) -> list[ast.stmt]:
@@ -355,8 +427,10 @@ def _flat_statements(node: ast.stmt, imported: set[str], scan: _Scan) -> list[tu
         refs, uses = scan.refs(node)
         registers: frozenset[str] = frozenset()
         by_call: frozenset[str] = frozenset()
+        decorated_by: frozenset[str] = frozenset()
         if effect and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             decorators = [d for d in node.decorator_list if _decorator_name(d) not in PURE_DECORATORS]
+            decorated_by = frozenset(_decorator_name(d) for d in decorators)
             bases = [_decorator_base(d) for d in decorators]
             if all(bases):
                 registers = frozenset(b for b in bases if b)  # kept only when they resolve (_registering)
@@ -364,9 +438,10 @@ def _flat_statements(node: ast.stmt, imported: set[str], scan: _Scan) -> list[tu
                                     if b and isinstance(d.func if isinstance(d, ast.Call) else d, ast.Name))
                 class_keys = [_class_keys(d) for d in decorators]
                 keys = frozenset().union(*class_keys) if class_keys and all(class_keys) else frozenset()
+        base, args = _registration_call(node) if effect else ("", frozenset())
         stmt = Stmt(start, node.end_lineno or node.lineno, frozenset(names), frozenset(refs), effect,
                     isinstance(node, (ast.Import, ast.ImportFrom)), frozenset(uses), registers, by_call,
-                    keys if registers else frozenset())
+                    keys if registers else frozenset(), base, args, decorated_by)
         return [(stmt, node)]
     out: list[tuple[Stmt, ast.stmt | None]] = []
     for inner in _block_statements(node):
@@ -383,6 +458,31 @@ def _flat_statements(node: ast.stmt, imported: set[str], scan: _Scan) -> list[tu
     out.append((Stmt(node.lineno, node.end_lineno or node.lineno, frozenset(names), frozenset(heads), effect,
                      False, frozenset(head_uses)), None))
     return out
+
+
+def _registration_call(node: ast.stmt) -> tuple[str, frozenset[str]]:
+    """(the binding it goes through, the bindings it hands over) for ``X.register(A, B, exist_ok=True)`` or
+    ``register_model(A)`` as a statement of its own; ("", ∅) for any other statement. Only names, attributes
+    of names and constants as arguments: a call or a lambda among them may do anything."""
+    if not isinstance(node, ast.Expr) or not isinstance(node.value, ast.Call):
+        return "", frozenset()
+    call = node.value
+    callee = call.func.attr if isinstance(call.func, ast.Attribute) else \
+        call.func.id if isinstance(call.func, ast.Name) else ""
+    if not callee.lower().startswith("register"):
+        return "", frozenset()
+    base = _decorator_base(call.func)
+    args: set[str] = set()
+    for arg in [*call.args, *(k.value for k in call.keywords)]:
+        while isinstance(arg, ast.Attribute):
+            arg = arg.value
+        if isinstance(arg, ast.Name):
+            args.add(arg.id)
+        elif not isinstance(arg, ast.Constant):
+            return "", frozenset()
+    if not base or not args:
+        return "", frozenset()
+    return base, frozenset(args)
 
 
 def _bindings(path: str, index: int, node: ast.stmt) -> list[Binding]:
@@ -467,11 +567,173 @@ def _tree_info(path: str, data: bytes, tree: ast.Module) -> tuple[ModuleInfo, li
     )
     runs = tuple(dict.fromkeys(imp.module for imp in strings_run(scan.strings)))
     escapes = {sub.id for sub in scan.loads if id(sub) not in scan.bases}
+    wrappers = frozenset(node.name for node in tree.body
+                         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and _wraps_only(node))
     return ModuleInfo(tuple(stmts), tuple(bindings), refs, frozenset(scan.dynamic), False, scan.by_name,
                       data if scan.by_name else b"", trivial, runs,
                       {k: frozenset(v) for k, v in scan.attrs.items()}, frozenset(escapes),
                       frozenset(n for st in stmts for n in st.registers),
-                      frozenset(n for st in stmts for n in st.registered_by_call)), scan.strings
+                      frozenset(n for st in stmts for n in st.registered_by_call), wrappers,
+                      "\n".join(scan.strings).encode("utf-8", "replace") if scan.by_name else b""), scan.strings
+
+
+# calls that read or wrap a decorated function without keeping it anywhere
+_WRAPPING_CALLS = PURE_DECORATORS | {
+    "update_wrapper", "signature", "getfullargspec", "isinstance", "issubclass", "callable", "getattr", "hasattr",
+    "len", "set", "list", "tuple", "dict", "frozenset", "str", "repr", "type", "id", "partial", "disable",
+    "iscoroutinefunction", "isclass", "isfunction", "getsource", "warn",
+}
+_STORING_METHODS = {"append", "add", "register", "setdefault", "update", "insert", "extend", "__setitem__",
+                    "appendleft"}
+
+
+def _own_statements(body: list[ast.stmt]) -> Iterator[ast.stmt]:
+    """The statements of a body, nested blocks (if, for, with, try) included, not the bodies of defs in it."""
+    stack = list(reversed(body))
+    while stack:
+        node = stack.pop()
+        yield node
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue
+        for name in ("body", "orelse", "finalbody"):
+            stack.extend(reversed(getattr(node, name, None) or []))
+        for handler in getattr(node, "handlers", None) or []:
+            stack.extend(reversed(handler.body))
+        for case in getattr(node, "cases", None) or []:
+            stack.extend(reversed(case.body))
+
+
+def _nested_defs(body: list[ast.stmt]) -> dict[str, ast.FunctionDef | ast.AsyncFunctionDef]:
+    out: dict[str, ast.FunctionDef | ast.AsyncFunctionDef] = {}
+    for node in _own_statements(body):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            out[node.name] = node
+    return out
+
+
+def _returned(body: list[ast.stmt], defs: dict[str, ast.FunctionDef | ast.AsyncFunctionDef]) -> list[str]:
+    """The nested defs ``body`` returns by name (``return decorator``, ``return decorator(fn)``)."""
+    out = []
+    for node in _own_statements(body):
+        if isinstance(node, ast.Return) and node.value is not None:
+            value = node.value.func if isinstance(node.value, ast.Call) else node.value
+            if isinstance(value, ast.Name) and value.id in defs:
+                out.append(value.id)
+    return out
+
+
+def _wraps_only(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    """Whether ``fn``, used as a decorator, only wraps: it returns a nested def, and the code that runs when it
+    decorates (its own body and, for a factory ``@deco(arg)``, the body of the def it returns; not the wrapper
+    that runs at call time) stores nothing outside its locals: no ``TABLE[k] = f``, ``REG.append(f)``,
+    ``global``, and hands the decorated function to no call but ``wraps`` and the like."""
+    defs = _nested_defs(fn.body)
+    first = _returned(fn.body, defs)
+    if not first:
+        return False  # "return fn" after filling a table, or no decorator at all
+    # what ``fn`` returns runs at decoration time when ``fn`` is a factory (``@deco(arg)``: it returns a def in
+    # turn, the wrapper, whose body runs at call time); for a plain ``@deco`` it is the wrapper itself, read
+    # all the same (a table filled at call time is taken as one filled when decorating: the old answer)
+    levels: list[ast.FunctionDef | ast.AsyncFunctionDef] = [fn, *(defs[name] for name in dict.fromkeys(first))]
+    params: set[str] = set()
+    local: set[str] = set(defs)
+    for level in levels:
+        a = level.args
+        params |= {x.arg for x in [*a.posonlyargs, *a.args, *a.kwonlyargs, *filter(None, [a.vararg, a.kwarg])]}
+        local |= set(_nested_defs(level.body))
+    local |= params
+    for level in levels:
+        for node in _decoration_time(level):
+            if isinstance(node, (ast.Global, ast.Nonlocal)):
+                return False
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                local.add(node.id)
+    for level in levels:
+        for node in _decoration_time(level):
+            if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
+                targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]
+                for t in targets:
+                    for sub in ast.walk(t):
+                        if isinstance(sub, (ast.Attribute, ast.Subscript)) and _base_name(sub) not in local:
+                            return False  # a table or attribute outside the decorator's own locals
+            elif isinstance(node, ast.Call):
+                callee = _decorator_name(node.func)
+                if isinstance(node.func, ast.Attribute) and callee in _STORING_METHODS \
+                        and _base_name(node.func) not in local:
+                    return False
+                if callee == "setattr" and node.args and _base_name(node.args[0]) not in local:
+                    return False
+                passed = [x for x in [*node.args, *(k.value for k in node.keywords)]
+                          if isinstance(x, ast.Name) and x.id in params]
+                if passed and callee not in _WRAPPING_CALLS and callee not in defs and callee not in local:
+                    return False  # handed to a function that may keep it
+    return True
+
+
+def _base_name(node: ast.AST) -> str | None:
+    while isinstance(node, (ast.Attribute, ast.Subscript, ast.Call)):
+        node = node.func if isinstance(node, ast.Call) else node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def _decoration_time(level: ast.FunctionDef | ast.AsyncFunctionDef) -> Iterator[ast.AST]:
+    """The nodes of ``level``'s body, decorators of nested defs included, their bodies not."""
+    todo: deque[ast.AST] = deque(level.body)
+    while todo:
+        node = todo.popleft()
+        yield node
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            if not isinstance(node, ast.Lambda):
+                todo.extend(node.decorator_list)
+            continue
+        todo.extend(ast.iter_child_nodes(node))
+
+
+def without_wrappers(path: str, info: ModuleInfo, graph: ImportGraph, info_of_path: Callable[[str], ModuleInfo]
+                     ) -> ModuleInfo:
+    """``info`` with the decorators that only wrap (``_wraps_only``, followed through re-exports) no longer
+    counted as registries: a changed ``@dispatch("op")`` or ``@input_guard`` definition changes its own name,
+    not the decorator and every other definition it decorates."""
+    if not info.registry_functions:
+        return info
+    imported = {b.local: b for b in info.bindings if info.stmts[b.stmt].imports}
+    wrap = set()
+    for local in info.registry_functions:
+        b = imported.get(local)
+        if b is None:
+            if local in info.wrappers:
+                wrap.add(local)
+        elif b.name and b.name != "*" and _resolves_to_wrapper(graph, info_of_path, b.module, b.name, path):
+            wrap.add(local)
+    if not wrap:
+        return info
+    stmts = []
+    for st in info.stmts:
+        if st.registers & wrap:
+            registers = st.registers - frozenset(wrap)
+            st = dataclasses.replace(st, registers=registers, registered_by_call=st.registered_by_call - wrap,
+                                     keys=st.keys if registers else frozenset())
+        stmts.append(st)
+    return dataclasses.replace(info, stmts=tuple(stmts), registries=frozenset(n for st in stmts for n in st.registers),
+                               registry_functions=info.registry_functions - frozenset(wrap))
+
+
+def _resolves_to_wrapper(graph: ImportGraph, info_of_path: Callable[[str], ModuleInfo], module: str, name: str,
+                         importer: str) -> bool:
+    for _ in range(6):  # a few re-exports (``pkg/utils/__init__.py``: ``from ._decorators import input_guard``)
+        path = graph.module_file(module, importer)
+        if path is None or not path.endswith(".py"):
+            return False
+        info = info_of_path(path)
+        if info.opaque:
+            return False
+        if name in info.wrappers:
+            return True
+        nxt = next((b for b in info.bindings if b.local == name and b.name and info.stmts[b.stmt].imports), None)
+        if nxt is None:
+            return False
+        module, name, importer = nxt.module, nxt.name or "", path
+    return False
 
 
 _INFO: dict[tuple[str, str], ModuleInfo] = {}
@@ -661,8 +923,20 @@ class Impact:
             if len(self._read) > self.budget:
                 raise OverBudget(f"more than {self.budget} modules to read")
         info = self.info(user)
-        if names and (info.opaque or info.may_load(mod, names)):  # dotted strings fed to import_module too
+        if names and info.opaque:
             return ALL, {}
+        loaded: frozenset[str] = frozenset()
+        static = any(self.graph.module_file(b.module, user) == mod or self._module_object(user, b, mod)
+                     for b in info.bindings) if info.imports_by_name else False
+        if names and info.may_load(mod, names, static):  # dotted strings fed to import_module too
+            if names == ALL:
+                return ALL, {}
+            # ``import_module("pkg.sub")`` then ``getattr(module, name)`` (a lazy ``__getattr__``, an op table):
+            # the changed names it spells are this module's now, and so is the code that loads them
+            got = info.close({n for n in names if _word(n, info.text)} | info.loaders())
+            if got == ALL:
+                return ALL, {}
+            loaded = got
         for run in () if info.imports_by_name else info.runs:  # a subprocess runs the module: all of it may run
             target = self.graph.module_file(run, user)
             if target == user:
@@ -681,6 +955,9 @@ class Impact:
                 seeds |= hit
             if names and self._module_object(user, b, mod) and b.local in info.stmts[b.stmt].names:
                 exported[b.local] = names
+        if loaded:
+            closed = info.close(seeds | loaded)
+            return closed, ({} if closed == ALL else exported)
         return (info.close(seeds) if seeds else frozenset()), exported
 
     def _spells_none(self, user: str, mod: str, names: frozenset[str], via: dict[str, Changed]) -> bool:

@@ -27,7 +27,18 @@ import pathspec
 
 from checks.config import CONFIG_PATH, Config, Suite
 from checks.model import AuditOptions, ChangeSet, Findings, PillarMap, PlannedSuite, TestPlan
-from runner.impact import ALL, Binding, Changed, Impact, OverBudget, importers, info_of, static_bindings
+from runner.impact import (
+    ALL,
+    Binding,
+    Changed,
+    Impact,
+    ModuleInfo,
+    OverBudget,
+    importers,
+    info_of,
+    static_bindings,
+    without_wrappers,
+)
 from runner.imports import ImportGraph, gpu_need
 from runner.outline import Outline, touches_kept_definition
 from runner.runnable import extension_names
@@ -286,7 +297,8 @@ def _automatic(config: Config, changes: ChangeSet, paths: list[str], pillars: Pi
     by_name = getattr(config.settings, "symbol_selection", True)
     reach = _test_reach(config, changes, head, head_paths)
     changed: dict[str, Changed] = (
-        changed_names(changes, head, relevant=reach.users.__contains__ if reach else lambda _p: False)
+        changed_names(changes, head, relevant=reach.users.__contains__ if reach else lambda _p: False,
+                      graph=reach.graph if reach else None)
         if by_name else {p: ALL for p in paths if p.endswith(".py")}
     )
     inert = inert_files(changes, head, head_paths, changed) if by_name else {}
@@ -345,9 +357,7 @@ def _kernel_sources(config: Config, changes: ChangeSet, head, head_paths: set[st
     blob_sha = getattr(head, "blob_sha", None)
     changed_tests = {f.path for f in changes.files} & set(test_files)
 
-    def info(p: str):
-        return info_of(p, blob_sha(p) if blob_sha else None, head.read)
-
+    info = unwrapping(graph, lambda p: info_of(p, blob_sha(p) if blob_sha else None, head.read))
     for pkg, srcs in owners.items():
         shown = ", ".join(srcs[:3]) + (f" +{len(srcs) - 3} more" if len(srcs) > 3 else "")
         reason = f"kernel source of {pkg} changed: {shown}"
@@ -536,7 +546,7 @@ def _import_graph(config: Config, reach: _Reach, head, head_paths: set[str], pic
     """Select the test files a change reaches; returns {implicit test file: why it needs a GPU}."""
     graph, test_files, changed_py, gone = reach.graph, reach.test_files, reach.changed_py, reach.gone
     blob_sha = getattr(head, "blob_sha", None)
-    impact = Impact(graph, lambda p: info_of(p, blob_sha(p) if blob_sha else None, head.read),
+    impact = Impact(graph, unwrapping(graph, lambda p: info_of(p, blob_sha(p) if blob_sha else None, head.read)),
                     {**{p: ALL for p in gone}, **changed})
     impact.run([t for t in test_files if t not in changed_py], reach.users)
     unkeyed = None
@@ -564,20 +574,49 @@ def _import_graph(config: Config, reach: _Reach, head, head_paths: set[str], pic
     return needs
 
 
-def changed_names(changes: ChangeSet, head, relevant: Callable[[str], bool] | None = None) -> dict[str, Changed]:
+def unwrapping(graph: ImportGraph, info: Callable[[str], ModuleInfo]) -> Callable[[str], ModuleInfo]:
+    """``info`` with the tree's wrapping decorators told apart from registering ones (``without_wrappers``)."""
+    memo: dict[str, tuple[ModuleInfo, ModuleInfo]] = {}
+
+    def read(path: str) -> ModuleInfo:
+        raw = info(path)
+        got = memo.get(path)
+        if got is None or got[0] is not raw:
+            got = memo[path] = (raw, without_wrappers(path, raw, graph, info))
+        return got[1]
+    return read
+
+
+def changed_names(changes: ChangeSet, head, relevant: Callable[[str], bool] | None = None,
+                  graph: ImportGraph | None = None) -> dict[str, Changed]:
     """Changed Python module → the top-level names its hunks touch (head side, and base side for removals).
+
+    With the head's ``graph``, a definition under a decorator of the tree that only wraps (``@dispatch("op")``,
+    ``@input_guard``) changes its own name, not the decorator's other users.
 
     A module for which ``relevant`` is false (no test file's imports reach it) only needs to be told
     inert or not: when its change provably touches a definition both sides have, it gets ALL without
     the full tables (its names would select nothing; ALL and those names are alike "not inert").
     """
     repo_path = getattr(head, "repo_path", None)
+    blob_sha = getattr(head, "blob_sha", None)
+    tree_info = None if graph is None else \
+        unwrapping(graph, lambda p: info_of(p, blob_sha(p) if blob_sha else None, head.read))
     out: dict[str, Changed] = {}
     for fc in changes.files:
+        if fc.status == "added" and not fc.binary and fc.path.endswith(".py") and fc.new_blob:
+            added = info_of(fc.path, fc.new_blob, head.read)
+            if tree_info is not None and graph is not None:
+                added = without_wrappers(fc.path, added, graph, tree_info)
+            names = _new_module_names(added)
+            if names is not None:
+                if names:
+                    out[fc.path] = names
+                continue
         if fc.status != "modified" or fc.binary:
             for p in (fc.path, fc.old_path):
                 if p and p.endswith(".py"):
-                    out[p] = ALL  # added, deleted, renamed, copied: importers start or stop working
+                    out[p] = ALL  # deleted, renamed, copied: importers start or stop working
             continue
         if not fc.path.endswith(".py") or not fc.hunks:
             continue
@@ -591,6 +630,9 @@ def changed_names(changes: ChangeSet, head, relevant: Callable[[str], bool] | No
         if head_info.opaque or base_info is None or base_info.opaque:
             out[fc.path] = ALL
             continue
+        if tree_info is not None and graph is not None:
+            head_info = without_wrappers(fc.path, head_info, graph, tree_info)
+            base_info = without_wrappers(fc.path, base_info, graph, tree_info)
         touched: list[Changed] = [head_info.changed_at(added), base_info.changed_at(removed)]
         if ALL in touched:
             out[fc.path] = ALL
@@ -600,6 +642,15 @@ def changed_names(changes: ChangeSet, head, relevant: Callable[[str], bool] | No
         if names:
             out[fc.path] = head_info.close(names)
     return out
+
+
+def _new_module_names(info: ModuleInfo) -> frozenset[str] | None:
+    """What a module the change adds brings its importers: every name it binds, when importing it does nothing
+    else (no module-level effect, no import by name at run time, no registration of the tree); None (all of
+    it) otherwise. Code that was there before can reach only what it imports from it, or the tables it fills."""
+    if info.opaque or info.imports_by_name or info.registries or any(st.effect for st in info.stmts):
+        return None
+    return frozenset(n for st in info.stmts for n in st.names)
 
 
 def _registry_marks(names: frozenset[str], head_info, base_info) -> frozenset[str]:
