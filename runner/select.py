@@ -605,10 +605,10 @@ def changed_names(changes: ChangeSet, head, relevant: Callable[[str], bool] | No
     out: dict[str, Changed] = {}
     for fc in changes.files:
         if fc.status == "added" and not fc.binary and fc.path.endswith(".py") and fc.new_blob:
-            added = info_of(fc.path, fc.new_blob, head.read)
+            new_info = info_of(fc.path, fc.new_blob, head.read)
             if tree_info is not None and graph is not None:
-                added = without_wrappers(fc.path, added, graph, tree_info)
-            names = _new_module_names(added)
+                new_info = without_wrappers(fc.path, new_info, graph, tree_info)
+            names = _new_module_names(new_info)
             if names is not None:
                 if names:
                     out[fc.path] = names
