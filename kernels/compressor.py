@@ -428,40 +428,56 @@ def _pool_rows(g, x, m, lsum, acc, FAST: tl.constexpr):
 def _compress_stream_kernel(kv_ptr, gate_ptr, w_ptr, cos_ptr, sin_ptr, slot_ptr, pool8_ptr, pool32_ptr, pool64_ptr,
                             L, eps, UNROLL: tl.constexpr, HW_CAST: tl.constexpr, EXACT: tl.constexpr,
                             EVICT: tl.constexpr, FAST: tl.constexpr = False, ASM: tl.constexpr = False,
-                            CACHE: tl.constexpr = "", NT: tl.constexpr = N_TILES):
+                            CACHE: tl.constexpr = "", PRE: tl.constexpr = False, NT: tl.constexpr = N_TILES):
     """One entry per program, its window streamed ``UNROLL`` rows per step (the rows of a step side by side in
     each thread: all their loads go out first, then one max and one rescale per step; the rows past the last
     whole step one at a time), every tensor ``[tile 8, 64]`` over the 512 channels (tile 7 = rope) at int32
     offsets from the entry's base. A thread owns 4 adjacent channels: a 16-byte gate and an 8-byte source load
     per row, and in the tail its 4 e4m3 bytes become one int32 word and its 4 bf16 rope values one int64 word
-    without leaving the thread (only the tile amax and the RMS sum are reductions)."""
+    without leaving the thread (only the tile amax and the RMS sum are reductions). ``PRE``: the tail's inputs
+    (norm weight, rope angles, slot) are loaded right after the first step's rows and folded into the state's
+    zeros (``x · 0`` is not folded away for floats), so they arrive with those rows, not in a second round trip
+    at the end (needs ``L >= UNROLL``, which the launcher keeps)."""
     e = tl.program_id(0).to(tl.int64)
     tile = tl.arange(0, 8)
     ch = tl.arange(0, 64)
     off = tile[:, None] * 64 + ch[None, :]  # [8, 64] int32
+    is_rope = (tile == NT)[:, None]
     kvp = kv_ptr + e * L * 512
     gp = gate_ptr + e * L * 512
     m = tl.full([8, 64], float("-inf"), tl.float32)
-    lsum = tl.zeros([8, 64], dtype=tl.float32)
     acc = tl.zeros([8, 64], dtype=tl.float32)
+    lsum = tl.zeros([8, 64], dtype=tl.float32)
+    start = 0
+    if PRE:  # the first step's rows go out, then the tail's inputs; that step waits on all of them
+        g0, x0 = _rows(gp, kvp, off, UNROLL, EVICT, CACHE)
+        w = tl.load(w_ptr + off)
+        pidx = e * 32 + (tile[:, None] * 0 + tl.arange(0, 32)[None, :])  # [8, 32]: pair index
+        cs = tl.load(cos_ptr + pidx, mask=is_rope, other=1.0)
+        sn = tl.load(sin_ptr + pidx, mask=is_rope, other=0.0)
+        slot = tl.load(slot_ptr + e + tl.arange(0, 1))  # [1]
+        zero = (w + slot.to(tl.float32)[:, None] + tl.sum(tl.sum(cs + sn, axis=1), axis=0)) * 0.0
+        m, lsum, acc = _pool_rows(g0, x0, m, zero, acc, FAST)
+        start = UNROLL
     whole = L - L % UNROLL
-    for l0 in range(0, whole, UNROLL):
+    for l0 in range(start, whole, UNROLL):
         g, x = _rows(gp, kvp, l0 * 512 + off, UNROLL, EVICT, CACHE)
         m, lsum, acc = _pool_rows(g, x, m, lsum, acc, FAST)
     for lr in range(whole, L):
-        g, x = _rows(gp, kvp, lr * 512 + off, 1, EVICT, CACHE)
-        m, lsum, acc = _pool_rows(g, x, m, lsum, acc, FAST)
+        g1, x1 = _rows(gp, kvp, lr * 512 + off, 1, EVICT, CACHE)
+        m, lsum, acc = _pool_rows(g1, x1, m, lsum, acc, FAST)
+    if not PRE:
+        w = tl.load(w_ptr + off)
+        pidx = e * 32 + (tile[:, None] * 0 + tl.arange(0, 32)[None, :])  # [8, 32]: pair index
+        cs = tl.load(cos_ptr + pidx, mask=is_rope, other=1.0)
+        sn = tl.load(sin_ptr + pidx, mask=is_rope, other=0.0)
+        slot = tl.load(slot_ptr + e + tl.arange(0, 1))  # [1]
     pooled = acc / lsum
     ss = tl.sum(tl.sum(pooled * pooled, axis=1), axis=0)
-    y = pooled * (1.0 / tl.sqrt_rn(ss / 512 + eps)) * tl.load(w_ptr + off)
+    y = pooled * (1.0 / tl.sqrt_rn(ss / 512 + eps)) * w
     # rope on tile 7: interleaved pairs, each pair inside one thread
-    is_rope = (tile == NT)[:, None]
-    pidx = e * 32 + (tile[:, None] * 0 + tl.arange(0, 32)[None, :])  # [8, 32]: pair index
-    cs = tl.load(cos_ptr + pidx, mask=is_rope, other=1.0)
-    sn = tl.load(sin_ptr + pidx, mask=is_rope, other=0.0)
     ye, yo = tl.split(tl.reshape(y, [8, 32, 2]))
     rope = tl.reshape(tl.join(ye * cs - yo * sn, ye * sn + yo * cs), [8, 64])
-    slot = tl.load(slot_ptr + e + tl.arange(0, 1))  # [1]
     store_tiles(tl.where(is_rope, rope, y), slot, pool8_ptr, pool32_ptr, pool64_ptr, HW_CAST, EXACT, EVICT, ASM)
 
 
@@ -478,6 +494,7 @@ COMPRESS_FAST_EXP = True
 STREAM_UNROLL = 8  # the stream kernel: window rows per step (1, 2, 4 or 8), warps
 STREAM_WARPS = 4
 STREAM_CACHE = ""  # the stream kernel's load cache modifier ("" or ".cg": L2 only)
+STREAM_PRE = False  # the stream kernel loads the tail's inputs before the window
 TILE_ENTRIES = 1  # the tile kernel: entries per program, window rows per load, warps
 TILE_CHUNK = 8
 TILE_WARPS = 4
@@ -537,7 +554,7 @@ def compress_store(kv, gate, norm_weight, eps, cos, sin, pool, slots, *, impl: s
     elif words is not None and impl == "stream":
         _compress_stream_kernel[(n,)](*args, flat, flat.view(torch.int32), words, length, float(eps),
                                       UNROLL=1 << (min(block_l or STREAM_UNROLL, 8, length).bit_length() - 1), HW_CAST=hw, EXACT=exact, EVICT=evict,
-                                      FAST=fast, ASM=hw and kv584.PACK_ASM, CACHE=STREAM_CACHE,
+                                      FAST=fast, ASM=hw and kv584.PACK_ASM, CACHE=STREAM_CACHE, PRE=STREAM_PRE,
                                       num_warps=num_warps or STREAM_WARPS)
     elif words is not None and impl == "unrolled":
         ent = entries or COMPRESS_ENTRIES
