@@ -701,6 +701,10 @@ def _plan_and_run(request: AuditRequest, dispatch: GpuDispatch, *, blob_url: str
     except USER_ERRORS as exc:
         return Unrunnable(str(exc))
     except Exception as exc:
+        from checks.workspace import WorkspaceError
+
+        if isinstance(exc, WorkspaceError):  # the mirror lacks a commit (a fetch that raced a force-push): retry
+            raise
         raise AuditCrashed(f"{type(exc).__name__}: {exc}") from exc
     audit.report = _render(audit, blob_url=blob_url, details_url=details_url)
     return audit
