@@ -142,8 +142,8 @@ def infer(
     for ex in exports:
         _add(out, *export_rule(ex, pillars, severity), f"the names {ex.path} imports from its package",
              f"__all__ of {ex.path}")
-    for small, big, directed in sizes:
-        _add(out, *size_rule(small, big, directed, pillars, severity), small.what(), big.what())
+    for small, bigger in sizes:
+        _add(out, *size_rule(small, bigger, pillars, severity), small.what(), *(b.what() for b in bigger))
     for ix in indexed:
         _add(out, *indexed_rule(ix, pillars, severity), ix.enum.what(), ix.table.what())
     for si in registrars:

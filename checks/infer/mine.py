@@ -298,6 +298,8 @@ def mine(families: list[Family], min_support: int, min_ratio: float = 0.5, max_r
         core = [families[i] for i in sorted(idx, key=lambda i: (-len(families[i].names), families[i].id))]
         if any(f.kind in _SUPERSET_ONLY for f in core):
             continue  # a file's headers may grow (a helper header) without any list following
+        if sum(1 for f in core if f.kind == "py-abstract") > 1:
+            continue  # two bases with the same abstract methods are copies (a backend's fork of the server tree)
         rep = next(i for i in idx if families[i] is core[0])
         declares = [f for f in core if f.kind not in _USES]
         # Supersets, as classes: keep the smallest ones (transitive reduction).
@@ -363,17 +365,35 @@ def mine(families: list[Family], min_support: int, min_ratio: float = 0.5, max_r
 
 
 KEEP_EXTRAS = 2  # a switch or table inside a list with at most this many more names keeps the names it shares with it
+TABLE_KEEP_MIN = 16  # ... from this many names for a declared table (a registry; a kernel's small enum is its own)
+COPY_MIN = 5  # names a table needs to keep what it shares with the table it copies
 _TABLES_KEPT = {"list", "dict", "array", "enum", "py-enum", "pyx-enum"}  # declared tables a keep rule may hold
+_COPIED = {"list", "dict", "array"}  # tables a same-named table of another file copies (an enum so named is a variant)
 _ENUMS = {"enum", "py-enum", "pyx-enum"}
+# Words that say what a variable is, not which: ``key``, ``kwargs``, ``choices`` and ``names`` lists of two files are
+# alike by idiom (an autotune key, an option list), so only a name of two telling words marks a copy.
+_GENERIC_WORDS = {"key", "keys", "kwargs", "args", "choices", "names", "name", "values", "value", "items", "data",
+                  "list", "dict", "map", "mapping", "table", "all", "default", "defaults", "options", "config", "str",
+                  "headers", "fields", "params", "result", "results", "out", "output", "outputs", "inputs", "tmp"}
+
+
+def _words(name: str) -> list[str]:
+    return [w.lower() for w in re.findall(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])", name)
+            if w.lower() not in _GENERIC_WORDS and len(w) > 1]
+
+
+def _basenames(f: Family) -> set[str]:
+    return {p.rsplit("/", 1)[-1] for p in f.paths}
 
 
 def _mirror(small: Family, big: Family) -> bool:
-    """``small`` copies ``big`` in another file: the same table by name (``allowed_archs`` in two files), or an enum
+    """``small`` copies ``big`` in another file: the same table by a telling name (``allowed_archs``, not ``key``) in
+    a file otherwise named (a file and its fork, ``sm_90/fwd.h`` and ``sm_120/fwd.h``, differ by design), or an enum
     mirrored in another language (a Python ``IntEnum`` of the C++ ``enum llm_arch``)."""
-    if set(small.paths) & set(big.paths):
+    if set(small.paths) & set(big.paths) or _basenames(small) & _basenames(big):
         return False
-    if small.kind == big.kind and small.ctx == big.ctx and small.kind in _TABLES_KEPT:
-        return True
+    if small.kind == big.kind and small.ctx == big.ctx and small.kind in _COPIED:
+        return len(_words(small.ctx)) >= 2
     return small.kind in _ENUMS and big.kind in _ENUMS and small.lang != big.lang
 
 
@@ -407,9 +427,11 @@ def _kept(core: list[Family], supersets: list[Family], min_support: int = 4) -> 
         return None  # the compiler keeps labels inside their enum; a switch handles the part of it it needs
     if not extras or any(f.repo_wide for f in core + [closest]):
         return None
-    if not mirrors and (len(extras) > KEEP_EXTRAS or len(names) < CASE_CLASS_MIN):
+    if not mirrors and (len(extras) > KEEP_EXTRAS or len(names) < (CASE_CLASS_MIN if kind == "case" else TABLE_KEEP_MIN)):
         return None
-    if len(names) < min_support:
+    if not mirrors and kind != "case" and any(_basenames(f) & _basenames(closest) for f in core):
+        return None  # a file and its fork (a backend's copy of the server tree) differ by design
+    if len(names) < (min_support if kind == "case" or not mirrors else max(min_support, COPY_MIN)):
         return None
     if any(not set(f.paths).isdisjoint(closest.paths) for f in core):
         return None  # sibling tables of one file (per-arch tuning) drop entries on purpose; backends in two files do not
@@ -421,7 +443,7 @@ def copies(families: list[Family], min_support: int) -> list[Invariant]:
     two files (a validation list copied with its function), the smaller inside the bigger."""
     by: dict[tuple[str, str], list[Family]] = defaultdict(list)
     for f in families:
-        if f.kind in _TABLES_KEPT and not f.repo_wide and len(f.paths) == 1:
+        if f.kind in _COPIED and not f.repo_wide and len(f.paths) == 1:
             by[(f.kind, f.ctx)].append(f)
     out: list[Invariant] = []
     for group in by.values():
@@ -429,7 +451,7 @@ def copies(families: list[Family], min_support: int) -> list[Invariant]:
             continue
         for small in group:
             real = {n for n in small.names if not _sentinel(small, n)}
-            if len(real) < min_support:
+            if len(real) < max(min_support, COPY_MIN):
                 continue
             bigger = [b for b in group if b is not small and real <= set(b.names) and len(b.names) > len(small.names)
                       and 2 * len(small.names) < len(b.names)]  # within the ratio, mine() has the pair already

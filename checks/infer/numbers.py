@@ -7,10 +7,10 @@ only when they are about the same thing, by their subject (the switched-on expre
 name: ``params.head_dim``, ``head_dim``, ``HEAD_DIMS``, ``kHeadDim`` are one subject; ``d`` or ``n`` are none), and
 only when every number is a size (at least 16, a multiple of 8) and there are at least three.
 
-A relation holds when, at base, one family's sizes are all in another's, in another file: a Python list inside a
-switch (the front end accepts what the kernel dispatches), or two switches or two lists with the same sizes. A
-Python side accepting a size the kernel's switch lacks deviates; the kernel dispatching a size the Python side does
-not accept yet is not flagged (the kernel may lead).
+A relation holds when, at base, a Python family's sizes are all in a switch of another file on its subject (the front
+end accepts what the kernel dispatches). The Python side accepting a size the switch lacks deviates; the kernel
+dispatching a size the Python side does not accept yet is not flagged (the kernel may lead). Two switches (two
+backends) or two Python lists (copies of one check) with the same sizes agree by history: no rule.
 """
 
 from __future__ import annotations
@@ -98,32 +98,24 @@ def size_families(files: list[FileMembers]) -> list[Sizes]:
     return out
 
 
-def mine_sizes(families: list[Sizes]) -> list[tuple[Sizes, Sizes, bool]]:
-    """(smaller, bigger, directed): ``smaller``'s sizes all in ``bigger``'s, in another file, same subject.
+def mine_sizes(families: list[Sizes]) -> list[tuple[Sizes, list[Sizes]]]:
+    """(front end, switches): a Python family whose sizes are all in each switch of another file on its subject.
 
-    ``directed``: ``bigger`` may hold more (a switch beside a Python list, or a strict superset); otherwise the two
-    hold the same sizes and either gaining one deviates."""
-    by_subject: dict[str, list[Sizes]] = defaultdict(list)
+    Only the front end against the kernel: two switches (two backends) or two Python lists (copies of a check) holding
+    the same sizes agree by history, and one of them gaining a size is no drift."""
+    switches: dict[str, list[Sizes]] = defaultdict(list)
     for f in families:
-        by_subject[subject(f.ctx)].append(f)
-    subjects = sorted(by_subject)
-    out: list[tuple[Sizes, Sizes, bool]] = []
-    seen: set[tuple[str, str]] = set()
-    for s in subjects:
-        pool = [f for t in subjects if same_subject(s, t) for f in by_subject[t]]
-        for a in by_subject[s]:
-            for b in pool:
-                if a is b or a.path == b.path or (a.id, b.id) in seen or (b.id, a.id) in seen:
-                    continue
-                small, big = (a, b) if len(a.values) <= len(b.values) else (b, a)
-                if not set(small.values) <= set(big.values):
-                    continue
-                if len(small.values) == len(big.values) and small.kind == "c-num-case" and big.kind == "py-num":
-                    small, big = big, small  # the Python side accepts what the switch dispatches
-                equal = len(small.values) == len(big.values)
-                directed = not equal or (small.kind == "py-num" and big.kind == "c-num-case")
-                seen.add((a.id, b.id))
-                out.append((small, big, directed))
+        if f.kind == "c-num-case":
+            switches[subject(f.ctx)].append(f)
+    out: list[tuple[Sizes, list[Sizes]]] = []
+    for a in families:
+        if a.kind != "py-num":
+            continue
+        s = subject(a.ctx)
+        bigger = [b for t, group in switches.items() if same_subject(s, t) for b in group
+                  if b.path != a.path and set(a.values) <= set(b.values)]
+        if bigger:
+            out.append((a, sorted(bigger, key=lambda b: b.id)))
     return out
 
 
@@ -135,14 +127,15 @@ def _fact(fam: Sizes) -> Fact:
     return Fact(id=fam.id, lang=fam.lang, files=[fam.path], query=query_text(kind, fam.ctx, fam.lang), options=options)
 
 
-def size_rule(small: Sizes, big: Sizes, directed: bool, pillars: list[Pillar],
+def size_rule(small: Sizes, bigger: list[Sizes], pillars: list[Pillar],
               severity: str = "warning") -> tuple[list[Fact], Rule, str]:
-    facts = [_fact(small), _fact(big)]
+    facts = [_fact(small)] + [_fact(b) for b in bigger]
     n = len(small.values)
-    digest = hashlib.sha1("\0".join([small.id, big.id]).encode()).hexdigest()[:6]
+    digest = hashlib.sha1("\0".join([small.id] + [b.id for b in bigger]).encode()).hexdigest()[:6]
     slug = re.sub(r"[^\w.-]+", "-", small.ctx).strip("-")[:32]
-    rel = "is also in" if directed else "is exactly"
-    line = f"every size of {small.describe()} {rel} {big.describe()}"
+    where = ", ".join(b.describe() for b in bigger)
+    line = f"every size of {small.describe()} is also in {where}"
+    big = bigger[0]
     examples = [f"e.g. {raw} ({small.path}:{ln}) = {big.values[v][0]} ({big.path}:{big.values[v][1]})"
                 for v, (raw, ln) in sorted(small.values.items())[:3]]
     rule = Rule(
@@ -152,11 +145,12 @@ def size_rule(small: Sizes, big: Sizes, directed: bool, pillars: list[Pillar],
         pillar=pillar_of(small.path, pillars),
         severity=severity,
         message=f"inferred at base (support {n}): {line}",
-        options={"extra_ok": [facts[1].id]} if directed else {},
+        options={"extra_ok": [f.id for f in facts[1:]]},
         source="inferred",
         evidence=[f"support {n}: {line} (one subject, {subject(small.ctx)})", *examples],
     )
-    return facts, rule, f"{rule.id}: {line} ({n} sizes, 2 files)"
+    files = len({small.path, *(b.path for b in bigger)})
+    return facts, rule, f"{rule.id}: {line} ({n} sizes, {files} files)"
 
 
 # --------------------------------------------------------------------------- a table as long as the enum indexing it

@@ -33,16 +33,23 @@ def test_a_copied_list_dropping_a_name_its_original_keeps_is_caught(tmp_path):
     assert inferred(audit(r.path, base, both)) == []
 
 
-def test_a_list_named_otherwise_inside_a_much_bigger_one_may_shrink(tmp_path):
-    # Not a copy (another name) and 8 names short of the big list: a subset by chance.
+def test_lists_alike_by_idiom_or_by_fork_may_shrink(tmp_path):
+    # Not a copy: another name (8 names short of the big list, a subset by chance), a name of no telling words (an
+    # autotune ``key``), or the same file in a fork of the tree (a backend's copy, which differs by design).
     r = GitRepo(tmp_path / "jit")
     base = r.commit_files({"pkg/jit/core.py": validate(ARCHS + MORE),
-                           "csrc/itfs/utils.py": validate(ARCHS, var="tuned_archs")}, "a tuned subset")
-    head = r.commit_files({"csrc/itfs/utils.py": validate(ARCHS[:-1], var="tuned_archs")}, "untune gfx1151")
+                           "csrc/itfs/utils.py": validate(ARCHS, var="tuned_archs"),
+                           "pkg/ops/norm.py": validate(ARCHS + MORE, var="key"),
+                           "pkg/ops/rope.py": validate(ARCHS, var="key"),
+                           "backends/hpu/pkg/jit/core.py": validate(ARCHS)}, "a tuned subset")
+    head = r.commit_files({"csrc/itfs/utils.py": validate(ARCHS[:-1], var="tuned_archs"),
+                           "pkg/ops/rope.py": validate(ARCHS[:-1], var="key"),
+                           "backends/hpu/pkg/jit/core.py": validate(ARCHS[:-1])}, "untune gfx1151")
     assert inferred(audit(r.path, base, head)) == []
 
 
-MODELS = ["llama", "qwen2", "qwen2_moe", "minicpm", "minicpm3", "gemma", "gemma2", "phi3", "mistral", "mixtral"]
+MODELS = ["llama", "qwen2", "qwen2_moe", "minicpm", "minicpm3", "gemma", "gemma2", "phi3", "mistral", "mixtral",
+          "baichuan", "bloom", "chatglm", "cohere", "deepseek_v2", "exaone", "falcon"]
 
 
 def supported(models: list[str]) -> str:
