@@ -29,7 +29,6 @@ from kernels.kv584 import (
     new_pool,
     pack_row,
     pack_words,
-    store_quads,
     store_tiles,
     store_words,
 )
@@ -84,66 +83,6 @@ def _compress_kernel(kv_ptr, gate_ptr, w_ptr, cos_ptr, sin_ptr, slot_ptr, pool_p
     y = tl.reshape(tl.join(ye * cs - yo * sn, ye * sn + yo * cs), [512])
     if slot >= 0:
         pack_row(y, pool_ptr + slot * ROW, pool16_ptr + slot * (ROW // 2), HW_CAST, EXACT)
-
-
-@triton.jit
-def _pool_step(g, x, m, lsum, acc):
-    """One online-softmax step over axis 0 of ``g``/``x`` (``-inf`` gates weigh nothing)."""
-    m_new = tl.maximum(m, tl.max(g, axis=0))
-    safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = tl.exp(m - safe)
-    p = tl.exp(g - safe[None])
-    return m_new, lsum * alpha + tl.sum(p, axis=0), acc * alpha + tl.sum(p * x, axis=0)
-
-
-@triton.jit
-def _compress_words_kernel(kv_ptr, gate_ptr, w_ptr, cos_ptr, sin_ptr, slot_ptr, pool64_ptr, L, eps,
-                           BLOCK_L: tl.constexpr, HW_CAST: tl.constexpr, EXACT: tl.constexpr, EVICT: tl.constexpr,
-                           NT: tl.constexpr = N_TILES, NOPE: tl.constexpr = NOPE_DIM):
-    """One entry per program: the nope channels as ``[tile 8, word 8, byte 8]`` (tile 7 masked off), the rope
-    channels as ``[word 16, pair 2, even/odd 2]``, so the packed row leaves as int64 words."""
-    i = tl.program_id(0).to(tl.int64)
-    slot = tl.load(slot_ptr + i + tl.arange(0, 1)).to(tl.int64)  # [1]
-    tile = tl.arange(0, 8)
-    wi = tl.arange(0, 8)
-    col = tile[:, None, None] * 64 + wi[None, :, None] * 8 + wi[None, None, :]  # [8, 8, 8]
-    tm = (tile < NT)[:, None, None]
-    j = tl.arange(0, 16)
-    two = tl.arange(0, 2)
-    rcol = NOPE + j[:, None, None] * 4 + two[None, :, None] * 2 + two[None, None, :]  # [16, 2, 2]
-    m = tl.full([8, 8, 8], float("-inf"), tl.float32)
-    lsum = tl.zeros([8, 8, 8], dtype=tl.float32)
-    acc = tl.zeros([8, 8, 8], dtype=tl.float32)
-    mr = tl.full([16, 2, 2], float("-inf"), tl.float32)
-    lr = tl.zeros([16, 2, 2], dtype=tl.float32)
-    ar = tl.zeros([16, 2, 2], dtype=tl.float32)
-    for l0 in range(0, L, BLOCK_L):
-        rl = l0 + tl.arange(0, BLOCK_L)
-        lm = rl < L
-        base = (i * L + rl) * 512
-        b4 = base[:, None, None, None] + col[None]
-        m4 = lm[:, None, None, None] & tm[None]
-        g = tl.load(gate_ptr + b4, mask=m4, other=float("-inf")).to(tl.float32)
-        x = tl.load(kv_ptr + b4, mask=m4, other=0.0).to(tl.float32)
-        br = base[:, None, None, None] + rcol[None]
-        gr = tl.load(gate_ptr + br, mask=lm[:, None, None, None], other=float("-inf")).to(tl.float32)
-        xr = tl.load(kv_ptr + br, mask=lm[:, None, None, None], other=0.0).to(tl.float32)
-        m, lsum, acc = _pool_step(g, x, m, lsum, acc)
-        mr, lr, ar = _pool_step(gr, xr, mr, lr, ar)
-    pooled = tl.where(tm, acc / lsum, 0.0)
-    pr = ar / lr
-    ss = tl.sum(tl.sum(tl.sum(pooled * pooled, axis=2), axis=1), axis=0)
-    ss += tl.sum(tl.sum(tl.sum(pr * pr, axis=2), axis=1), axis=0)
-    rstd = 1.0 / tl.sqrt_rn(ss / 512 + eps)
-    yn = pooled * rstd * tl.load(w_ptr + col, mask=tm, other=0.0).to(tl.float32)
-    yr = pr * rstd * tl.load(w_ptr + rcol).to(tl.float32)
-    ye, yo = tl.split(yr)  # [16, 2]: pair 2j + p
-    pidx = i * 32 + j[:, None] * 2 + two[None, :]
-    cs = tl.load(cos_ptr + pidx)
-    sn = tl.load(sin_ptr + pidx)
-    rope = tl.reshape(tl.join(ye * cs - yo * sn, ye * sn + yo * cs), [16, 4])
-    q, r, sw = pack_words(yn[None], rope[None], HW_CAST, EXACT)
-    store_words(pool64_ptr, slot, slot >= 0, q, r, sw, EVICT)
 
 
 @triton.jit
@@ -219,155 +158,6 @@ def _compress_unrolled_kernel(kv_ptr, gate_ptr, w_ptr, cos_ptr, sin_ptr, slot_pt
     rope = tl.reshape(tl.join(ye * cs - yo * sn, ye * sn + yo * cs), [ENTRIES, 16, 4])
     q, r, sw = pack_words(yn, rope, HW_CAST, EXACT)
     store_words(pool64_ptr, slot, slot >= 0, q, r, sw, EVICT)
-
-
-@triton.jit
-def _window_tile(kv_ptr, gate_ptr, e, L, l0, col, tm, rcol, BLOCK_L: tl.constexpr):
-    """Rows ``l0 .. l0 + BLOCK_L`` of entry ``e``'s window: gates and sources, nope ``[BL, 8, 8, 8]`` (tile 7 masked)
-    and rope ``[BL, 16, 2, 2]``."""
-    rl = l0 + tl.arange(0, BLOCK_L)
-    lm = rl < L
-    base = (e * L + rl) * 512
-    b4 = base[:, None, None, None] + col[None]
-    m4 = lm[:, None, None, None] & tm[None]
-    g = tl.load(gate_ptr + b4, mask=m4, other=float("-inf")).to(tl.float32)
-    x = tl.load(kv_ptr + b4, mask=m4, other=0.0).to(tl.float32)
-    br = base[:, None, None, None] + rcol[None]
-    gr = tl.load(gate_ptr + br, mask=lm[:, None, None, None], other=float("-inf")).to(tl.float32)
-    xr = tl.load(kv_ptr + br, mask=lm[:, None, None, None], other=0.0).to(tl.float32)
-    return g, x, gr, xr
-
-
-@triton.jit
-def _finish(acc, lsum, ar, lr, wn, wr, e, cos_ptr, sin_ptr, slot_ptr, pool64_ptr, eps, tm, HW_CAST: tl.constexpr,
-            EXACT: tl.constexpr, EVICT: tl.constexpr):
-    """Pooled sums → RMSNorm → rope on the tail → packed and stored at entry ``e``'s slot."""
-    pooled = tl.where(tm, acc / lsum, 0.0)
-    pr = ar / lr
-    ss = tl.sum(tl.sum(tl.sum(pooled * pooled, axis=2), axis=1), axis=0)
-    ss += tl.sum(tl.sum(tl.sum(pr * pr, axis=2), axis=1), axis=0)
-    rstd = 1.0 / tl.sqrt_rn(ss / 512 + eps)
-    yn = pooled * rstd * wn
-    yr = pr * rstd * wr
-    ye, yo = tl.split(yr)  # [16, 2]: pair 2j + p
-    j = tl.arange(0, 16)
-    two = tl.arange(0, 2)
-    pidx = e * 32 + j[:, None] * 2 + two[None, :]
-    cs = tl.load(cos_ptr + pidx)
-    sn = tl.load(sin_ptr + pidx)
-    rope = tl.reshape(tl.join(ye * cs - yo * sn, ye * sn + yo * cs), [16, 4])
-    slot = tl.load(slot_ptr + e + tl.arange(0, 1)).to(tl.int64)  # [1]
-    q, r, sw = pack_words(yn[None], rope[None], HW_CAST, EXACT)
-    store_words(pool64_ptr, slot, slot >= 0, q, r, sw, EVICT)
-
-
-@triton.jit
-def _compress_pipe_kernel(kv_ptr, gate_ptr, w_ptr, cos_ptr, sin_ptr, slot_ptr, pool64_ptr, n, L, eps,
-                          BLOCK_L: tl.constexpr, WHOLE: tl.constexpr, STAGES: tl.constexpr, HW_CAST: tl.constexpr,
-                          EXACT: tl.constexpr, EVICT: tl.constexpr, NT: tl.constexpr = N_TILES,
-                          NOPE: tl.constexpr = NOPE_DIM):
-    """Software-pipelined loads (``tl.range(num_stages=STAGES)``: the next windows stream into shared memory
-    while one is reduced). ``WHOLE`` (the window fits one ``BLOCK_L`` tile): persistent programs stride over
-    the entries; else one program per entry pipelines its window's tiles."""
-    tile = tl.arange(0, 8)
-    wi = tl.arange(0, 8)
-    col = tile[:, None, None] * 64 + wi[None, :, None] * 8 + wi[None, None, :]  # [8, 8, 8]
-    tm = (tile < NT)[:, None, None]
-    j = tl.arange(0, 16)
-    two = tl.arange(0, 2)
-    rcol = NOPE + j[:, None, None] * 4 + two[None, :, None] * 2 + two[None, None, :]  # [16, 2, 2]
-    wn = tl.load(w_ptr + col, mask=tm, other=0.0).to(tl.float32)
-    wr = tl.load(w_ptr + rcol).to(tl.float32)
-    if WHOLE:
-        for e in tl.range(tl.program_id(0), n, tl.num_programs(0), num_stages=STAGES):
-            e64 = (tl.program_id(0) * 0 + e).to(tl.int64)  # a tensor under the interpreter too
-            g, x, gr, xr = _window_tile(kv_ptr, gate_ptr, e64, L, 0, col, tm, rcol, BLOCK_L)
-            m, lsum, acc = _pool_step(g, x, tl.full([8, 8, 8], float("-inf"), tl.float32),
-                                      tl.zeros([8, 8, 8], dtype=tl.float32), tl.zeros([8, 8, 8], dtype=tl.float32))
-            mr, lr, ar = _pool_step(gr, xr, tl.full([16, 2, 2], float("-inf"), tl.float32),
-                                    tl.zeros([16, 2, 2], dtype=tl.float32), tl.zeros([16, 2, 2], dtype=tl.float32))
-            _finish(acc, lsum, ar, lr, wn, wr, e64, cos_ptr, sin_ptr, slot_ptr, pool64_ptr, eps, tm, HW_CAST, EXACT,
-                    EVICT)
-    else:
-        e64 = tl.program_id(0).to(tl.int64)
-        m = tl.full([8, 8, 8], float("-inf"), tl.float32)
-        lsum = tl.zeros([8, 8, 8], dtype=tl.float32)
-        acc = tl.zeros([8, 8, 8], dtype=tl.float32)
-        mr = tl.full([16, 2, 2], float("-inf"), tl.float32)
-        lr = tl.zeros([16, 2, 2], dtype=tl.float32)
-        ar = tl.zeros([16, 2, 2], dtype=tl.float32)
-        for l0 in tl.range(0, L, BLOCK_L, num_stages=STAGES):
-            g, x, gr, xr = _window_tile(kv_ptr, gate_ptr, e64, L, l0, col, tm, rcol, BLOCK_L)
-            m, lsum, acc = _pool_step(g, x, m, lsum, acc)
-            mr, lr, ar = _pool_step(gr, xr, mr, lr, ar)
-        _finish(acc, lsum, ar, lr, wn, wr, e64, cos_ptr, sin_ptr, slot_ptr, pool64_ptr, eps, tm, HW_CAST, EXACT,
-                EVICT)
-
-
-@triton.jit
-def _chunk(kv_ptr, gate_ptr, eid, l0, rows, col, ok5, L: tl.constexpr, EVICT: tl.constexpr):
-    """Window rows ``l0 + rows`` of entries ``eid``: gates (fp32) and sources as ``[C, E, 8, 16, 4]``."""
-    r = l0 + rows
-    off = ((eid[None, :] * L + r[:, None]) * 512)[:, :, None, None, None] + col[None, None]
-    msk = ok5 & (r < L)[:, None, None, None, None]
-    x = tl.load(kv_ptr + off, mask=msk, other=0.0, eviction_policy=EVICT)  # first: issued before the gates are used
-    g = tl.load(gate_ptr + off, mask=msk, other=float("-inf"), eviction_policy=EVICT)
-    return g, x
-
-
-@triton.jit
-def _compress_tile_kernel(kv_ptr, gate_ptr, w_ptr, cos_ptr, sin_ptr, slot_ptr, pool8_ptr, pool32_ptr, pool64_ptr, n,
-                          eps, L: tl.constexpr, ENTRIES: tl.constexpr, CHUNK: tl.constexpr, HW_CAST: tl.constexpr,
-                          EXACT: tl.constexpr, EVICT: tl.constexpr, PREFETCH: tl.constexpr = False,
-                          FAST: tl.constexpr = False, NT: tl.constexpr = N_TILES):
-    """``ENTRIES`` entries per program, the window ``CHUNK`` rows per load (``PREFETCH``: the next chunk is
-    loaded before the current one is pooled, for long windows). Every tensor is ``[.., tile 8,
-    quad 16, 4]`` over the 512 channels (tile 7 = rope) with the window rows outermost, so a thread owns 4
-    adjacent channels of every row: one load issues all of a chunk's rows at once (16-byte gate and 8-byte
-    source vectors), the pooling over the rows and the tile amax need no shared memory (only the RMS sum
-    crosses warps), and a thread packs its own 4 e4m3 bytes into an int32 word and its 4 bf16 rope values into
-    an int64 word."""
-    eid = tl.program_id(0).to(tl.int64) * ENTRIES + tl.arange(0, ENTRIES)
-    live = eid < n
-    tile = tl.arange(0, 8)
-    q16 = tl.arange(0, 16)
-    c4 = tl.arange(0, 4)
-    col = tile[:, None, None] * 64 + q16[None, :, None] * 4 + c4[None, None, :]  # [8, 16, 4]
-    rows = tl.arange(0, CHUNK)
-    m = tl.full([ENTRIES, 8, 16, 4], float("-inf"), tl.float32)
-    lsum = tl.zeros([ENTRIES, 8, 16, 4], dtype=tl.float32)
-    acc = tl.zeros([ENTRIES, 8, 16, 4], dtype=tl.float32)
-    ok5 = live[None, :, None, None, None]
-    if PREFETCH:
-        g_next, x_next = _chunk(kv_ptr, gate_ptr, eid, 0, rows, col, ok5, L, EVICT)
-    for l0 in range(0, L, CHUNK):
-        if PREFETCH:  # the next chunk's loads go out before this chunk's math
-            g, x = g_next, x_next
-            g_next, x_next = _chunk(kv_ptr, gate_ptr, eid, l0 + CHUNK, rows, col, ok5, L, EVICT)
-        else:
-            g, x = _chunk(kv_ptr, gate_ptr, eid, l0, rows, col, ok5, L, EVICT)
-        x = x.to(tl.float32)
-        m_new = tl.maximum(m, tl.max(g, axis=0))
-        safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = _exp(g - safe[None], FAST)
-        alpha = _exp(m - safe, FAST)
-        lsum = lsum * alpha + tl.sum(p, axis=0)
-        acc = acc * alpha + tl.sum(p * x, axis=0)
-        m = m_new
-    pooled = acc / lsum
-    ss = tl.sum(tl.sum(tl.sum(pooled * pooled, axis=3), axis=2), axis=1)  # [E]
-    rstd = 1.0 / tl.sqrt_rn(ss / 512 + eps)
-    y = pooled * rstd[:, None, None, None] * tl.load(w_ptr + col)[None]
-    # rope (interleaved pairs, thread-local) on tile 7
-    ye, yo = tl.split(tl.reshape(y, [ENTRIES, 8, 16, 2, 2]))  # [E, 8, 16, 2]
-    is_rope = (tile == NT)[None, :, None, None]
-    pidx = eid[:, None, None, None] * 32 + (q16[None, None, :, None] * 2 + tl.arange(0, 2)[None, None, None, :])
-    cmask = live[:, None, None, None] & is_rope
-    cs = tl.load(cos_ptr + pidx, mask=cmask, other=1.0)
-    sn = tl.load(sin_ptr + pidx, mask=cmask, other=0.0)
-    rope = tl.reshape(tl.join(ye * cs - yo * sn, ye * sn + yo * cs), [ENTRIES, 8, 16, 4])
-    slot = tl.load(slot_ptr + eid, mask=live, other=-1).to(tl.int64)
-    store_quads(tl.where(is_rope, rope, y), slot, pool8_ptr, pool32_ptr, pool64_ptr, HW_CAST, EXACT, EVICT)
 
 
 @triton.jit
@@ -483,50 +273,33 @@ def _compress_stream_kernel(kv_ptr, gate_ptr, w_ptr, cos_ptr, sin_ptr, slot_ptr,
 
 COMPRESS_IMPL = "unrolled"  # the default kernel of compress_store (H200: best of the row/words/pipe/tile/unrolled kernels)
 COMPRESS_WARPS = 4
-COMPRESS_BLOCK_L = 8
 COMPRESS_ENTRIES = 1  # H200: 1 entry per program 62.4 / 60.3 % of copy at 16384 x 8 / 1024 x 128, 2 entries 50 / 51 %
-COMPRESS_STAGES = 3
-COMPRESS_PROGRAMS_PER_SM = 2
 COMPRESS_UNROLL = 2  # window rows per loop trip of the unrolled kernel
-# the unrolled and tile kernels' exp: ex2.approx.ftz (GPU) instead of tl.exp. H200, 1 entry x 2 rows x 4 warps:
+# the unrolled and stream kernels' exp: ex2.approx.ftz (GPU) instead of tl.exp. H200, 1 entry x 2 rows x 4 warps:
 # 4096 x 8 / 16384 x 8 / 1024 x 128 at 56.4 / 74.6 / 76.4 % of copy (tl.exp, 8 rows: 47.5 / 62.5 / 60.3 %)
 COMPRESS_FAST_EXP = True
 STREAM_UNROLL = 8  # the stream kernel: window rows per step (1, 2, 4 or 8), warps
 STREAM_WARPS = 4
 STREAM_CACHE = ""  # the stream kernel's load cache modifier ("" or ".cg": L2 only)
 STREAM_PRE = False  # the stream kernel loads the tail's inputs before the window
-TILE_ENTRIES = 1  # the tile kernel: entries per program, window rows per load, warps
-TILE_CHUNK = 8
-TILE_WARPS = 4
-
-
-def _programs(device: torch.device) -> int:
-    """Persistent programs for the pipelined kernel: a few per SM (the interpreter: 2)."""
-    if device.type != "cuda" or interpreting():
-        return 2
-    return COMPRESS_PROGRAMS_PER_SM * torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def compress_store(kv, gate, norm_weight, eps, cos, sin, pool, slots, *, impl: str | None = None,
                    block_l: int | None = None, num_warps: int | None = None, entries: int | None = None,
-                   stages: int | None = None, programs: int | None = None, evict: str = "",
-                   fast_exp: bool | None = None) -> torch.Tensor:
-    """Triton :func:`compress_store_ref`. ``impl``: ``"tile"``, ``entries`` per program, the window ``block_l``
-    rows per load with each thread owning 4 adjacent channels (``stages``: prefetch the next rows; ``evict``:
-    the L2 hint of loads and stores); ``"pipe"``, software-pipelined loads (``stages`` deep) with
-    ``programs`` persistent programs striding over the entries when the window fits ``block_l`` rows, else
-    one program per entry pipelining its window ``block_l`` rows at a time; ``"unrolled"``, ``entries`` per program streaming the
-    window row by row through an elementwise online softmax; ``"words"``, one entry per program pooling
-    ``block_l`` window rows at a time; both write rows as int64 words. ``"row"``: the byte-store kernel, one
-    entry per program (also the path for a pool that is not 8-byte aligned). ``None``: :data:`COMPRESS_IMPL`."""
+                   evict: str = "", fast_exp: bool | None = None) -> torch.Tensor:
+    """Triton :func:`compress_store_ref`. ``impl``: ``"stream"``, one entry per program, the window ``block_l``
+    rows per step (1, 2, 4 or 8) side by side in each thread (``evict``: the L2 hint of its loads and stores);
+    ``"unrolled"``, ``entries`` per program streaming the window ``block_l`` rows per loop trip through an
+    elementwise online softmax, rows written as int64 words; ``"row"``: the byte-store kernel, one entry per
+    program (also the path for a pool that is not 8-byte aligned). ``None``: :data:`COMPRESS_IMPL`.
+    ``fast_exp``: :data:`COMPRESS_FAST_EXP` where None (GPU only)."""
     n, length, d = kv.shape
     if d != HEAD_DIM or gate.shape != kv.shape or cos.shape != (n, ROPE_DIM // 2):
         raise ValueError(f"compress_store: kv/gate must be [n, L, {HEAD_DIM}] and cos/sin [n, {ROPE_DIM // 2}], got "
                          f"{tuple(kv.shape)}, {tuple(gate.shape)}, {tuple(cos.shape)}")
     impl = impl or COMPRESS_IMPL
-    if impl not in ("stream", "tile", "words", "row", "unrolled", "pipe"):
-        raise ValueError("compress_store: impl must be 'stream', 'tile', 'pipe', 'words', 'unrolled' or 'row', "
-                         f"got {impl!r}")
+    if impl not in ("stream", "unrolled", "row"):
+        raise ValueError(f"compress_store: impl must be 'stream', 'unrolled' or 'row', got {impl!r}")
     flat = _flat(pool)
     if not n:
         return pool
@@ -535,39 +308,20 @@ def compress_store(kv, gate, norm_weight, eps, cos, sin, pool, slots, *, impl: s
     hw, exact = fp8_hw_cast(capability(kv.device)), interpreting()
     fast = bool(COMPRESS_FAST_EXP if fast_exp is None else fast_exp) and kv.is_cuda and not exact
     words = _words(flat) if impl != "row" else None
-    if words is not None and impl == "pipe":
-        bl = block_l or COMPRESS_BLOCK_L
-        whole = bl >= length
-        if whole:
-            bl = max(1, triton.next_power_of_2(length))
-        grid = min(n, programs or _programs(kv.device)) if whole else n
-        _compress_pipe_kernel[(grid,)](*args, words, n, length, float(eps), BLOCK_L=bl, WHOLE=whole,
-                                       STAGES=stages or COMPRESS_STAGES, HW_CAST=hw, EXACT=exact, EVICT="",
-                                       num_warps=num_warps or COMPRESS_WARPS)
-    elif words is not None and impl == "tile":
-        ent = entries or TILE_ENTRIES
-        chunk = min(block_l or TILE_CHUNK, triton.next_power_of_2(length))
-        _compress_tile_kernel[(triton.cdiv(n, ent),)](*args, flat, flat.view(torch.int32), words, n, float(eps),
-                                                      L=length, ENTRIES=ent, CHUNK=chunk, HW_CAST=hw, EXACT=exact,
-                                                      EVICT=evict, PREFETCH=bool(stages) and chunk < length,
-                                                      FAST=fast, num_warps=num_warps or TILE_WARPS)
-    elif words is not None and impl == "stream":
-        _compress_stream_kernel[(n,)](*args, flat, flat.view(torch.int32), words, length, float(eps),
-                                      UNROLL=1 << (min(block_l or STREAM_UNROLL, 8, length).bit_length() - 1), HW_CAST=hw, EXACT=exact, EVICT=evict,
-                                      FAST=fast, ASM=hw and kv584.PACK_ASM, CACHE=STREAM_CACHE, PRE=STREAM_PRE,
-                                      num_warps=num_warps or STREAM_WARPS)
-    elif words is not None and impl == "unrolled":
+    if words is None:
+        _compress_kernel[(n,)](*args, flat, flat.view(torch.int16), length, float(eps),
+                               BLOCK_L=block_l or (8 if exact else 4), HW_CAST=hw, EXACT=exact,
+                               num_warps=num_warps or 4)
+    elif impl == "stream":
+        unroll = 1 << (min(block_l or STREAM_UNROLL, 8, length).bit_length() - 1)  # a power of two <= the window
+        _compress_stream_kernel[(n,)](*args, flat, flat.view(torch.int32), words, length, float(eps), UNROLL=unroll,
+                                      HW_CAST=hw, EXACT=exact, EVICT=evict, FAST=fast, ASM=hw and kv584.PACK_ASM,
+                                      CACHE=STREAM_CACHE, PRE=STREAM_PRE, num_warps=num_warps or STREAM_WARPS)
+    else:
         ent = entries or COMPRESS_ENTRIES
         _compress_unrolled_kernel[(triton.cdiv(n, ent),)](*args, words, n, length, float(eps), ENTRIES=ent,
                                                           UNROLL=block_l or COMPRESS_UNROLL, HW_CAST=hw, EXACT=exact,
                                                           EVICT="", FAST=fast, num_warps=num_warps or COMPRESS_WARPS)
-    elif words is None:
-        _compress_kernel[(n,)](*args, flat, flat.view(torch.int16), length, float(eps),
-                               BLOCK_L=block_l or (8 if exact else 4), HW_CAST=hw, EXACT=exact,
-                               num_warps=num_warps or 4)
-    else:
-        _compress_words_kernel[(n,)](*args, words, length, float(eps), BLOCK_L=block_l or COMPRESS_BLOCK_L,
-                                     HW_CAST=hw, EXACT=exact, EVICT="", num_warps=num_warps or COMPRESS_WARPS)
     return pool
 
 

@@ -207,44 +207,6 @@ def store_words(pool64_ptr, slot, ok, q, r, sw, EVICT: tl.constexpr, WORDS: tl.c
 
 
 @triton.jit
-def store_quads(y, slot, pool8_ptr, pool32_ptr, pool64_ptr, HW_CAST: tl.constexpr, EXACT: tl.constexpr,
-                EVICT: tl.constexpr, NT: tl.constexpr = N_TILES, WORDS: tl.constexpr = TOKEN_BYTES // 8,
-                SOFF: tl.constexpr = SCALE_OFFSET):
-    """Pack and store rows ``y[R, tile 8, quad 16, 4]`` fp32 (channel ``64 tile + 4 quad + c``; tile 7 = the
-    rope channels) at int64 ``slot[R]`` (``-1``: skip). A thread holding 4 adjacent channels packs them
-    itself: 4 e4m3 bytes into one int32 word, 4 bf16 rope values into one int64 word; the tile amax is a warp
-    reduction. The 7 scale bytes and the zero pad go as bytes. Only used with one row per 4 warps (the
-    compressor's tile kernel, bit-exact on the H200): a kv584 store on it with several rows per thread
-    (8 rows / 4 warps) wrote wrong bytes on the H200 and was removed, the cause not found."""
-    tile = tl.arange(0, 8)
-    q16 = tl.arange(0, 16)
-    c4 = tl.arange(0, 4)
-    amax = tl.maximum(tl.max(tl.max(tl.abs(y), axis=3), axis=2), 1e-4)  # [R, 8]
-    s = tl.math.div_rn(amax, tl.full(amax.shape, 448.0, tl.float32))
-    b = s.to(tl.int32, bitcast=True)
-    ebyte = ((b >> 23) & 0xFF) + tl.where((b & 0x7FFFFF) != 0, 1, 0)  # biased exponent of the scale
-    inv = ((254 - ebyte) << 23).to(tl.float32, bitcast=True)  # 2^-(e) exactly
-    yq = tl.minimum(tl.maximum(y * inv[:, :, None, None], -448.0), 448.0)
-    if HW_CAST:
-        code = yq.to(tl.float8e4nv).to(tl.uint8, bitcast=True).to(tl.int32)
-    else:
-        code = e4m3_bits(yq)
-    qw = tl.sum(code << (c4 * 8)[None, None, None, :], axis=3)  # [R, 8, 16]: 4 bytes, little-endian
-    r16 = cast_rne(y, tl.bfloat16, EXACT).to(tl.int16, bitcast=True).to(tl.int64) & 0xFFFF
-    rw = tl.sum(r16 << (c4 * 16).to(tl.int64)[None, None, None, :], axis=3)  # [R, 8, 16]
-    ok = (slot >= 0)[:, None, None]
-    w64 = slot[:, None, None] * WORDS  # the row's first int64 word
-    # nope: int32 word 16 tile + quad of the row (bytes 64 tile + 4 quad); rope: int64 word 8 NT + quad
-    tl.store(pool32_ptr + 2 * w64 + tile[None, :, None] * 16 + q16[None, None, :], qw,
-             mask=ok & (tile < NT)[None, :, None], eviction_policy=EVICT)
-    tl.store(pool64_ptr + w64 + NT * 8 + q16[None, None, :] + tile[None, :, None] * 0, rw,
-             mask=ok & (tile == NT)[None, :, None], eviction_policy=EVICT)
-    sb = tl.where(tile[None, :] < NT, ebyte, 0).to(tl.uint8)  # 7 scale bytes and the zero pad
-    tl.store(pool8_ptr + slot[:, None] * (WORDS * 8) + SOFF + tile[None, :], sb, mask=(slot >= 0)[:, None],
-             eviction_policy=EVICT)
-
-
-@triton.jit
 def scale_byte(amax):
     """The UE8M0 byte of the scale for tile amax ``amax`` (fp32, normal, the floor applied): the exponent of the
     power of two at or above ``RN(amax / 448)``, from the bits of ``amax`` alone. That power of two ``P`` is the
