@@ -774,13 +774,15 @@ def _ld_cg(ptrs):
 
 @triton.jit(do_not_specialize=["T", "n_tb", "SPIN"])
 def _hc_groupp_kernel(x_ptr, fn_ptr, base_ptr, scale_ptr, col_ptr, post_ptr, comb_ptr, acc_ptr, cnt_ptr, err_ptr,
-                      T, D, n_tb, iters, eps, norm_eps, SPIN, N: tl.constexpr, NMIX: tl.constexpr,
+                      T, D, n_tb, iters, eps, norm_eps, SPIN, flag_ptr, pre_ptr, N: tl.constexpr, NMIX: tl.constexpr,
                       BLOCK_T: tl.constexpr, DW: tl.constexpr, P: tl.constexpr, STAGES: tl.constexpr,
-                      ITERS: tl.constexpr, GPU: tl.constexpr, FENCE: tl.constexpr):
+                      ITERS: tl.constexpr, GPU: tl.constexpr, FENCE: tl.constexpr, LEADER: tl.constexpr):
     """:func:`_hc_groupw_kernel` with a loop the software pipeliner takes: the wait is a PTX loop and the
     Sinkhorn is unrolled (``ITERS``), so the slabs of the next ``STAGES - 1`` blocks stream into shared
     memory (async copies) while a step exchanges, waits and collapses. ``GPU`` False (the interpreter):
-    the wait is a Triton loop and the dot is fp32."""
+    the wait is a Triton loop and the dot is fp32. ``LEADER``: the block's last member to count in (the
+    count's old value says which) alone runs the weights and Sinkhorn, writes ``pre`` (and post, comb) and
+    raises the block's flag, which the others wait for; else every member runs them for the whole block."""
     pid = tl.program_id(0)
     n_groups = tl.num_programs(0) // P
     g = pid // P
@@ -820,28 +822,70 @@ def _hc_groupp_kernel(x_ptr, fn_ptr, base_ptr, scale_ptr, col_ptr, post_ptr, com
             tb = _bar_ptx(tb, FENCE)
         else:
             tl.debug_barrier()
-        tl.atomic_add(cnt_ptr + tb, 1, sem="release")
-        if GPU:
-            c = _spin_ptx(cnt_ptr + tb + tt * 0, P, SPIN)
-            tl.atomic_xchg(err_ptr + tt * 0, 1, mask=c < P)
+        if LEADER:
+            old = tl.atomic_add(cnt_ptr + tb, 1, sem="acq_rel")
             tr = tl.where(tm, t, 0)  # masked rows read row 0 (in bounds), then are dropped
-            tot = tl.where(tm[:, None], _ld_cg(acc_ptr + tr[:, None] * (NMIX + 1) + mix_i[None, :]), 0.0)
-            tss = tl.where(tm, _ld_cg(acc_ptr + tr * (NMIX + 1) + NMIX), 0.0)
+            if old == P - 1:
+                if GPU:
+                    tot = tl.where(tm[:, None], _ld_cg(acc_ptr + tr[:, None] * (NMIX + 1) + mix_i[None, :]), 0.0)
+                    tss = tl.where(tm, _ld_cg(acc_ptr + tr * (NMIX + 1) + NMIX), 0.0)
+                else:
+                    tot = tl.load(acc_ptr + t[:, None] * (NMIX + 1) + mix_i[None, :], mask=tm[:, None], other=0.0)
+                    tss = tl.load(acc_ptr + t * (NMIX + 1) + NMIX, mask=tm, other=0.0)
+                pre, post, comb = _hc_weights(tot, tss, base_ptr, scale_ptr, K, iters, eps, norm_eps, N, NMIX,
+                                              BLOCK_T, ITERS)
+                tl.store(post_ptr + t[:, None] * N + jn[None, :], post, mask=tm[:, None])
+                tl.store(comb_ptr + t[:, None] * (N * N) + nn[None, :], tl.reshape(comb, [BLOCK_T, N * N]),
+                         mask=tm[:, None])
+                tl.store(pre_ptr + t[:, None] * N + jn[None, :], pre, mask=tm[:, None])
+                if GPU:
+                    tb = _bar_ptx(tb, True)
+                else:
+                    tl.debug_barrier()
+                tl.atomic_xchg(flag_ptr + tb, 1, sem="release")
+            if GPU:
+                c = _spin_ptx(flag_ptr + tb + tt * 0, 1, SPIN)
+                tl.atomic_xchg(err_ptr + tt * 0, 1, mask=c < 1)
+                pre = tl.where(tm[:, None], _ld_cg(pre_ptr + tr[:, None] * N + jn[None, :]), 0.0)
+            else:
+                budget = _grp_wait(flag_ptr, err_ptr, tb, budget, 1)
+                pre = tl.load(pre_ptr + t[:, None] * N + jn[None, :], mask=tm[:, None], other=0.0)
         else:
-            budget = _grp_wait(cnt_ptr, err_ptr, tb, budget, P)
-            tot = tl.load(acc_ptr + t[:, None] * (NMIX + 1) + mix_i[None, :], mask=tm[:, None], other=0.0,
-                          cache_modifier=".cg")
-            tss = tl.load(acc_ptr + t * (NMIX + 1) + NMIX, mask=tm, other=0.0, cache_modifier=".cg")
-        pre, post, comb = _hc_weights(tot, tss, base_ptr, scale_ptr, K, iters, eps, norm_eps, N, NMIX, BLOCK_T,
-                                      ITERS)
-        if m == 0:
-            tl.store(post_ptr + t[:, None] * N + jn[None, :], post, mask=tm[:, None])
-            tl.store(comb_ptr + t[:, None] * (N * N) + nn[None, :], tl.reshape(comb, [BLOCK_T, N * N]),
-                     mask=tm[:, None])
+            pre = _grp_pre(acc_ptr, cnt_ptr, err_ptr, base_ptr, scale_ptr, post_ptr, comb_ptr, t, tm, tb, m, K, iters,
+                           eps, norm_eps, SPIN, N, NMIX, BLOCK_T, P, ITERS, GPU)
         x3 = tl.reshape(xt, [N, DW, BLOCK_T]).to(tl.float32)
         cv = tl.sum(x3 * tl.trans(pre)[:, None, :], axis=0)  # [DW, BT]
         tl.store(col_ptr + t[None, :] * D + d[:, None], cv.to(col_ptr.dtype.element_ty),
                  mask=(d < D)[:, None] & tm[None, :])
+
+
+@triton.jit
+def _grp_pre(acc_ptr, cnt_ptr, err_ptr, base_ptr, scale_ptr, post_ptr, comb_ptr, t, tm, tb, m, K, iters, eps, norm_eps,
+             SPIN, N: tl.constexpr, NMIX: tl.constexpr, BLOCK_T: tl.constexpr, P: tl.constexpr, ITERS: tl.constexpr,
+             GPU: tl.constexpr):
+    """Every member: count in, wait for the block's count, and run the weights and Sinkhorn for the whole block
+    (member 0 writes post and comb); returns ``pre``."""
+    mix_i = tl.arange(0, NMIX)
+    jn = tl.arange(0, N)
+    nn = tl.arange(0, N * N)
+    tt = tl.arange(0, BLOCK_T)
+    tl.atomic_add(cnt_ptr + tb, 1, sem="release")
+    if GPU:
+        c = _spin_ptx(cnt_ptr + tb + tt * 0, P, SPIN)
+        tl.atomic_xchg(err_ptr + tt * 0, 1, mask=c < P)
+        tr = tl.where(tm, t, 0)  # masked rows read row 0 (in bounds), then are dropped
+        tot = tl.where(tm[:, None], _ld_cg(acc_ptr + tr[:, None] * (NMIX + 1) + mix_i[None, :]), 0.0)
+        tss = tl.where(tm, _ld_cg(acc_ptr + tr * (NMIX + 1) + NMIX), 0.0)
+    else:
+        _grp_wait(cnt_ptr, err_ptr, tb, SPIN, P)
+        tot = tl.load(acc_ptr + t[:, None] * (NMIX + 1) + mix_i[None, :], mask=tm[:, None], other=0.0,
+                      cache_modifier=".cg")
+        tss = tl.load(acc_ptr + t * (NMIX + 1) + NMIX, mask=tm, other=0.0, cache_modifier=".cg")
+    pre, post, comb = _hc_weights(tot, tss, base_ptr, scale_ptr, K, iters, eps, norm_eps, N, NMIX, BLOCK_T, ITERS)
+    if m == 0:
+        tl.store(post_ptr + t[:, None] * N + jn[None, :], post, mask=tm[:, None])
+        tl.store(comb_ptr + t[:, None] * (N * N) + nn[None, :], tl.reshape(comb, [BLOCK_T, N * N]), mask=tm[:, None])
+    return pre
 
 
 #: the group kernel's timeout flag of its last launch (non-zero: a program gave up waiting; results are wrong)
@@ -901,7 +945,7 @@ HC_PRE = {"variant": "split", "split": {"bt": 256, "bk": 64, "s": 8, "bt2": 16, 
           "group": {"bt": 32, "dw": 128, "parts": 2, "lag": 1, "hold": True, "fence": True, "late": True, "warps": 8,
                     "per_sm": 1},
           "groupw": {"bt": 32, "dw": 128, "pf": 1, "lag": 0, "warps": 8, "per_sm": 1},
-          "groupp": {"bt": 32, "dw": 128, "stages": 3, "fence": True, "warps": 8, "per_sm": 1},
+          "groupp": {"bt": 32, "dw": 128, "stages": 3, "fence": True, "leader": False, "warps": 8, "per_sm": 1},
           "fused": {"bt": 64, "bd": 64, "warps": 8}, "persist": {"bt": 64, "bd": 64, "warps": 8, "per_sm": 2,
                                                                           "overlap": True}}
 
@@ -1039,19 +1083,20 @@ def hc_pre(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.T
         if interp:  # one program per group: programs run one after another
             bt, dw = 16, max(16, next_pow2(d))
         n_p, n_tb = triton.cdiv(d, dw), triton.cdiv(t, bt)
-        scratch = torch.zeros(t * (nmix + 1) + n_tb + 1, dtype=torch.float32, device=x.device)
+        scratch = torch.zeros(t * (nmix + 1) + 2 * n_tb + 1, dtype=torch.float32, device=x.device)
         sync = scratch[t * (nmix + 1):].view(torch.int32)
+        pre_w = torch.empty(t, n, dtype=torch.float32, device=x.device)
         pkw = dict(N=n, NMIX=nmix, BLOCK_T=bt, DW=dw, P=n_p, STAGES=p["stages"], ITERS=iters, GPU=not interp,
-                   FENCE=bool(p["fence"]), num_warps=p["warps"])
-        pargs = (xc, fnc, bc, sc, col, post, comb, scratch[:t * (nmix + 1)], sync[:n_tb], sync[n_tb:], t, d, n_tb,
-                 iters, eps, norm_eps, p.get("spin", 1 << 16))
+                   FENCE=bool(p["fence"]), LEADER=bool(p["leader"]), num_warps=p["warps"])
+        pargs = (xc, fnc, bc, sc, col, post, comb, scratch[:t * (nmix + 1)], sync[:n_tb], sync[2 * n_tb:], t, d,
+                 n_tb, iters, eps, norm_eps, p.get("spin", 1 << 16), sync[n_tb:2 * n_tb], pre_w)
         resident = p.get("groups", 2) if interp else min(
             _resident_programs(_hc_groupp_kernel, pargs, pkw, x.device),
             p["per_sm"] * torch.cuda.get_device_properties(x.device).multi_processor_count)
         if n_p > resident:
             raise ValueError(f"hc_pre: a group of {n_p} programs exceeds the {resident} resident ones; raise dw")
         _hc_groupp_kernel[(min(n_tb, resident // n_p) * n_p,)](*pargs, **pkw)
-        GROUP_ERR[0] = sync[n_tb:]
+        GROUP_ERR[0] = sync[2 * n_tb:]
     elif v == "fused":
         if interp:
             raise ValueError("hc_pre: the fused variant needs a GPU (its programs wait on each other)")

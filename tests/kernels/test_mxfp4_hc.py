@@ -257,11 +257,12 @@ def test_hc_pre_group_one_pass_matches_the_reference(device):
 def test_hc_pre_group_mma_designs_match_the_reference(device, variant):
     """The grouped one-pass designs with the transposed slab as the MMA's B operand and fn's two bf16 parts
     (hi + lo: 16 mantissa bits, products exact) stacked as A: prefetch depths and lags (groupw), the
-    pipelined loop (groupp); several groups, partial token blocks, and on a GPU a partly masked member."""
+    pipelined loop with every member or the block's last arrival running Sinkhorn (groupp); several groups,
+    partial token blocks, and on a GPU a partly masked member."""
     inp = _hc_inputs(37, 4, 200, device, torch.bfloat16)
     ref = hc.hc_pre_ref(**inp)
     tunes = {"groupw": ({"groups": 3}, {"groups": 1, "pf": 2, "lag": 1}, {"pf": 0, "lag": 1}),
-             "groupp": ({"groups": 3}, {"groups": 1, "stages": 2})}[variant]
+             "groupp": ({"groups": 3}, {"groups": 1, "stages": 2}, {"leader": True})}[variant]
     for tune in tunes:
         if device != "cpu":
             tune = {k: v for k, v in tune.items() if k != "groups"} | {"bt": 16}
