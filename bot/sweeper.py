@@ -37,9 +37,11 @@ class Swept:
 
 class Sweeper:
     def __init__(self, store: JobStore, repo_of: Callable[[str, int | None], Any], check_name: str, *,
-                 gpu_timeout: float, announce_wait: float = 30.0, app_id: int | None = None):
+                 gpu_timeout: float, announce_wait: float = 30.0, app_id: int | None = None,
+                 on_gave_up: Callable[[Any, JobRow, str, str], None] | None = None):
         self.store, self.repo_of, self.check_name, self.gpu_timeout = store, repo_of, check_name, gpu_timeout
         self.announce_wait, self.app_id = announce_wait, app_id
+        self.on_gave_up = on_gave_up  # (repo, row, conclusion, title): the PR's comment says it too
 
     def sweep(self) -> Swept:
         out = Swept(expired=self.store.expire_leases())
@@ -68,6 +70,8 @@ class Sweeper:
         run.edit(status="completed", conclusion=conclusion, output={"title": title, "summary": cap(summary)})
         self.store.close_run(row.id)
         out.concluded.append(run.id)
+        if self.on_gave_up is not None and row.status != SUPERSEDED and row.status != DONE:
+            self.on_gave_up(repo, row, conclusion, title)
 
     def _find(self, repo: Any, row: JobRow) -> Any:
         if row.check_run_id:

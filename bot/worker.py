@@ -146,7 +146,8 @@ class Service:
         self.owner_prefix = f"{socket.gethostname()}:{os.getpid()}"
         self._login: str | None = settings.bot_login or None
         self.sweeper = Sweeper(store, self._repo_of, settings.check_name, gpu_timeout=settings.gpu_timeout,
-                               announce_wait=settings.announce_wait, app_id=settings.app_id or None)
+                               announce_wait=settings.announce_wait, app_id=settings.app_id or None,
+                               on_gave_up=self._comment_gave_up)
         self.redact = Redactor(settings, self.app.issued_tokens)  # every error text passes it on its way out
         self._log_filter = RedactingFilter(self.redact)
         for name in LOGGERS:
@@ -290,11 +291,7 @@ class Service:
             pub = self._publisher(repo)
             conclusion, title, summary = gave_up(text, row.attempts)
             self._conclude_run_of(repo, pub, row.id, conclusion, title, summary)
-            stored = self.store.get(row.id)
-            head = stored.head_sha if stored else None  # a command learns its head when it runs
-            pr = getattr(job, "pr", None)
-            if pr is not None and head and self._current(job.repo, pr, head, row.id):
-                pub.upsert_comment(pr, _gave_up_comment(conclusion, title, head, text, self._details_url(row.id)))
+            self._comment_gave_up(repo, self.store.get(row.id) or row, conclusion, title, text)
             if isinstance(job, CommandJob):
                 pub.react(job.comment_id, "confused")
             if isinstance(job, CollectJob):  # the audit it was folding into waits no more: conclude its run
@@ -304,6 +301,18 @@ class Service:
                     self.store.save_audit(replace(record, status="done", pending=[]))
         except Exception:
             log.exception("job %s: could not report its failure", row.id)
+
+    def _comment_gave_up(self, repo: Any, row: JobRow, conclusion: str, title: str, error: str = "") -> None:
+        """The PR's comment says the audit of its head did not finish (from the worker, or from the sweeper when
+        the worker's own report did not land), unless a newer head has the comment by now."""
+        job = row.job
+        pr = getattr(job, "pr", None)
+        head = row.head_sha  # a command learns its head when it runs
+        if job is None or pr is None or not head or not self._current(job.repo, pr, head, row.id):
+            return
+        text = self.redact(error or row.error or row.result or "no reason was recorded")
+        self._publisher(repo).upsert_comment(pr, _gave_up_comment(conclusion, title, head, text,
+                                                                  self._details_url(row.id)))
 
     def _current(self, full_name: str, pr: int, head: str, job_id: int) -> bool:
         """Is ``head`` still the PR's newest head as far as the bot knows? Only then may a job of it write the

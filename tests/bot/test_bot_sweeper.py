@@ -9,6 +9,7 @@ import time
 import httpx
 import pytest
 
+from bot.publish import COMMENT_MARKER
 from bot.queue import SqliteJobStore
 from tests.bot.conftest import REPO, pr_payload, signed, wait_for
 from tests.bot.test_bot_crash import ServiceProcess
@@ -87,6 +88,11 @@ def test_the_timer_concludes_a_run_whose_failure_report_failed(bot_factory, engi
     wait_for(lambda: state.check_runs[run["id"]]["status"] == "completed", timeout=10)
     assert state.check_runs[run["id"]]["conclusion"] == "cancelled"
     wait_for(lambda: bot.store.jobs()[0].run_state == "closed", timeout=5)
+    # the audit's own comment was posted before its run's PATCH failed: the sweeper's news replaces it
+    wait_for(lambda: [c for c in state.comments_on(REPO, 22)
+                      if c["body"].startswith(COMMENT_MARKER) and "could not finish" in c["body"]], timeout=10)
+    (comment,) = [c for c in state.comments_on(REPO, 22) if c["body"].startswith(COMMENT_MARKER)]
+    assert "502" in comment["body"] and "Re-run this check" in comment["body"]
 
 
 def test_a_permanent_failure_reason_reaches_the_details_page(bot_factory, engine_repo):
