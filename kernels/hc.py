@@ -950,12 +950,24 @@ HC_PRE = {"variant": "split", "split": {"bt": 256, "bk": 64, "s": 8, "bt2": 16, 
                                                                           "overlap": True}}
 
 
-def hc_pre_variant(cap: tuple[int, int] | None) -> str:
-    """Which hc_pre design runs: the one-pass ``fused`` kernel needs its programs to run concurrently (a
-    GPU; the interpreter runs programs one after another, so a waiting program would wait forever), the
-    two-pass ``split`` design runs everywhere."""
+#: ``variant="auto"``: the one-pass design and where it runs. Its programs wait on each other (all resident
+#: at once: the host sizes the grid by occupancy) and it holds fn's parts and slabs in ~160 KB of shared
+#: memory, which sm90 (H100/H200: 227 KB per block) has and sm120 (~100 KB) has not; below ``min_tokens`` a
+#: group has too few blocks to stream.
+HC_PRE_AUTO = {"one_pass": "groupp", "caps": ((9, 0),), "min_tokens": 256}
+
+
+def hc_pre_variant(cap: tuple[int, int] | None, dtype: torch.dtype = torch.bfloat16, tokens: int | None = None) -> str:
+    """Which hc_pre design runs. The interpreter (``cap`` None) runs programs one after another, so the
+    designs whose programs wait on each other fall back to the two-pass ``split`` design, which runs
+    everywhere. ``auto``: the one-pass design of :data:`HC_PRE_AUTO` for bf16 streams on the capabilities it
+    is built for and at least ``min_tokens`` tokens, else ``split``."""
     v = HC_PRE["variant"]
-    return "split" if cap is None and v in ("fused", "persist") else v
+    if v == "auto":
+        one = HC_PRE_AUTO["one_pass"]
+        fits = cap in HC_PRE_AUTO["caps"] and dtype == torch.bfloat16
+        return one if fits and (tokens is None or tokens >= HC_PRE_AUTO["min_tokens"]) else "split"
+    return "split" if cap is None and v in ("fused", "persist", "group", "groupw", "groupp") else v
 
 
 def hc_pre(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, iters: int, eps: float,
@@ -977,7 +989,7 @@ def hc_pre(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.T
         torch.empty(*lead, n, n, dtype=torch.float32, device=x.device))
     if not t:
         return col, post, comb
-    v = variant or hc_pre_variant(capability(x.device))
+    v = variant or hc_pre_variant(capability(x.device), x.dtype, t)
     fnc, bc, sc = fn.float().contiguous(), base.float().contiguous(), scale.float().contiguous()
     nmix = max(16, next_pow2((2 + n) * n))
     interp = interpreting()

@@ -45,12 +45,23 @@ def test_dequant_variant_by_capability(monkeypatch):
 
 
 def test_hc_pre_design_by_capability(monkeypatch):
-    for waiting in ("fused", "persist"):
+    for waiting in ("fused", "persist", "group", "groupw", "groupp"):
         monkeypatch.setitem(hc.HC_PRE, "variant", waiting)
         assert hc.hc_pre_variant((9, 0)) == waiting
         assert hc.hc_pre_variant(None) == "split"  # the interpreter runs programs one at a time: no waiting
     monkeypatch.setitem(hc.HC_PRE, "variant", "split")
     assert hc.hc_pre_variant((9, 0)) == "split"
+
+
+def test_hc_pre_auto_design_by_capability_dtype_and_tokens(monkeypatch):
+    monkeypatch.setitem(hc.HC_PRE, "variant", "auto")
+    one, few = hc.HC_PRE_AUTO["one_pass"], hc.HC_PRE_AUTO["min_tokens"]
+    assert hc.hc_pre_variant((9, 0), torch.bfloat16, 8192) == one
+    assert hc.hc_pre_variant((9, 0), torch.bfloat16, few - 1) == "split"  # too few blocks to stream
+    assert hc.hc_pre_variant((9, 0), torch.float32, 8192) == "split"  # its MMA operands are bf16
+    assert hc.hc_pre_variant((12, 0), torch.bfloat16, 8192) == "split"  # ~100 KB of shared memory per SM
+    assert hc.hc_pre_variant((8, 0), torch.bfloat16, 8192) == "split"
+    assert hc.hc_pre_variant(None, torch.bfloat16, 8192) == "split"  # the interpreter
 
 
 def test_expert_tiles_cover_every_pair_once_within_one_expert():
