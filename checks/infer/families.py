@@ -26,7 +26,7 @@ import tree_sitter as ts
 from checks import syntax
 from checks.facts import read_blobs
 
-VERSION = 24  # bump when a pattern changes: cached rows of an older pattern set are not reused
+VERSION = 26  # bump when a pattern changes: cached rows of an older pattern set are not reused
 MAX_BYTES = 1_000_000  # generated tables and vendored amalgamations say nothing about the code's intent (ggml.c is 0.6 MB, by hand)
 MAX_CACHED = 60_000  # blobs kept in a repo's on-disk member cache before it is pruned to one tree
 
@@ -78,6 +78,15 @@ KINDS: tuple[Kind, ...] = (
         "(init_declarator declarator: (array_declarator declarator: (identifier) @_ctx) value: (initializer_list [(string_literal) (identifier)] @key){pred})\n"
         "(init_declarator declarator: (pointer_declarator declarator: (array_declarator declarator: (identifier) @_ctx)) value: (initializer_list [(string_literal) (identifier)] @key){pred})\n"
         "(init_declarator declarator: (array_declarator declarator: (identifier) @_ctx) value: (initializer_list (initializer_list . [(string_literal) (identifier)] @key)){pred})",
+    ),
+    # A C++ registry by initializer: ``std::unordered_map<std::string, Act> kActs = {{"relu", ...}, ...}``,
+    # ``static constexpr std::array<std::string_view, 26> LLM = {"chatglm", ...}`` (a local one too: a lookup table).
+    Kind(
+        "c-list",
+        ("cpp", "cuda"),
+        "(init_declarator declarator: (identifier) @_ctx value: (initializer_list (string_literal) @key){pred})\n"
+        "(init_declarator declarator: (identifier) @_ctx value: (initializer_list (initializer_list . "
+        "[(string_literal) (qualified_identifier)] @key)){pred})",
     ),
     Kind(
         "c-register",
@@ -141,6 +150,13 @@ KINDS: tuple[Kind, ...] = (
         "dict",
         ("python",),
         "(assignment left: [(identifier) (attribute)] @_ctx right: (dictionary (pair key: (string) @key value: (_) @value)){pred})",
+        values=True,
+    ),
+    # A table keyed by an enum's members (``{QuantMethod.AWQ: AWQConfig, ...}``): by the member, its class dropped.
+    Kind(
+        "dict-attr",
+        ("python",),
+        "(assignment left: [(identifier) (attribute)] @_ctx right: (dictionary (pair key: (attribute) @key value: (_) @value)){pred})",
         values=True,
     ),
     Kind(
@@ -347,7 +363,7 @@ _C_WORDS = (b"enum", b"case")
 _C_FAST = tuple(re.compile(p) for p in (
     rb"\]\s*=\s*\{\s*[A-Za-z_\"{]", rb"\]\s*=\s*\"", rb"num_\w+\s*=\s*\d", rb"register\w*\s*\(\s*\"",
     rb"def\w*\s*\(\s*\"", rb"impl\w*\s*\(\s*\"", rb"define\w*\s*\(\s*\"", rb"custom_op\w*\s*\(\s*\"",
-    rb"_op\w*\s*\(\s*\"", rb"host_name\s*\(\s*\"",
+    rb"_op\w*\s*\(\s*\"", rb"host_name\s*\(\s*\"", rb"[=\w]\s*\{\s*\{?\s*\"",
 ))
 # A call handing a constant first (``register_task_variant(TASK_RMSNORM, code)``): a definition holding one is worth
 # parsing only when its callee gets at least _C_EQ_MIN distinct constants in the file (mine.named_constants' premise).

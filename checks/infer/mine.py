@@ -80,7 +80,7 @@ class Family:
         what = {
             "enum": "enum", "case": "case labels in", "array": "array", "c-register": "registrations via",
             "py-enum": "enum class", "pyx-enum": "Cython enum", "c-include": "headers included by", "dict": "dict keys of", "list": "list", "compare": "names compared with",
-            "py-register": "registrations via", "c-map": "map entries of", "c-compare": "names compared with", "py-methods": "methods of class",
+            "py-register": "registrations via", "c-map": "map entries of", "c-compare": "names compared with", "py-methods": "methods of class", "dict-attr": "dict keys of", "c-list": "table",
             "py-abstract": "abstract methods of class", "py-class-methods": "methods of class",
             "py-functions": "functions", "dict-values": "dict values of", "host-name": "kernels named",
         }.get(self.kind, self.kind)  # a kind added in families.py alone still reads
@@ -151,6 +151,17 @@ def _prefix(raws: list[str]) -> str:
     if all(len(x) > 1 and x[0] == "k" and (x[1].isupper() or x[1].isdigit()) for x in rest):
         common += "k"
     return "" if not common or any(len(r) == len(common) for r in raws) else common
+
+
+_ATTR = re.compile(r"^(?:[A-Za-z_]\w*\.)+[A-Za-z_]\w*$")
+
+
+def _owner_prefix(raws: list[str]) -> str:
+    """The ``Owner.`` every key of an enum-keyed table shares (``QuantMethod.``, ``ir.DataType.``), or ""."""
+    if not raws or not all(_ATTR.match(r) for r in raws):
+        return ""
+    owners = {r.rsplit(".", 1)[0] for r in raws}
+    return next(iter(owners)) + "." if len(owners) == 1 else ""
 
 
 def _prefix_groups(raws: list[str], min_size: int) -> list[str]:
@@ -242,6 +253,10 @@ def build_families(files: list[FileMembers], min_size: int) -> list[Family]:
             continue
         names = sorted(set(cut))
         prefix, suffix = _prefix(names), _suffix(names)
+        if kind == "dict-attr":  # ``QuantMethod.AWQ``: the member, as its enum class names it
+            prefix = _owner_prefix(names)
+            if not prefix:
+                continue
         if KIND_BY_NAME[kind].affixed and not label:
             continue
         if kind == "pyx-enum" and not prefix:
@@ -367,8 +382,8 @@ def mine(families: list[Family], min_support: int, min_ratio: float = 0.5, max_r
 KEEP_EXTRAS = 2  # a switch or table inside a list with at most this many more names keeps the names it shares with it
 TABLE_KEEP_MIN = 16  # ... from this many names for a declared table (a registry; a kernel's small enum is its own)
 COPY_MIN = 5  # names a table needs to keep what it shares with the table it copies
-_TABLES_KEPT = {"list", "dict", "array", "enum", "py-enum", "pyx-enum"}  # declared tables a keep rule may hold
-_COPIED = {"list", "dict", "array"}  # tables a same-named table of another file copies (an enum so named is a variant)
+_TABLES_KEPT = {"list", "dict", "array", "c-list", "dict-attr", "enum", "py-enum", "pyx-enum"}  # declared tables a keep rule may hold
+_COPIED = {"list", "dict", "array", "c-list"}  # tables a same-named table of another file copies (an enum so named is a variant)
 _ENUMS = {"enum", "py-enum", "pyx-enum"}
 # Words that say what a variable is, not which: ``key``, ``kwargs``, ``choices`` and ``names`` lists of two files are
 # alike by idiom (an autotune key, an option list), so only a name of two telling words marks a copy.
