@@ -179,3 +179,18 @@ def test_paths_git_quotes_keep_their_hunks(tmp_path):
     assert code in (0, 1), err
     files = {f["path"]: f for f in json.loads(out)["changes"]["files"]}
     assert {p: len(files[p]["hunks"]) for p in names} == dict.fromkeys(names, 1)
+
+
+@pytest.mark.xfail(strict=True, reason="checks/diff.py: the head's own .gitattributes (checked out) decides what git "
+                                       "diffs as binary; see STATUS.md Requests")
+def test_a_heads_gitattributes_cannot_blind_the_diff(tmp_path):
+    r = GitRepo(tmp_path / "r")
+    r.write("engine/a.py", "def f():\n    return 1\n")
+    r.commit("base")
+    r.write(".gitattributes", "* -diff\n")  # the PR declares every file binary: no hunks, no symbols
+    r.write("engine/a.py", "def f():\n    return 2\n")
+    r.commit("head")  # checked out, as in a CI job on the pull request
+    code, out, err = _review(r.path, "--format", "json")
+    assert code in (0, 1), err
+    (change,) = [f for f in json.loads(out)["changes"]["files"] if f["path"] == "engine/a.py"]
+    assert not change["binary"] and len(change["hunks"]) == 1
