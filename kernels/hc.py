@@ -772,17 +772,28 @@ def _ld_cg(ptrs):
                                      pack=1)
 
 
+@triton.jit
+def _stamp(ptr, after):
+    """Store ``%globaltimer`` (ns) at ``ptr``, read once ``after`` is computed (a diagnostic)."""
+    ts = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer; // $1", "=l,r", [after.to(tl.float32).to(tl.int32,
+                                   bitcast=True)], dtype=tl.int64, is_pure=False, pack=1)
+    tl.store(ptr, ts)
+
+
 @triton.jit(do_not_specialize=["T", "n_tb", "SPIN"])
 def _hc_groupp_kernel(x_ptr, fn_ptr, base_ptr, scale_ptr, col_ptr, post_ptr, comb_ptr, acc_ptr, cnt_ptr, err_ptr,
                       T, D, n_tb, iters, eps, norm_eps, SPIN, flag_ptr, pre_ptr, N: tl.constexpr, NMIX: tl.constexpr,
                       BLOCK_T: tl.constexpr, DW: tl.constexpr, P: tl.constexpr, STAGES: tl.constexpr,
-                      ITERS: tl.constexpr, GPU: tl.constexpr, FENCE: tl.constexpr, LEADER: tl.constexpr):
+                      ITERS: tl.constexpr, GPU: tl.constexpr, FENCE: tl.constexpr, LEADER: tl.constexpr,
+                      times_ptr=None, TIMES: tl.constexpr = False):
     """:func:`_hc_groupw_kernel` with a loop the software pipeliner takes: the wait is a PTX loop and the
     Sinkhorn is unrolled (``ITERS``), so the slabs of the next ``STAGES - 1`` blocks stream into shared
     memory (async copies) while a step exchanges, waits and collapses. ``GPU`` False (the interpreter):
     the wait is a Triton loop and the dot is fp32. ``LEADER``: the block's last member to count in (the
     count's old value says which) alone runs the weights and Sinkhorn, writes ``pre`` (and post, comb) and
-    raises the block's flag, which the others wait for; else every member runs them for the whole block."""
+    raises the block's flag, which the others wait for; else every member runs them for the whole block.
+    ``TIMES`` (a diagnostic): ``%globaltimer`` at the start of each step, after counting in, after the wait
+    and at the end, into ``times[pid, step, 4]`` (``[programs, n_tb, 4]`` int64)."""
     pid = tl.program_id(0)
     n_groups = tl.num_programs(0) // P
     g = pid // P
@@ -805,6 +816,8 @@ def _hc_groupp_kernel(x_ptr, fn_ptr, base_ptr, scale_ptr, col_ptr, post_ptr, com
     n_steps = tl.cdiv(n_tb - g, n_groups)
     budget = SPIN
     for j in tl.range(0, n_steps, num_stages=STAGES):
+        if TIMES:
+            _stamp(times_ptr + (pid * n_tb + j) * 4, j)
         tb = g + j * n_groups
         t = tb.to(tl.int64) * BLOCK_T + tt
         tm = t < T
@@ -822,6 +835,8 @@ def _hc_groupp_kernel(x_ptr, fn_ptr, base_ptr, scale_ptr, col_ptr, post_ptr, com
             tb = _bar_ptx(tb, FENCE)
         else:
             tl.debug_barrier()
+        if TIMES:
+            _stamp(times_ptr + (pid * n_tb + j) * 4 + 1, j)
         if LEADER:
             old = tl.atomic_add(cnt_ptr + tb, 1, sem="acq_rel")
             tr = tl.where(tm, t, 0)  # masked rows read row 0 (in bounds), then are dropped
@@ -853,10 +868,14 @@ def _hc_groupp_kernel(x_ptr, fn_ptr, base_ptr, scale_ptr, col_ptr, post_ptr, com
         else:
             pre = _grp_pre(acc_ptr, cnt_ptr, err_ptr, base_ptr, scale_ptr, post_ptr, comb_ptr, t, tm, tb, m, K, iters,
                            eps, norm_eps, SPIN, N, NMIX, BLOCK_T, P, ITERS, GPU)
+        if TIMES:
+            _stamp(times_ptr + (pid * n_tb + j) * 4 + 2, tl.sum(pre))
         x3 = tl.reshape(xt, [N, DW, BLOCK_T]).to(tl.float32)
         cv = tl.sum(x3 * tl.trans(pre)[:, None, :], axis=0)  # [DW, BT]
         tl.store(col_ptr + t[None, :] * D + d[:, None], cv.to(col_ptr.dtype.element_ty),
                  mask=(d < D)[:, None] & tm[None, :])
+        if TIMES:
+            _stamp(times_ptr + (pid * n_tb + j) * 4 + 3, tl.sum(cv))
 
 
 @triton.jit
@@ -1107,6 +1126,8 @@ def hc_pre(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.T
             p["per_sm"] * torch.cuda.get_device_properties(x.device).multi_processor_count)
         if n_p > resident:
             raise ValueError(f"hc_pre: a group of {n_p} programs exceeds the {resident} resident ones; raise dw")
+        if p.get("times") is not None:  # diagnostic: [programs, steps, 4] int64 timestamps
+            pkw.update(times_ptr=p["times"], TIMES=True)
         _hc_groupp_kernel[(min(n_tb, resident // n_p) * n_p,)](*pargs, **pkw)
         GROUP_ERR[0] = sync[2 * n_tb:]
     elif v == "fused":
