@@ -254,6 +254,9 @@ class SqliteJobStore(JobStore):
                 if name not in have:
                     tx.execute(f"ALTER TABLE jobs ADD COLUMN {name} {decl}")
             tx.execute("CREATE INDEX IF NOT EXISTS jobs_runs ON jobs(run_state, status)")
+            for name, cols in (("jobs_check_run", "check_run_id"), ("jobs_head", "repo, head_sha"),
+                               ("jobs_audit", "audit_id")):  # what a re-run or a workflow run is routed by
+                tx.execute(f"CREATE INDEX IF NOT EXISTS {name} ON jobs({cols})")
             for table, name, decl in (("deliveries", "body_sha", "TEXT"), ("heads", "updated", "REAL NOT NULL DEFAULT 0")):
                 if name not in {r["name"] for r in tx.execute(f"PRAGMA table_info({table})")}:
                     tx.execute(f"ALTER TABLE {table} ADD COLUMN {name} {decl}")
