@@ -224,6 +224,7 @@ def build_families(files: list[FileMembers], min_size: int) -> list[Family]:
             if len(part) < len(rows):
                 groups[(f"case[{label}]", key[1], key[2])] = part
                 langs[(f"case[{label}]", key[1], key[2])] = langs[key]
+    enum_names = {ctx for (k, _, ctx) in groups if k in ("enum", "py-enum", "pyx-enum")}
     # Definitions are a family only by a shared prefix (``apply_liger_kernel_to_*``): one per such prefix.
     carved: dict[tuple, tuple[str, ...]] = {}
     for key, rows in list(groups.items()):
@@ -255,8 +256,8 @@ def build_families(files: list[FileMembers], min_size: int) -> list[Family]:
         prefix, suffix = _prefix(names), _suffix(names)
         if kind == "dict-attr":  # ``QuantMethod.AWQ``: the member, as its enum class names it
             prefix = _owner_prefix(names)
-            if not prefix:
-                continue
+            if not prefix or prefix[:-1].rsplit(".", 1)[-1] not in enum_names:
+                continue  # keys of a module (``torch.float16``) or a class this tree declares no enum of
         if KIND_BY_NAME[kind].affixed and not label:
             continue
         if kind == "pyx-enum" and not prefix:

@@ -34,6 +34,15 @@ def test_a_partial_table_or_keys_of_several_classes_hold_no_belief(tmp_path):
                            "quant/mixed.py": mixed}, "a partial table")
     head = r.commit_files({"quant/types.py": enum([*METHODS, "NVFP4"])}, "nvfp4")
     assert inferred(audit(r.path, base, head)) == []
+    # Tables keyed by a module's attributes (torch dtypes) in two files: no enum of this tree says what they hold.
+    dtypes = ["float16", "bfloat16", "float32", "int8", "uint8"]
+
+    def dmap(name: str, keys: list[str]) -> str:
+        return "import torch\n\n" + f"{name} = {{\n" + "".join(f"    torch.{k}: {k!r},\n" for k in keys) + "}\n"
+
+    first = r.commit_files({"quant/a.py": dmap("DTYPE_BITS", dtypes), "quant/b.py": dmap("DTYPE_NAMES", dtypes)}, "maps")
+    grown = r.commit_files({"quant/a.py": dmap("DTYPE_BITS", [*dtypes, "float8_e4m3fn"])}, "fp8 bits")
+    assert inferred(audit(r.path, first, grown)) == []
 
 
 MODELS = ["chatglm", "gemma", "gemma2", "llama", "mistral", "phi3", "qwen2", "qwen3"]
