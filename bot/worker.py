@@ -735,5 +735,5 @@ def _gave_up_comment(conclusion: str, title: str, head: str, error: str, details
     icon = "💥" if conclusion == "failure" else "⚠️"
     return (f"{COMMENT_MARKER}\n### {icon} Drift Audit: {title.lower()}\n\n"
             f"The audit of `{head[:12]}` did not finish: {code(first)}\n\n"
-            f"The **{conclusion}** check does not pass, because nothing was audited. {RETRY} "
+            f"The check concludes **{conclusion}**, so it does not pass: nothing was audited. {RETRY} "
             f"[Details]({details})\n")
