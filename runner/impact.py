@@ -300,6 +300,27 @@ _REGISTERING = re.compile(
 _LAYOUT_DIRS = {"src", "python", "lib", "py"}
 
 
+def _block_heads(stmts: list[Stmt]) -> list[Stmt]:
+    """A module-level ``if``/``try`` Stmt (it follows the Stmts inside it, ``_flat_statements``) has an effect
+    only when one inside it still has one after ``_registering``, and fills the registries they fill: the
+    condition of ``if Op.is_supported(): register_fusion(fuse_op)`` decides that registration, nothing more."""
+    out: list[Stmt] = []
+    for st in stmts:
+        inner = []
+        for prev in reversed(out):
+            if prev.start < st.start or prev.end > st.end or prev is st:
+                break
+            inner.append(prev)
+        if inner and not st.imports and not st.registers and st.start <= inner[-1].start:
+            effect = any(i.effect for i in inner)
+            registers = frozenset().union(*(i.registers for i in inner))
+            by_call = frozenset().union(*(i.registered_by_call for i in inner))
+            if effect != st.effect or registers:
+                st = dataclasses.replace(st, effect=effect, registers=registers, registered_by_call=by_call)
+        out.append(st)
+    return out
+
+
 def _registering(path: str, stmts: list[Stmt], bindings: list[Binding]) -> list[Stmt]:
     """Decorated definitions whose decorators all come from the tree's own package (imported from it, or
     defined here) register into a registry the tree holds: the definition and that registry binding change,
@@ -428,6 +449,7 @@ def _flat_statements(node: ast.stmt, imported: set[str], scan: _Scan) -> list[tu
         registers: frozenset[str] = frozenset()
         by_call: frozenset[str] = frozenset()
         decorated_by: frozenset[str] = frozenset()
+        keys: frozenset[str] = frozenset()
         if effect and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             decorators = [d for d in node.decorator_list if _decorator_name(d) not in PURE_DECORATORS]
             decorated_by = frozenset(_decorator_name(d) for d in decorators)
@@ -439,6 +461,10 @@ def _flat_statements(node: ast.stmt, imported: set[str], scan: _Scan) -> list[tu
                 class_keys = [_class_keys(d) for d in decorators]
                 keys = frozenset().union(*class_keys) if class_keys and all(class_keys) else frozenset()
         base, args = _registration_call(node) if effect else ("", frozenset())
+        if base:  # a registration by call: a registry like a decorator's when the tree holds it (_registering)
+            registers = frozenset({base})
+            by_call = registers if isinstance(node.value.func, ast.Name) else frozenset()  # type: ignore[attr-defined]
+            keys = frozenset()
         stmt = Stmt(start, node.end_lineno or node.lineno, frozenset(names), frozenset(refs), effect,
                     isinstance(node, (ast.Import, ast.ImportFrom)), frozenset(uses), registers, by_call,
                     keys if registers else frozenset(), base, args, decorated_by)
@@ -560,7 +586,7 @@ def _tree_info(path: str, data: bytes, tree: ast.Module) -> tuple[ModuleInfo, li
             if leaf is not None:
                 bindings += _bindings(path, len(stmts), leaf)
             stmts.append(stmt)
-    stmts = _registering(path, stmts, bindings)
+    stmts = _block_heads(_registering(path, stmts, bindings))
     refs = frozenset().union(*(s.refs for s in stmts)) if stmts else frozenset()
     trivial = frozenset(
         n for n, line in enumerate(data.splitlines(), 1) if not line.strip() or line.lstrip().startswith(b"#")
@@ -1005,8 +1031,8 @@ class Impact:
                 return self._module_use(b, names, info)
             if names == ALL:
                 return ALL
-            if b.name == "*":
-                return ALL if names else frozenset()
+            if b.name == "*":  # the public names come along
+                return frozenset(n for n in names if not n.startswith("_"))
             return frozenset({b.local}) if b.name in names else frozenset()
         if mod in self.graph.resolve(b.module, user):  # a package __init__ run on the way
             if names == ALL:

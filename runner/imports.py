@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
 SOURCE_ROOTS = ("", "src/", "python/", "lib/")
+PROJECT_FILES = ("setup.py", "pyproject.toml")  # a directory holding one is a project of its own
 
 
 @dataclass(frozen=True)
@@ -85,7 +86,7 @@ def _str_constants(tree: ast.AST) -> list[str]:
     return out
 
 
-def module_names(path: str) -> list[str]:
+def module_names(path: str, roots: Iterable[str] = SOURCE_ROOTS) -> list[str]:
     """Dotted names ``path`` is importable as, one per source root it sits under."""
     p = PurePosixPath(path)
     if p.suffix != ".py":
@@ -94,7 +95,7 @@ def module_names(path: str) -> list[str]:
     if parts and parts[-1] == "__init__":
         parts = parts[:-1]
     names = []
-    for root in SOURCE_ROOTS:
+    for root in roots:
         rparts = list(PurePosixPath(root).parts) if root else []
         if parts[: len(rparts)] == rparts and len(parts) > len(rparts):
             names.append(".".join(parts[len(rparts) :]))
@@ -250,9 +251,20 @@ class ImportGraph:
 
     def __post_init__(self) -> None:
         self.paths = set(self.paths)
-        for path in list(self.paths) + list(self.extra_paths):
+        every = sorted(set(self.paths) | set(self.extra_paths))
+        for path in every:
             for name in module_names(path):
                 self._index.setdefault(name, path)
+        # a sub-project (``sub/setup.py`` beside ``sub/sub_pkg/``, no ``sub/__init__.py``) installs its packages
+        # as top-level names too; the tree's own roots keep a name both give
+        subs = sorted({p.split("/", 1)[0] + "/" for p in self.paths if p.count("/") == 1
+                       and p.rsplit("/", 1)[1] in PROJECT_FILES and f"{p.split('/', 1)[0]}/__init__.py" not in self.paths})
+        if subs:
+            roots = [sub + r for sub in subs for r in SOURCE_ROOTS]
+            for path in every:
+                if path.startswith(tuple(subs)):
+                    for name in module_names(path, roots):
+                        self._index.setdefault(name, path)
 
     def conftests(self, path: str) -> list[str]:
         """conftest.py files pytest loads for a test file: its directory's and every parent's."""

@@ -34,6 +34,7 @@ from runner.impact import (
     Impact,
     ModuleInfo,
     OverBudget,
+    _spelled,
     importers,
     info_of,
     static_bindings,
@@ -320,6 +321,10 @@ def _automatic(config: Config, changes: ChangeSet, paths: list[str], pillars: Pi
 
 # modules read to follow compiled code by name; past it the package-wide answer (a superset) is cheaper
 KERNEL_REACH_BUDGET = 300
+# with no narrower path to changed compiled code, a package imported by more test files than this (a compiler, a
+# runtime every test loads) is stood for by the PR's own tests; a smaller one runs all its importers
+OWN_TESTS_ABOVE = 20
+PROJECT_FILES = ("setup.py", "pyproject.toml")
 KERNEL_SOURCES = (".cu", ".cuh", ".cpp", ".cc", ".cxx", ".c", ".h", ".hpp", ".hh", ".inl")
 
 
@@ -329,22 +334,13 @@ def _kernel_sources(config: Config, changes: ChangeSet, head, head_paths: set[st
 
     No import reaches a ``.cu`` or ``.hpp`` file, yet the tests that import the package run that code: a
     source under ``P/`` belongs to package ``P``; one outside every package (``csrc/``) to the packages
-    the build files name, or to the tree's only package. Returns {test file: GPU need}.
+    the build files of its project name, or to its only package (``_source_owners``). Returns {test file: GPU
+    need}.
     """
     sources = [f.path for f in changes.files if f.path.endswith(KERNEL_SOURCES)]
     if not sources:
         return {}
-    packages = sorted({p.split("/", 1)[0] for p in head_paths if p.count("/") == 1 and p.endswith("/__init__.py")})
-    if not packages:
-        return {}
-    build_text = b"\n".join(head.read(p) or b"" for p in BUILD_FILES if p in head_paths)
-    built = [pkg for pkg in packages if re.search(rb"\b%s\b" % re.escape(pkg.encode()), build_text)]
-    outside = built or (packages if len(packages) == 1 else [])
-    owners: dict[str, list[str]] = {}
-    for src in sources:
-        top = src.split("/", 1)[0]
-        for pkg in [top] if top in packages else outside:
-            owners.setdefault(pkg, []).append(src)
+    owners = _source_owners(head, head_paths, sources)
     if not owners:
         return {}
     tests = spec(tuple(config.settings.test_paths))
@@ -358,11 +354,17 @@ def _kernel_sources(config: Config, changes: ChangeSet, head, head_paths: set[st
     changed_tests = {f.path for f in changes.files} & set(test_files)
 
     info = unwrapping(graph, lambda p: info_of(p, blob_sha(p) if blob_sha else None, head.read))
-    for pkg, srcs in owners.items():
+    for pkg_dir, srcs in owners.items():
+        pkg = pkg_dir.rsplit("/", 1)[-1]
         shown = ", ".join(srcs[:3]) + (f" +{len(srcs) - 3} more" if len(srcs) > 3 else "")
         reason = f"kernel source of {pkg} changed: {shown}"
-        reached = _reaching(users, f"{pkg}/", set(test_files))
-        seeds = _compiled_code_users(graph, info, users, reached, pkg, srcs, extensions)
+        reached = _reaching(users, f"{pkg_dir}/", set(test_files))
+        project = pkg_dir.rsplit("/", 1)[0] + "/" if "/" in pkg_dir else ""
+        bound = _python_bindings(head, head_paths, project, changes, srcs)
+        if bound:
+            reason += f" (bound for Python as {', '.join(sorted(bound)[:4])}{' …' if len(bound) > 4 else ''})"
+        own_extensions = extensions if not project else _declared_extensions(head, head_paths, project)
+        seeds = _compiled_code_users(graph, info, users, reached, pkg, srcs, own_extensions, bound)
         seeds = _same_part(seeds, srcs, pkg)
         runs: dict[str, str] = {}
         if seeds:  # the compiled code runs only where the modules that load it (or name the source) are used
@@ -378,7 +380,7 @@ def _kernel_sources(config: Config, changes: ChangeSet, head, head_paths: set[st
                         runs[test_file] = chain[-1]
                 reached = sorted(runs)
         own = [t for t in reached if t in changed_tests]
-        if not seeds and own and len(own) < len(reached):
+        if not seeds and own and len(reached) > OWN_TESTS_ABOVE:
             # no narrower path to the compiled code: the tests the PR brings are the ones for its change
             others = len(reached) - len(own)
             reason += f" (the PR's own tests; {others} other test file{'s' if others != 1 else ''} import {pkg})"
@@ -394,8 +396,217 @@ def _kernel_sources(config: Config, changes: ChangeSet, head, head_paths: set[st
     return needs
 
 
+def _source_owners(head, head_paths: set[str], sources: list[str]) -> dict[str, list[str]]:
+    """{package directory: the changed compiled sources it owns}.
+
+    A source under a package's directory belongs to it. Else it belongs to the project it lies in: the tree
+    itself, or a sub-project (a directory with its own setup.py or pyproject.toml, holding its own packages:
+    ``sub/csrc/x.cu`` with ``sub/setup.py`` and ``sub/sub_pkg/__init__.py``), and there to the packages its
+    build files name, or to its only package.
+    """
+    projects: dict[str, list[str]] = {}  # project prefix ("" or "sub/") → its package directories
+    for p in head_paths:
+        if not p.endswith("/__init__.py"):
+            continue
+        parts = p.split("/")
+        if len(parts) == 2:
+            projects.setdefault("", []).append(parts[0])
+        elif len(parts) == 3 and f"{parts[0]}/__init__.py" not in head_paths \
+                and any(f"{parts[0]}/{f}" in head_paths for f in PROJECT_FILES):
+            projects.setdefault(f"{parts[0]}/", []).append(f"{parts[0]}/{parts[1]}")
+    if not projects:
+        return {}
+    outside: dict[str, list[str]] = {}
+    for prefix, dirs in projects.items():
+        build_text = b"\n".join(head.read(prefix + p) or b"" for p in BUILD_FILES if prefix + p in head_paths)
+        names = sorted(dirs)
+        built = [d for d in names if re.search(rb"\b%s\b" % re.escape(d.rsplit("/", 1)[-1].encode()), build_text)]
+        outside[prefix] = built or (names if len(names) == 1 else [])
+    package_dirs = sorted((d for dirs in projects.values() for d in dirs), key=len, reverse=True)
+    owners: dict[str, list[str]] = {}
+    for src in sources:
+        inside = next((d for d in package_dirs if src.startswith(d + "/")), None)
+        if inside is not None:
+            owners.setdefault(inside, []).append(src)
+            continue
+        within = [p for p in outside if src.startswith(p)]
+        for d in outside[max(within, key=len)] if within else []:
+            owners.setdefault(d, []).append(src)
+    return owners
+
+
+# the C/C++ a Python test can reach: not the project's own C++ tests, benchmarks or vendored trees
+_NATIVE_SKIP_DIRS = {"test", "tests", "benchmark", "benchmarks", "example", "examples", "docs", "third_party",
+                     "3rdparty", "thirdparty", "external", "extern", "vendor", "submodules"}
+_NATIVE_HEADERS = (".h", ".hpp", ".hh", ".cuh", ".inl")
+NATIVE_FILES_BUDGET = 4000
+NATIVE_BYTES_BUDGET = 64 << 20
+NATIVE_NAMES_BUDGET = 400
+# names too common to follow by spelling: a change to one of them is followed package-wide, as before
+_NATIVE_COMMON = {"main", "run", "forward", "backward", "operator", "init", "apply", "launch", "execute", "call",
+                  "get", "set", "size", "data", "create", "update", "reset", "compute", "process", "invoke", "impl",
+                  "kernel", "wrapper", "dispatch", "check", "print", "load", "save", "begin", "end", "value"}
+# ``m.def("name", fn)``, ``.def_static("name", …)``, ``m.impl("name", fn)``, ``m.def("name(Tensor x) -> …")``
+_BINDING = re.compile(rb"\.(?:def|def_static|def_readwrite|def_property|impl)\s*\(\s*\"([A-Za-z_]\w*)")
+
+
+def _native_functions(path: str, data: bytes, blob: str | None) -> list[tuple[int, int, str]]:
+    """(first line, last line, unqualified name) of each function defined in a C/C++/CUDA file."""
+    import tree_sitter as ts
+
+    from checks import syntax
+    from checks.pillars import _declarator_name
+
+    lang = syntax.lang_for_path(path) or "cpp"
+    if lang == "c":
+        lang = "cpp"  # a .h is parsed as C++: headers of C++ trees are the common case
+    tree = syntax.parse(lang, data, key=blob)
+    out = []
+    query = ts.Query(syntax.language(lang), "(function_definition) @d")
+    for node in ts.QueryCursor(query).captures(tree.root_node).get("d", []):
+        name = _declarator_name(node.child_by_field_name("declarator"))
+        if name:
+            name = name.split("<", 1)[0].rsplit("::", 1)[-1].strip()
+            out.append((node.start_point[0] + 1, node.end_point[0] + 1, name))
+    return out
+
+
+def _native_declarations(path: str, data: bytes, blob: str | None) -> list[tuple[int, int, str]]:
+    """(first line, last line, name) of each function prototype (``void nvte_x(const T in, …);``) in a header."""
+    import tree_sitter as ts
+
+    from checks import syntax
+    from checks.pillars import _declarator_name
+
+    lang = "cuda" if path.endswith(".cuh") else "cpp"
+    tree = syntax.parse(lang, data, key=blob)
+    out = []
+    query = ts.Query(syntax.language(lang), "(declaration declarator: (function_declarator) @f) @d")
+    for match in ts.QueryCursor(query).matches(tree.root_node):
+        caps = match[1]
+        decl, fn = caps.get("d", [None])[0], caps.get("f", [None])[0]
+        name = _declarator_name(fn.child_by_field_name("declarator")) if fn is not None else None
+        if decl is not None and name:
+            out.append((decl.start_point[0] + 1, decl.end_point[0] + 1, name.rsplit("::", 1)[-1]))
+    return out
+
+
+def _innermost(funcs: list[tuple[int, int, str]], line: int) -> tuple[int, int, str] | None:
+    best = None
+    for f in funcs:
+        if f[0] <= line <= f[1] and (best is None or f[1] - f[0] < best[1] - best[0]):
+            best = f
+    return best
+
+
+def _python_bindings(head, head_paths: set[str], prefix: str, changes: ChangeSet,
+                     srcs: list[str]) -> frozenset[str] | None:
+    """The Python names (``m.def("group_requantize", fn)``) through which the changed compiled code is called.
+
+    The functions around the changed lines (every function of a source file whose change lies outside them: an
+    include, a file-level constant) are followed to their callers by name across the project's C/C++ sources
+    (``prefix``; its tests, benchmarks and vendored trees aside), up to the pybind11 / torch library binding
+    that names them for Python. None when that cannot be told: a changed header outside its functions (a
+    struct or a macro reaches every includer), a name too common to follow, a use outside any function that
+    is no binding (a function pointer in a table), a function nobody calls or binds (a hand-registered FFI
+    handler), or past a budget.
+    """
+    seeds: set[str] = set()
+    by_path = {fc.path: fc for fc in changes.files}
+    for src in srcs:
+        if set(src[len(prefix):].split("/")[:-1]) & _NATIVE_SKIP_DIRS:
+            continue  # a C++ test or benchmark: no Python test runs it
+        fc = by_path.get(src)
+        data = head.read(src) if fc is not None and fc.status in ("modified", "added") else None
+        if fc is None or data is None:
+            return None  # a deleted or renamed source: what used it is told by the build files
+        funcs = _native_functions(src, data, fc.new_blob)
+        lines = [0] if fc.status == "added" else \
+            [n for h in fc.hunks for n in h.added] or [h.new_start for h in fc.hunks]  # 0: every function
+        outside = False
+        declared = _native_declarations(src, data, fc.new_blob) if src.endswith(_NATIVE_HEADERS) else []
+        rows = data.split(b"\n")
+        for line in lines:
+            got = _innermost(funcs, line)
+            if got is not None:
+                seeds.add(got[2])
+                continue
+            decl = _innermost(declared, line)
+            if decl is not None:
+                seeds.add(decl[2])  # a prototype: what matters is its definition and callers
+            elif not (0 < line <= len(rows) and (not rows[line - 1].strip()
+                                                 or rows[line - 1].lstrip().startswith((b"//", b"*", b"/*")))):
+                outside = True
+        if outside:
+            if src.endswith(_NATIVE_HEADERS):
+                return None  # a struct, a macro or an inline constant: every includer may change
+            seeds |= {f[2] for f in funcs}
+    if not seeds or seeds & _NATIVE_COMMON or any(len(n) < 4 for n in seeds):
+        return None
+    files = sorted(p for p in head_paths if p.startswith(prefix) and p.endswith(KERNEL_SOURCES)
+                   and not (set(p[len(prefix):].split("/")[:-1]) & _NATIVE_SKIP_DIRS))
+    if len(files) > NATIVE_FILES_BUDGET:
+        return None
+    texts: dict[str, bytes] = {}
+    total = 0
+    for p in files:
+        texts[p] = head.read(p) or b""
+        total += len(texts[p])
+        if total > NATIVE_BYTES_BUDGET:
+            return None
+    funcs_of: dict[str, list[tuple[int, int, str]]] = {}
+    blob_sha = getattr(head, "blob_sha", None)
+    bound: set[str] = set()
+    seen = set(seeds)
+    reached: set[str] = set()  # names with a caller or a binding
+    frontier = set(seeds)
+    while frontier:
+        pattern = _spelled(frozenset(frontier))
+        found: set[str] = set()
+        for p, data in texts.items():
+            if not pattern.search(data):
+                continue
+            if p not in funcs_of:
+                funcs_of[p] = _native_functions(p, data, blob_sha(p) if blob_sha else None)
+            funcs = funcs_of[p]
+            rows = data.split(b"\n")
+            for m in pattern.finditer(data):
+                name = m.group(0).decode()
+                line = data.count(b"\n", 0, m.start()) + 1
+                code = rows[line - 1].lstrip()
+                if code.startswith((b"//", b"*", b"/*", b"#include")):
+                    continue
+                window = b" ".join(rows[max(line - 3, 0):line])
+                binding = _BINDING.findall(window)
+                enclosing = _innermost(funcs, line)
+                if binding and (enclosing is None or enclosing[2] != name):
+                    bound.add(binding[-1].decode())
+                    reached.add(name)
+                    continue
+                if enclosing is None:
+                    before = data[:m.start()].rstrip()[-1:]
+                    if p.endswith(_NATIVE_HEADERS) or (before and (before.isalnum() or before in b"_*>")):
+                        continue  # a declaration: ``void nvte_x(…);``, ``T* f(…);``
+                    return None  # used as a value outside a function: reached some way not followed here
+                if enclosing[2] == name:
+                    continue  # its own definition, or a recursive call
+                reached.add(name)
+                if enclosing[2] not in seen:
+                    found.add(enclosing[2])
+        if found & _NATIVE_COMMON or any(len(n) < 4 for n in found):
+            return None
+        seen |= found
+        if len(seen) > NATIVE_NAMES_BUDGET:
+            return None
+        frontier = found
+    if seen - reached or not bound:
+        return None  # a function nobody here calls or binds: it is reached some other way
+    return frozenset(bound)
+
+
 def _compiled_code_users(graph: ImportGraph, info: Callable, users: dict[str, list[str]], reached: list[str],
-                         pkg: str, srcs: list[str], extensions: frozenset[str]) -> dict[str, Changed]:
+                         pkg: str, srcs: list[str], extensions: frozenset[str],
+                         bound: frozenset[str] | None = None) -> dict[str, Changed]:
     """{module: its names that run the changed compiled code}, for the modules the tests reach.
 
     Compiled sources run through the modules that import the package's compiled extension (``import
@@ -403,12 +614,14 @@ def _compiled_code_users(graph: ImportGraph, info: Callable, users: dict[str, li
     ones also through the code that names the source file (``#include <pkg/impls/x.cuh>`` in a template
     string). A test that only imports a pure-Python part of the package (a gate, a config, a DSL kernel)
     runs none of it, though importing the package may load the extension. Empty when no such module is
-    found: then every test importing the package counts.
+    found: then every test importing the package counts. With ``bound`` (the Python names the changed code is
+    bound as, ``_python_bindings``), only the code spelling one of them runs it, wherever the module comes from.
     """
     from runner.imports import Import, imports_of
     from runner.runnable import EXTENSION_NAME
 
     names = [posixpath.basename(src).encode() for src in srcs]
+    bound_pattern = _spelled(bound) if bound else None
     out: dict[str, Changed] = {}
     files = sorted({m for m in users if m.endswith(".py")} | set(reached))
     for path in files:
@@ -423,7 +636,8 @@ def _compiled_code_users(graph: ImportGraph, info: Callable, users: dict[str, li
                 break
         data = graph.read(path) or b""
         mentions = [n for n in names if n in data]
-        if not loads and not mentions:
+        calls = [m.start() for m in bound_pattern.finditer(data)] if bound_pattern is not None else []
+        if not loads and not mentions and not calls:
             continue
         mod = info(path)
         if mod.opaque:
@@ -435,8 +649,10 @@ def _compiled_code_users(graph: ImportGraph, info: Callable, users: dict[str, li
                 imp = Import(b.module, (b.name,) if b.name else ())
                 ext = graph.extension(imp, path, extensions)
                 if ext and (EXTENSION_NAME.search(ext.rsplit(".", 1)[-1]) or ext.rsplit(".", 1)[-1] in extensions):
-                    seeds.add(b.local)
+                    if bound_pattern is None or b.local in mod.dynamic:
+                        seeds.add(b.local)  # every use of the extension (or getattr on it: any name)
         lines = {data.count(b"\n", 0, at) + 1 for n in mentions for at in _find_all(data, n)}
+        lines |= {data.count(b"\n", 0, at) + 1 for at in calls}
         got = mod.changed_at(sorted(lines)) if lines else frozenset()
         if got == ALL:
             out[path] = ALL
@@ -797,9 +1013,10 @@ def _bound_names(info) -> frozenset[str]:
 BUILD_FILES = ("setup.py", "CMakeLists.txt", "csrc/CMakeLists.txt", "build.sh")
 
 
-def _declared_extensions(head, head_paths: set[str]) -> frozenset[str]:
+def _declared_extensions(head, head_paths: set[str], project: str = "") -> frozenset[str]:
+    """The compiled extensions the build files of a project (the tree's, or a sub-project's ``sub/``) declare."""
     names: set[str] = set()
     for path in BUILD_FILES:
-        if path in head_paths:
-            names |= extension_names((head.read(path) or b"").decode("utf-8", "replace"))
+        if project + path in head_paths:
+            names |= extension_names((head.read(project + path) or b"").decode("utf-8", "replace"))
     return frozenset(names)
