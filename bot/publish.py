@@ -152,7 +152,7 @@ class Publisher:
         return run
 
     def find_check(self, head_sha: str, external_id: str):
-        for candidate in self.repo.get_commit(head_sha).get_check_runs(check_name=self.check_name):
+        for candidate in self.repo.get_commit(head_sha).get_check_runs(check_name=self.check_name, filter="all"):
             if candidate.external_id == external_id and made_by(candidate, self.app_id):
                 return candidate
         return None

@@ -78,7 +78,7 @@ class Sweeper:
             return repo.get_check_run(row.check_run_id)
         if not row.head_sha or not row.external_id:
             return None
-        for candidate in repo.get_commit(row.head_sha).get_check_runs(check_name=self.check_name):
+        for candidate in repo.get_commit(row.head_sha).get_check_runs(check_name=self.check_name, filter="all"):
             if candidate.external_id == row.external_id and made_by(candidate, self.app_id):
                 return candidate
         return None

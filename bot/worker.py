@@ -36,7 +36,7 @@ from bot.gpu import GpuDispatch, actions_module, failed_suites, merge_results
 from bot.jobs import AuditJob, CollectJob, CommandJob, InstallationJob, Job, RerunJob
 from bot.mirror import Mirrors
 from bot.payloads import Fields
-from bot.publish import COMMENT_MARKER, Publisher, reply_marker, split_comment
+from bot.publish import COMMENT_MARKER, Publisher, made_by, reply_marker, split_comment
 from bot.queue import DONE, FAILED, SUPERSEDED, AuditRecord, JobRow, JobStore
 from bot.security import Gate, RedactingFilter, Redactor, details_url, gpu_gate, is_writer
 from bot.settings import BotSettings
@@ -409,7 +409,11 @@ class Service:
         beat.check()
         if isinstance(audit, Unrunnable):
             audit = task.outcome = Unrunnable(self.redact(audit.message))
-            pub.conclude(run, "neutral", "The audit could not run", code(audit.message[:3000]))
+            if task.reply_to:  # a command's error (an unknown suite or pillar): it must change nothing
+                conclusion, title, summary = self._standing(pub, task.head_sha, run.id, audit.message)
+            else:  # the base config's owner decides (a config that does not parse): neutral, as before
+                conclusion, title, summary = "neutral", "The audit could not run", code(audit.message[:3000])
+            pub.conclude(run, conclusion, title, summary)
             self.store.close_run(row.id)
             if task.reply_to and task.pr is not None:
                 marker = reply_marker(task.reply_to)
@@ -432,6 +436,22 @@ class Service:
         if task.pr is not None:
             self._retire_older(repo, pub, job.repo, task, audit)
         return DONE
+
+    def _standing(self, pub: Publisher, head_sha: str, run_id: int, message: str) -> tuple[str, str, str]:
+        """(conclusion, title, summary) for the check run of a command that could not run. GitHub reads the
+        newest run of a check, so a ``neutral`` here (which passes) would turn a failed head green on a typo
+        (``/audit run no-such-suite``): the conclusion of this app's latest other run on the commit stands, and
+        with none, ``cancelled`` (nothing was audited)."""
+        earlier = [c for c in pub.repo.get_commit(head_sha).get_check_runs(check_name=pub.check_name, filter="all")
+                   if c.id != run_id and c.status == "completed" and made_by(c, pub.app_id)]
+        latest = max(earlier, key=lambda c: c.id, default=None)
+        why = code(message[:3000])
+        if latest is None or not latest.conclusion:
+            return ("cancelled", "The command could not run",
+                    f"{why}\n\nNo audit of this commit has concluded, so the check does not pass. {RETRY}")
+        return (latest.conclusion, f"The command could not run; the last audit stands ({latest.conclusion})",
+                f"{why}\n\nThe command changed nothing: this check keeps the conclusion of the last audit of this "
+                f"commit, `{latest.conclusion}`.")
 
     def _awaited(self, full_name: str, head_sha: str) -> set[str]:
         """Labels an earlier audit of this commit dispatched whose results have not come back: that run reports

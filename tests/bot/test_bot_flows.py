@@ -237,7 +237,7 @@ def test_unknown_suite_in_a_command_is_answered_not_retried(bot_factory, gpu_rep
     (reply,) = [c for c in state.comments_on(REPO, 15) if reply_marker(asked["id"]) in c["body"]]
     assert "unknown suite 'no-such-suite'" in reply["body"] and "parity-loader" in reply["body"]
     (run,) = state.check_runs_for(REPO, head)
-    assert run["conclusion"] == "neutral"
+    assert run["conclusion"] == "cancelled"  # no audit of the head concluded: a typo must not make it pass
     assert [r["content"] for r in state.reactions[asked["id"]]] == ["eyes", "confused"]
 
 

@@ -186,3 +186,45 @@ def test_gpu_results_of_a_head_pushed_away_and_back_still_count(bot_factory, gpu
     (comment,) = _marked(state, 64)
     assert head[:12] in comment["body"] and "parity-loader" in comment["body"]
     wait_for(lambda: not bot.store.awaiting(REPO, pr=64), timeout=5)
+
+
+def test_a_writers_typo_in_a_command_does_not_turn_a_failed_check_green(bot_factory, gpu_repo):
+    from tests.bot.test_hostile_results import _gpu_pr_that_fails, _say
+
+    make, state = bot_factory
+    head, runs = _gpu_pr_that_fails(state, gpu_repo, 65)
+    bot = make()
+    bot.deliver("pull_request", pr_payload("opened", number=65, head=head, base=gpu_repo[1]))
+    bot.settle()
+    bot.deliver("workflow_run", workflow_run_payload(runs[0]))
+    bot.settle()
+    (failed,) = state.check_runs_for(REPO, head)
+    assert failed["conclusion"] == "failure"
+    for typo in ("/audit run parity-loadr", "/audit pillars=weigths"):  # unknown suite, unknown pillar
+        _say(bot, state, 65, typo, "maintainer")
+        newest = max(state.check_runs_for(REPO, head), key=lambda c: c["id"])
+        # GitHub reads the newest run of a check: a neutral one here would pass the failed head
+        assert newest["id"] != failed["id"] and newest["conclusion"] == "failure", (typo, newest["output"])
+        assert "the last audit stands" in newest["output"]["title"]
+
+
+def test_a_run_whose_id_was_never_recorded_is_found_behind_a_newer_run(bot_factory, engine_repo):
+    """GitHub lists only the newest run of each name unless asked for all: a run created just before a crash (its
+    id never stored) sits behind the newer run a command opened on the same commit, and must still be concluded."""
+    import sqlite3
+
+    make, state = bot_factory
+    repo_path, base, head = engine_repo
+    state.add_repo(REPO, str(repo_path))
+    state.add_pull(REPO, 66, head_sha=head, base_sha=base)
+    bot = make(start_workers=False)
+    job_id = bot.deliver("pull_request", pr_payload("opened", number=66, head=head, base=base)).json()["job"]
+    bot.store.opening_run(job_id, f"job:{job_id}")  # recorded as opening; the process died after the POST
+    orphan = state.add_check_run(REPO, head, status="in_progress")
+    orphan["external_id"] = f"job:{job_id}"
+    state.add_check_run(REPO, head, status="completed", conclusion="success")  # newer: a command's run
+    with sqlite3.connect(bot.settings.db) as db:  # the job's last attempt ended without concluding anything
+        db.execute("UPDATE jobs SET status = 'failed', error = 'GithubException: 502' WHERE id = ?", (job_id,))
+    swept = bot.service.sweeper.sweep()
+    assert swept.concluded == [orphan["id"]], swept
+    assert state.check_runs[orphan["id"]]["conclusion"] == "cancelled"
