@@ -25,7 +25,7 @@ from checks.model import AuditOptions
 AUDIT_PR_ACTIONS = ("opened", "synchronize", "reopened", "ready_for_review")
 UNTRUSTED_ASSOCIATIONS = ("FIRST_TIME_CONTRIBUTOR", "FIRST_TIMER", "NONE", "MANNEQUIN")
 ACTED_ON = {
-    "pull_request": AUDIT_PR_ACTIONS,
+    "pull_request": (*AUDIT_PR_ACTIONS, "edited"),  # edited: only a new base is audited
     "issue_comment": ("created",),
     "check_run": ("rerequested",),
     "check_suite": ("rerequested",),
@@ -112,6 +112,10 @@ def job_for(event: str, payload: dict, *, audit_drafts: bool = False, app_id: in
     common = {"repo": repo, "installation_id": inst, "clone_url": clone}
 
     if event == "pull_request":
+        if action == "edited" and f.get("changes.base", dict, required=False) is None:
+            return Ignored("pull request edited without a new base (its title or body)")
+        # A new base is a new audit of the same head: the config is the base's, and GitHub re-runs no check when
+        # a PR is retargeted, so the green check earned against a laxer branch would stand for the new one.
         pr = f.obj("pull_request")
         if pr.get("draft", bool, required=False) and not audit_drafts:
             return Ignored("draft pull request (audited when marked ready for review)")

@@ -228,3 +228,40 @@ def test_a_run_whose_id_was_never_recorded_is_found_behind_a_newer_run(bot_facto
     swept = bot.service.sweeper.sweep()
     assert swept.concluded == [orphan["id"]], swept
     assert state.check_runs[orphan["id"]]["conclusion"] == "cancelled"
+
+
+def test_retargeting_a_pr_to_a_stricter_base_audits_it_again(bot_factory, tmp_path):
+    """Opened against a branch without the config (green), then retargeted to main: GitHub re-runs no check on a
+    base change, so without a new audit the green check earned against the laxer branch stands for main."""
+    from tests.bot.conftest import GPU_CONFIG
+    from tests.gitrepo import git, init_repo
+
+    make, state = bot_factory
+    repo_path = init_repo(tmp_path / "src")
+    lax = commit(repo_path, {"engine/weights/loader.py": "def load(path):\n    return {}\n"}, "dev")
+    git(repo_path, "checkout", "-q", "-b", "dev")
+    git(repo_path, "checkout", "-q", "-b", "feature")
+    head = commit(repo_path, {"engine/weights/loader.py": "def load(path):\n    return {'w': 1}\n"}, "loader")
+    git(repo_path, "checkout", "-q", "main")
+    strict = commit(repo_path, {".github/drift-audit.toml": GPU_CONFIG}, "main declares the GPU suite")
+    state.add_repo(REPO, str(repo_path))
+    state.add_workflow(REPO)
+    state.add_pull(REPO, 67, head_sha=head, base_sha=lax, base_ref="dev")
+    bot = make()
+    bot.deliver("pull_request", pr_payload("opened", number=67, head=head, base=lax))
+    bot.settle()
+    (green,) = state.check_runs_for(REPO, head)
+    assert green["conclusion"] == "success" and state.dispatches == []
+
+    state.pulls[(REPO, 67)]["base"].update(sha=strict, ref="main")
+    edited = pr_payload("edited", number=67, head=head, base=strict)
+    edited["changes"] = {"base": {"ref": {"from": "dev"}, "sha": {"from": lax}}}
+    assert bot.deliver("pull_request", edited).json()["status"] == "queued"
+    bot.settle()
+    newest = max(state.check_runs_for(REPO, head), key=lambda c: c["id"])
+    assert newest["id"] != green["id"] and newest["status"] == "in_progress"  # main's GPU suite is dispatched
+    assert [d["inputs"]["head_sha"] for d in state.dispatches] == [head]
+
+    title_only = pr_payload("edited", number=67, head=head, base=strict)
+    title_only["changes"] = {"title": {"from": "A change"}}
+    assert bot.deliver("pull_request", title_only).json()["status"] == "ignored"

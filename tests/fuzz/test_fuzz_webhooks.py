@@ -35,6 +35,7 @@ INTS = [0, 1, 2, 7, 2**31, 2**53 - 1, 2**53, 2**63 - 1, -1, APP_ID, APP_ID + 1]
 # (event, schema id) pairs the bot acts on, plus one it ignores; generated payloads stay within the schema
 EVENTS = [("pull_request", "pull_request$opened"), ("pull_request", "pull_request$synchronize"),
           ("pull_request", "pull_request$reopened"), ("pull_request", "pull_request$ready_for_review"),
+          ("pull_request", "pull_request$edited"),
           ("issue_comment", "issue_comment$created"), ("check_run", "check_run$rerequested"),
           ("check_suite", "check_suite$rerequested"), ("merge_group", "merge_group$checks_requested"),
           ("workflow_run", "workflow_run$completed"), ("installation", "installation$created")]
