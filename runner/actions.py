@@ -63,7 +63,9 @@ def run_of_event(payload: dict) -> tuple[int, str, str] | None:
     """(run id, audit id, label) from a ``workflow_run`` webhook payload, or None if not our run."""
     run = payload.get("workflow_run") or {}
     found = parse_run_title(run.get("display_title"))
-    if found is None or not str(run.get("path", "")).endswith(WORKFLOW_FILE) or not run.get("id"):
+    path = str(run.get("path", ""))
+    # the file itself, not any name ending like it (``.github/workflows/not-drift-audit-gpu.yml``)
+    if found is None or path.rsplit("/", 1)[-1] != WORKFLOW_FILE or not run.get("id"):
         return None
     return int(run["id"]), found[0], found[1]
 

@@ -176,3 +176,15 @@ def test_a_late_push_of_an_older_head_does_not_supersede_the_current_one(bot_fac
     assert job.head_sha == new and job.status == "queued" and job.superseded_by is None
     assert bot.store.known_head(REPO, 63) == new
     assert bot.deliver("pull_request", _pushed(63, old, base, t + 30)).json()["status"] == "queued"  # a real push
+
+
+def test_only_the_gpu_workflow_file_itself_reports_results():
+    from runner.actions import run_of_event, run_title
+
+    def run(path: str) -> dict:
+        return {"workflow_run": {"id": 7, "display_title": run_title("da-abc", "sm90"), "path": path}}
+
+    assert run_of_event(run(".github/workflows/drift-audit-gpu.yml")) == (7, "da-abc", "sm90")
+    for other in (".github/workflows/not-drift-audit-gpu.yml", ".github/workflows/drift-audit-gpu.yml.bak",
+                  ".github/workflows/x/../evil-drift-audit-gpu.yml"):
+        assert run_of_event(run(other)) is None, other  # a writer's other workflow titled like ours
