@@ -230,7 +230,9 @@ def parse_config(text: str, source: str = CONFIG_PATH, *, include_default_pillar
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         at = re.search(r"\(at line (\d+)", str(exc))
-        where = f"{source}:{at.group(1)}" if at else source
+        # tomllib names no line when the text ends inside a value; the last line is where it was cut.
+        line = at.group(1) if at else str(len(text.splitlines()) or 1) if "end of document" in str(exc) else None
+        where = f"{source}:{line}" if line else source
         raise ConfigError(f"{where}: invalid TOML: {exc}; fix the syntax at that position") from None
     r = _Reader(source, text)
     for key in data:

@@ -33,6 +33,7 @@ def test_default_has_the_four_checklist_pillars_tests_and_other():
         ('[[rule]]\nid = "r"\nkind = "same-set"\npillar = "wirng"\n', "did you mean 'wiring'?"),
         ("[pillar]\nid = 'x'\n", "write [[pillar]], not [pillar]"),
         ("[[pillar]\n", "invalid TOML"),
+        ('[[pillar]]\nid = "a"\npaths = \'\'\'x/**\n', ".github/drift-audit.toml:3: invalid TOML"),  # cut in a string
         ("[settings]\nrun_al = []\n", "did you mean 'run_all'?"),
         ('[[suite]]\nid = "a"\nkind = "unit"\ncommand = "x"\n[[suite]]\nid = "a"\nkind = "unit"\ncommand = "y"\n', "duplicate id 'a'"),
     ],
