@@ -785,7 +785,7 @@ def _hc_groupp_kernel(x_ptr, fn_ptr, base_ptr, scale_ptr, col_ptr, post_ptr, com
                       T, D, n_tb, iters, eps, norm_eps, SPIN, flag_ptr, pre_ptr, N: tl.constexpr, NMIX: tl.constexpr,
                       BLOCK_T: tl.constexpr, DW: tl.constexpr, P: tl.constexpr, STAGES: tl.constexpr,
                       ITERS: tl.constexpr, GPU: tl.constexpr, FENCE: tl.constexpr, LEADER: tl.constexpr,
-                      times_ptr=None, TIMES: tl.constexpr = False):
+                      LAG: tl.constexpr = 0, times_ptr=None, TIMES: tl.constexpr = False):
     """:func:`_hc_groupw_kernel` with a loop the software pipeliner takes: the wait is a PTX loop and the
     Sinkhorn is unrolled (``ITERS``), so the slabs of the next ``STAGES - 1`` blocks stream into shared
     memory (async copies) while a step exchanges, waits and collapses. ``GPU`` False (the interpreter):
@@ -806,21 +806,20 @@ def _hc_groupp_kernel(x_ptr, fn_ptr, base_ptr, scale_ptr, col_ptr, post_ptr, com
     kk = (r // DW) * D + dcol
     mix_i = tl.arange(0, NMIX)
     jn = tl.arange(0, N)
-    nn = tl.arange(0, N * N)
     w = tl.load(fn_ptr + mix_i[:, None] * K + kk[None, :], mask=(mix_i[:, None] < n_mix) & km[None, :], other=0.0)
     hi = w.to(tl.bfloat16)
     lo = (w - hi.to(tl.float32)).to(tl.bfloat16)
     wa = tl.reshape(tl.permute(tl.join(hi, lo), (2, 0, 1)), [2 * NMIX, N * DW])  # hi rows, then lo rows
     tt = tl.arange(0, BLOCK_T)
-    d = m * DW + tl.arange(0, DW)
     n_steps = tl.cdiv(n_tb - g, n_groups)
     budget = SPIN
-    for j in tl.range(0, n_steps, num_stages=STAGES):
+    xprev = tl.zeros([N * DW, BLOCK_T], dtype=x_ptr.dtype.element_ty)
+    for j in tl.range(0, n_steps + LAG, num_stages=STAGES):
         if TIMES:
             _stamp(times_ptr + (pid * n_tb + j) * 4, j)
         tb = g + j * n_groups
         t = tb.to(tl.int64) * BLOCK_T + tt
-        tm = t < T
+        tm = t < T  # past the last block (j = n_steps with LAG) every row is masked
         xt = tl.load(x_ptr + t[None, :] * K + kk[:, None], mask=km[:, None] & tm[None, :], other=0.0)
         if GPU:
             a2 = tl.dot(wa, xt)  # [2·NMIX, BT]
@@ -838,44 +837,75 @@ def _hc_groupp_kernel(x_ptr, fn_ptr, base_ptr, scale_ptr, col_ptr, post_ptr, com
         if TIMES:
             _stamp(times_ptr + (pid * n_tb + j) * 4 + 1, j)
         if LEADER:
-            old = tl.atomic_add(cnt_ptr + tb, 1, sem="acq_rel")
-            tr = tl.where(tm, t, 0)  # masked rows read row 0 (in bounds), then are dropped
-            if old == P - 1:
-                if GPU:
-                    tot = tl.where(tm[:, None], _ld_cg(acc_ptr + tr[:, None] * (NMIX + 1) + mix_i[None, :]), 0.0)
-                    tss = tl.where(tm, _ld_cg(acc_ptr + tr * (NMIX + 1) + NMIX), 0.0)
-                else:
-                    tot = tl.load(acc_ptr + t[:, None] * (NMIX + 1) + mix_i[None, :], mask=tm[:, None], other=0.0)
-                    tss = tl.load(acc_ptr + t * (NMIX + 1) + NMIX, mask=tm, other=0.0)
-                pre, post, comb = _hc_weights(tot, tss, base_ptr, scale_ptr, K, iters, eps, norm_eps, N, NMIX,
-                                              BLOCK_T, ITERS)
-                tl.store(post_ptr + t[:, None] * N + jn[None, :], post, mask=tm[:, None])
-                tl.store(comb_ptr + t[:, None] * (N * N) + nn[None, :], tl.reshape(comb, [BLOCK_T, N * N]),
-                         mask=tm[:, None])
-                tl.store(pre_ptr + t[:, None] * N + jn[None, :], pre, mask=tm[:, None])
-                if GPU:
-                    tb = _bar_ptx(tb, True)
-                else:
-                    tl.debug_barrier()
-                tl.atomic_xchg(flag_ptr + tb, 1, sem="release")
-            if GPU:
-                c = _spin_ptx(flag_ptr + tb + tt * 0, 1, SPIN)
-                tl.atomic_xchg(err_ptr + tt * 0, 1, mask=c < 1)
-                pre = tl.where(tm[:, None], _ld_cg(pre_ptr + tr[:, None] * N + jn[None, :]), 0.0)
+            if j < n_steps:
+                _gp_lead(acc_ptr, cnt_ptr, flag_ptr, base_ptr, scale_ptr, post_ptr, comb_ptr, pre_ptr, t, tm, tb, K,
+                         iters, eps, norm_eps, N, NMIX, BLOCK_T, P, ITERS, GPU)
+            tbc = tb - LAG * n_groups
+            tc = tbc.to(tl.int64) * BLOCK_T + tt
+            tcm = tc < T
+            if LAG == 0:
+                xc = xt
             else:
-                budget = _grp_wait(flag_ptr, err_ptr, tb, budget, 1)
-                pre = tl.load(pre_ptr + t[:, None] * N + jn[None, :], mask=tm[:, None], other=0.0)
+                xc = xprev
+            if j >= LAG:
+                if GPU:
+                    c = _spin_ptx(flag_ptr + tbc + tt * 0, 1, SPIN)
+                    tl.atomic_xchg(err_ptr + tt * 0, 1, mask=c < 1)
+                    tr = tl.where(tcm, tc, 0)  # masked rows read row 0 (in bounds), then are dropped
+                    pre = tl.where(tcm[:, None], _ld_cg(pre_ptr + tr[:, None] * N + jn[None, :]), 0.0)
+                else:
+                    budget = _grp_wait(flag_ptr, err_ptr, tbc, budget, 1)
+                    pre = tl.load(pre_ptr + tc[:, None] * N + jn[None, :], mask=tcm[:, None], other=0.0)
+                if TIMES:
+                    _stamp(times_ptr + (pid * n_tb + j) * 4 + 2, tl.sum(pre))
+                _gp_collapse(xc, pre, col_ptr, tc, tcm, m, D, N, BLOCK_T, DW)
         else:
             pre = _grp_pre(acc_ptr, cnt_ptr, err_ptr, base_ptr, scale_ptr, post_ptr, comb_ptr, t, tm, tb, m, K, iters,
                            eps, norm_eps, SPIN, N, NMIX, BLOCK_T, P, ITERS, GPU)
+            if TIMES:
+                _stamp(times_ptr + (pid * n_tb + j) * 4 + 2, tl.sum(pre))
+            _gp_collapse(xt, pre, col_ptr, t, tm, m, D, N, BLOCK_T, DW)
         if TIMES:
-            _stamp(times_ptr + (pid * n_tb + j) * 4 + 2, tl.sum(pre))
-        x3 = tl.reshape(xt, [N, DW, BLOCK_T]).to(tl.float32)
-        cv = tl.sum(x3 * tl.trans(pre)[:, None, :], axis=0)  # [DW, BT]
-        tl.store(col_ptr + t[None, :] * D + d[:, None], cv.to(col_ptr.dtype.element_ty),
-                 mask=(d < D)[:, None] & tm[None, :])
-        if TIMES:
-            _stamp(times_ptr + (pid * n_tb + j) * 4 + 3, tl.sum(cv))
+            _stamp(times_ptr + (pid * n_tb + j) * 4 + 3, j)
+        xprev = xt
+
+
+@triton.jit
+def _gp_collapse(xt, pre, col_ptr, t, tm, m, D, N: tl.constexpr, BLOCK_T: tl.constexpr, DW: tl.constexpr):
+    """This member's columns of the collapse of one block from its transposed slab ``xt[N·DW, BT]``."""
+    x3 = tl.reshape(xt, [N, DW, BLOCK_T]).to(tl.float32)
+    cv = tl.sum(x3 * tl.trans(pre)[:, None, :], axis=0)  # [DW, BT]
+    d = m * DW + tl.arange(0, DW)
+    tl.store(col_ptr + t[None, :] * D + d[:, None], cv.to(col_ptr.dtype.element_ty), mask=(d < D)[:, None] & tm[None, :])
+
+
+@triton.jit
+def _gp_lead(acc_ptr, cnt_ptr, flag_ptr, base_ptr, scale_ptr, post_ptr, comb_ptr, pre_ptr, t, tm, tb, K, iters, eps,
+             norm_eps, N: tl.constexpr, NMIX: tl.constexpr, BLOCK_T: tl.constexpr, P: tl.constexpr,
+             ITERS: tl.constexpr, GPU: tl.constexpr):
+    """Count in; the block's last member to do so runs the weights and Sinkhorn, writes post, comb and
+    ``pre`` and raises the block's flag."""
+    mix_i = tl.arange(0, NMIX)
+    jn = tl.arange(0, N)
+    nn = tl.arange(0, N * N)
+    old = tl.atomic_add(cnt_ptr + tb, 1, sem="acq_rel")
+    if old == P - 1:
+        if GPU:
+            tr = tl.where(tm, t, 0)  # masked rows read row 0 (in bounds), then are dropped
+            tot = tl.where(tm[:, None], _ld_cg(acc_ptr + tr[:, None] * (NMIX + 1) + mix_i[None, :]), 0.0)
+            tss = tl.where(tm, _ld_cg(acc_ptr + tr * (NMIX + 1) + NMIX), 0.0)
+        else:
+            tot = tl.load(acc_ptr + t[:, None] * (NMIX + 1) + mix_i[None, :], mask=tm[:, None], other=0.0)
+            tss = tl.load(acc_ptr + t * (NMIX + 1) + NMIX, mask=tm, other=0.0)
+        pre, post, comb = _hc_weights(tot, tss, base_ptr, scale_ptr, K, iters, eps, norm_eps, N, NMIX, BLOCK_T, ITERS)
+        tl.store(post_ptr + t[:, None] * N + jn[None, :], post, mask=tm[:, None])
+        tl.store(comb_ptr + t[:, None] * (N * N) + nn[None, :], tl.reshape(comb, [BLOCK_T, N * N]), mask=tm[:, None])
+        tl.store(pre_ptr + t[:, None] * N + jn[None, :], pre, mask=tm[:, None])
+        if GPU:
+            tb = _bar_ptx(tb, True)
+        else:
+            tl.debug_barrier()
+        tl.atomic_xchg(flag_ptr + tb, 1, sem="release")
 
 
 @triton.jit
@@ -964,7 +994,8 @@ HC_PRE = {"variant": "split", "split": {"bt": 256, "bk": 64, "s": 8, "bt2": 16, 
           "group": {"bt": 32, "dw": 128, "parts": 2, "lag": 1, "hold": True, "fence": True, "late": True, "warps": 8,
                     "per_sm": 1},
           "groupw": {"bt": 32, "dw": 128, "pf": 1, "lag": 0, "warps": 8, "per_sm": 1},
-          "groupp": {"bt": 32, "dw": 128, "stages": 3, "fence": True, "leader": False, "warps": 8, "per_sm": 1},
+          "groupp": {"bt": 32, "dw": 128, "stages": 3, "fence": True, "leader": False, "lag": 0, "warps": 8,
+                     "per_sm": 1},
           "fused": {"bt": 64, "bd": 64, "warps": 8}, "persist": {"bt": 64, "bd": 64, "warps": 8, "per_sm": 2,
                                                                           "overlap": True}}
 
@@ -1118,7 +1149,8 @@ def hc_pre(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.T
         sync = scratch[t * (nmix + 1):].view(torch.int32)
         pre_w = torch.empty(t, n, dtype=torch.float32, device=x.device)
         pkw = dict(N=n, NMIX=nmix, BLOCK_T=bt, DW=dw, P=n_p, STAGES=p["stages"], ITERS=iters, GPU=not interp,
-                   FENCE=bool(p["fence"]), LEADER=bool(p["leader"]), num_warps=p["warps"])
+                   FENCE=bool(p["fence"]), LEADER=bool(p["leader"]), LAG=int(p["lag"]) if p["leader"] else 0,
+                   num_warps=p["warps"])
         pargs = (xc, fnc, bc, sc, col, post, comb, scratch[:t * (nmix + 1)], sync[:n_tb], sync[2 * n_tb:], t, d,
                  n_tb, iters, eps, norm_eps, p.get("spin", 1 << 16), sync[n_tb:2 * n_tb], pre_w)
         resident = p.get("groups", 2) if interp else min(

@@ -273,7 +273,7 @@ def test_hc_pre_group_mma_designs_match_the_reference(device, variant):
     inp = _hc_inputs(37, 4, 200, device, torch.bfloat16)
     ref = hc.hc_pre_ref(**inp)
     tunes = {"groupw": ({"groups": 3}, {"groups": 1, "pf": 2, "lag": 1}, {"pf": 0, "lag": 1}),
-             "groupp": ({"groups": 3}, {"groups": 1, "stages": 2}, {"leader": True})}[variant]
+             "groupp": ({"groups": 3}, {"groups": 1, "stages": 2}, {"leader": True, "lag": 1})}[variant]
     for tune in tunes:
         if device != "cpu":
             tune = {k: v for k, v in tune.items() if k != "groups"} | {"bt": 16}
