@@ -259,12 +259,17 @@ class ImportGraph:
         # as top-level names too; the tree's own roots keep a name both give
         subs = sorted({p.split("/", 1)[0] + "/" for p in self.paths if p.count("/") == 1
                        and p.rsplit("/", 1)[1] in PROJECT_FILES and f"{p.split('/', 1)[0]}/__init__.py" not in self.paths})
-        if subs:
-            roots = [sub + r for sub in subs for r in SOURCE_ROOTS]
+        for sub in subs:
+            # only the packages its build files name (``packages=["pkg"]``, ``include = "pkg"``): a sub-project's
+            # ``utils/`` is not what ``import utils`` elsewhere in the tree means
+            build = b"\n".join(self.read(sub + f) or b"" for f in PROJECT_FILES if sub + f in self.paths)
+            declared = {m.decode() for m in re.findall(rb"[\"']([A-Za-z_]\w*)[\"'.*]", build)}
+            roots = [sub + r for r in SOURCE_ROOTS]
             for path in every:
-                if path.startswith(tuple(subs)):
+                if path.startswith(sub):
                     for name in module_names(path, roots):
-                        self._index.setdefault(name, path)
+                        if name.split(".", 1)[0] in declared:
+                            self._index.setdefault(name, path)
 
     def conftests(self, path: str) -> list[str]:
         """conftest.py files pytest loads for a test file: its directory's and every parent's."""

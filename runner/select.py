@@ -361,6 +361,8 @@ def _kernel_sources(config: Config, changes: ChangeSet, head, head_paths: set[st
         reached = _reaching(users, f"{pkg_dir}/", set(test_files))
         project = pkg_dir.rsplit("/", 1)[0] + "/" if "/" in pkg_dir else ""
         bound = _python_bindings(head, head_paths, project, changes, srcs)
+        if bound is not None and not bound:
+            continue  # only comments of the compiled sources changed
         if bound:
             reason += f" (bound for Python as {', '.join(sorted(bound)[:4])}{' …' if len(bound) > 4 else ''})"
         own_extensions = extensions if not project else _declared_extensions(head, head_paths, project)
@@ -409,6 +411,8 @@ def _source_owners(head, head_paths: set[str], sources: list[str]) -> dict[str, 
         if not p.endswith("/__init__.py"):
             continue
         parts = p.split("/")
+        if parts[-2] in _NATIVE_SKIP_DIRS:
+            continue  # tests/__init__.py makes no package the compiled code belongs to
         if len(parts) == 2:
             projects.setdefault("", []).append(parts[0])
         elif len(parts) == 3 and f"{parts[0]}/__init__.py" not in head_paths \
@@ -506,16 +510,18 @@ def _python_bindings(head, head_paths: set[str], prefix: str, changes: ChangeSet
     The functions around the changed lines (every function of a source file whose change lies outside them: an
     include, a file-level constant) are followed to their callers by name across the project's C/C++ sources
     (``prefix``; its tests, benchmarks and vendored trees aside), up to the pybind11 / torch library binding
-    that names them for Python. None when that cannot be told: a changed header outside its functions (a
-    struct or a macro reaches every includer), a name too common to follow, a use outside any function that
-    is no binding (a function pointer in a table), a function nobody calls or binds (a hand-registered FFI
-    handler), or past a budget.
+    that names them for Python; empty when only comments change. None when that cannot be told: a changed
+    header outside its functions (a struct or a macro reaches every includer), a name too common to follow,
+    a use outside any function that is no binding (a function pointer in a table), a function nobody calls
+    or binds (a hand-registered FFI handler), or past a budget.
     """
     seeds: set[str] = set()
     by_path = {fc.path: fc for fc in changes.files}
+    considered = outside_any = False
     for src in srcs:
         if set(src[len(prefix):].split("/")[:-1]) & _NATIVE_SKIP_DIRS:
             continue  # a C++ test or benchmark: no Python test runs it
+        considered = True
         fc = by_path.get(src)
         data = head.read(src) if fc is not None and fc.status in ("modified", "added") else None
         if fc is None or data is None:
@@ -527,6 +533,9 @@ def _python_bindings(head, head_paths: set[str], prefix: str, changes: ChangeSet
         declared = _native_declarations(src, data, fc.new_blob) if src.endswith(_NATIVE_HEADERS) else []
         rows = data.split(b"\n")
         for line in lines:
+            if 0 < line <= len(rows) and (not rows[line - 1].strip()
+                                          or rows[line - 1].lstrip().startswith((b"//", b"*", b"/*"))):
+                continue  # a comment or a blank line
             got = _innermost(funcs, line)
             if got is not None:
                 seeds.add(got[2])
@@ -534,13 +543,15 @@ def _python_bindings(head, head_paths: set[str], prefix: str, changes: ChangeSet
             decl = _innermost(declared, line)
             if decl is not None:
                 seeds.add(decl[2])  # a prototype: what matters is its definition and callers
-            elif not (0 < line <= len(rows) and (not rows[line - 1].strip()
-                                                 or rows[line - 1].lstrip().startswith((b"//", b"*", b"/*")))):
+            else:
                 outside = True
         if outside:
+            outside_any = True
             if src.endswith(_NATIVE_HEADERS):
                 return None  # a struct, a macro or an inline constant: every includer may change
             seeds |= {f[2] for f in funcs}
+    if not seeds and not outside_any and considered:
+        return frozenset()  # comments and blank lines alone (a licence header): no code changed
     if not seeds or seeds & _NATIVE_COMMON or any(len(n) < 4 for n in seeds):
         return None
     files = sorted(p for p in head_paths if p.startswith(prefix) and p.endswith(KERNEL_SOURCES)
@@ -761,14 +772,15 @@ def _import_graph(config: Config, reach: _Reach, head, head_paths: set[str], pic
                   changed: dict[str, Changed]) -> dict[str, str]:
     """Select the test files a change reaches; returns {implicit test file: why it needs a GPU}."""
     graph, test_files, changed_py, gone = reach.graph, reach.test_files, reach.changed_py, reach.gone
+    users = reach.users
     blob_sha = getattr(head, "blob_sha", None)
     impact = Impact(graph, unwrapping(graph, lambda p: info_of(p, blob_sha(p) if blob_sha else None, head.read)),
                     {**{p: ALL for p in gone}, **changed})
-    impact.run([t for t in test_files if t not in changed_py], reach.users)
+    impact.run([t for t in test_files if t not in changed_py], users)
     unkeyed = None
     if impact.keyed:  # handlers registered for a class: a test reaching only them must name the class
         unkeyed = Impact(graph, impact.info, {**{p: ALL for p in gone}, **changed}, keyed_registries=False)
-        unkeyed.run([t for t in test_files if t not in changed_py], reach.users)
+        unkeyed.run([t for t in test_files if t not in changed_py], users)
     covering = [(s, _command_paths(s.command)) for s in config.suites]
     extensions = _declared_extensions(head, head_paths)
     needs: dict[str, str] = {}
@@ -919,6 +931,10 @@ def _base_info(repo_path: str | None, fc):
         return None
 
 
+COMMENTS_ONLY = "only comments or blank lines change"
+DOCSTRING_ONLY = "only its docstring changes, which nothing reads"
+
+
 def inert_files(changes: ChangeSet, head, head_paths: set[str], changed: dict[str, Changed]) -> dict[str, str]:
     """Changed modules whose change cannot reach any code: comments only, or names added or removed that
     nothing uses.
@@ -939,7 +955,7 @@ def inert_files(changes: ChangeSet, head, head_paths: set[str], changed: dict[st
         if names == ALL:
             continue
         if not names:
-            out[fc.path] = "only comments or blank lines change"
+            out[fc.path] = COMMENTS_ONLY
             continue
         info = info_of(fc.path, fc.new_blob, head.read)
         base = _base_info(getattr(head, "repo_path", None), fc)
@@ -972,7 +988,7 @@ def inert_files(changes: ChangeSet, head, head_paths: set[str], changed: dict[st
                 del removed[mod]
     for mod, names in removed.items():
         if names == {"__doc__"}:
-            out[mod] = "only its docstring changes, which nothing reads"
+            out[mod] = DOCSTRING_ONLY
         else:
             out[mod] = "only adds or removes " + ", ".join(sorted(names - {"__doc__"})) + ", which nothing uses"
     return out

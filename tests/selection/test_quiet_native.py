@@ -67,3 +67,18 @@ def test_a_sub_projects_sources_run_through_its_own_package(git_repo):
             "sub/test/test_moe.py": "import subk.ffi as ffi\n\n\ndef test_m():\n    assert ffi.run(1)\n"}
     got = selected(git_repo, {"sub/csrc/moe.cu": "void moe(float* x) {\n  x[0] = 2;\n}\n"}, tree)
     assert sorted(got) == ["sub/test/test_moe.py"]
+
+
+def test_a_comment_in_compiled_sources_runs_nothing(git_repo):
+    got = selected(git_repo, {"csrc/kern.cu": "// Copyright 2026\n" + REPO["csrc/kern.cu"],
+                              "csrc/kern.h": "/* Copyright 2026 */\n" + REPO["csrc/kern.h"]})
+    assert got == {}
+
+
+def test_a_sub_project_brings_only_the_packages_its_build_files_name(git_repo):
+    tree = {**REPO, "sub/setup.py": "from setuptools import setup\nsetup(name='subk', packages=['subk'])\n",
+            "sub/subk/__init__.py": "", "sub/utils/__init__.py": "def run(x):\n    return x\n",
+            "tools/utils.py": "def run(x):\n    return x\n",
+            "tools/test_tool.py": "import utils\n\n\ndef test_t():\n    assert utils.run(1)\n"}
+    got = selected(git_repo, {"sub/utils/__init__.py": "def run(x):\n    return x + 1\n"}, tree)
+    assert got == {}  # "import utils" in tools/ is tools/utils.py, not the sub-project's utils

@@ -6,7 +6,8 @@ decorator and its other users. So does a library decorator named like no registr
 ``@can_return_tuple``). ``AutoModel.register(Cfg, Model)`` binds its arguments (only code naming them looks
 the model up); a lazy ``__getattr__`` that imports a module by name re-exports the names it spells;
 ``__all__.extend([...])`` rebinds ``__all__``; a new module without import-time effects brings its importers
-only its names.
+only its names; ``from .ops import *`` brings the public changed names; ``if Op.ok(): register_fusion(fuse)``
+fills the tree's table like a decorator would, and has no other effect.
 """
 
 from __future__ import annotations
@@ -50,6 +51,16 @@ BASE = {
                    "    if name in {'op_c'}:\n        return getattr(importlib.import_module('pkg.ops'), name)\n"
                    "    raise AttributeError(name)\n",
     "tests/test_lazy.py": "from pkg.lazy import op_c\n\n\ndef test_lazy():\n    assert op_c(1) == 0\n",
+    "pkg/api.py": "from pkg.ops import *\n",
+    "tests/test_api.py": "from pkg.api import op_b\n\n\ndef test_api():\n    assert op_b(1) == 2\n",
+    "pkg/fuser.py": "FUSIONS = []\n\n\ndef register_fusion(fn):\n    FUSIONS.append(fn)\n\n\n"
+                    "def fuse(ops):\n    return [f(ops) for f in FUSIONS]\n\n\ndef unrelated():\n    return 0\n",
+    "pkg/fused.py": "from pkg.fuser import register_fusion\n\n\nclass Op:\n    @staticmethod\n    def ok():\n"
+                    "        return True\n\n\ndef fuse_mlp(ops):\n    return ops\n\n\ndef helper():\n    return 1\n\n\n"
+                    "if Op.ok():\n    register_fusion(fuse_mlp)\n",
+    "tests/test_fuse.py": "import pkg.fused\nfrom pkg.fuser import fuse\n\n\ndef test_f():\n    assert fuse([1]) == [[1]]\n",
+    "tests/test_unrelated.py": "from pkg.fuser import unrelated\n\n\ndef test_u():\n    assert unrelated() == 0\n",
+    "tests/test_helper.py": "from pkg.fused import helper\n\n\ndef test_h():\n    assert helper() == 1\n",
 }
 
 
@@ -76,7 +87,8 @@ def test_a_kernel_under_a_wrapping_factory_decorator_reaches_only_its_users(repo
 
 
 def test_a_bare_and_a_factory_wrapper_together_change_one_name(repo):
-    assert selected(repo, edit("pkg/ops.py", "return x * 2", "return x * 3")) == ["tests/test_b.py"]
+    assert selected(repo, edit("pkg/ops.py", "return x * 2", "return x * 3")) == ["tests/test_api.py",
+                                                                                 "tests/test_b.py"]
 
 
 def test_library_decorators_named_like_no_registration_only_wrap(repo):
@@ -113,3 +125,16 @@ def test_a_new_module_with_import_time_effects_still_reaches_every_importer(repo
     files = {"pkg/models/gamma.py": "import os\n\nos.environ['X'] = '1'\n\n\nclass GammaConfig:\n    pass\n",
              "pkg/models/__init__.py": "from pkg.models.gamma import GammaConfig\n" + BASE["pkg/models/__init__.py"]}
     assert selected(repo, files) == ["tests/test_alpha.py", "tests/test_beta.py"]
+
+
+def test_a_star_import_brings_the_changed_public_names(repo):
+    # test_api takes op_b through pkg/api.py's "from pkg.ops import *": an edit of op_b reaches it (see above),
+    # one of op_c does not
+    assert selected(repo, edit("pkg/ops.py", "return x - 1", "return x - 3")) == ["tests/test_c.py",
+                                                                                 "tests/test_lazy.py"]
+
+
+def test_a_fusion_registered_by_a_call_reaches_the_table_readers_not_its_module(repo):
+    # fuse reads the table register_fusion fills; helper (same module) and unrelated (same registry module) do not
+    assert selected(repo, edit("pkg/fused.py", "    return ops\n", "    return ops[:1]\n")) == ["tests/test_fuse.py"]
+    assert selected(repo, edit("pkg/fused.py", "        return True", "        return False")) == ["tests/test_fuse.py"]
