@@ -265,3 +265,34 @@ def test_retargeting_a_pr_to_a_stricter_base_audits_it_again(bot_factory, tmp_pa
     title_only = pr_payload("edited", number=67, head=head, base=strict)
     title_only["changes"] = {"title": {"from": "A change"}}
     assert bot.deliver("pull_request", title_only).json()["status"] == "ignored"
+
+
+def test_gpu_results_that_arrive_before_their_audit_is_saved_are_kept(bot_factory, gpu_repo):
+    """A run that fails fast can report while its audit is still being written: its results wait for that audit
+    (the audit id is bound to the dispatching job before the dispatch), never get dropped as "no such audit"."""
+    import time
+
+    make, state = bot_factory
+    repo_path, base, head = gpu_repo
+    state.add_repo(REPO, str(repo_path))
+    state.add_pull(REPO, 68, head_sha=head, base_sha=base)
+    state.add_workflow(REPO)
+    holder: dict = {}
+
+    def on_dispatch(st, record):  # the runner reports while the bot's dispatch request is still open
+        inputs = record["inputs"]
+        run = st.add_run(REPO, head_sha=inputs["head_sha"], display_title=run_title(inputs["audit_id"], inputs["label"]))
+        results = Results(inputs["audit_id"], inputs["head_sha"], [SuiteResult("parity-loader", "sm90", "failed")])
+        st.add_artifact(run["id"], artifact_name(inputs["audit_id"], inputs["label"]),
+                        signed_results(REPO, inputs["label"], results))
+        assert holder["bot"].deliver("workflow_run", workflow_run_payload(run)).json()["status"] == "queued"
+        time.sleep(1.0)  # a free worker would take the collect now, before the audit is saved
+
+    state.on_dispatch = on_dispatch
+    bot = holder["bot"] = make(workers=2)
+    bot.deliver("pull_request", pr_payload("opened", number=68, head=head, base=base))
+    bot.settle()
+    (run,) = state.check_runs_for(REPO, head)
+    assert run["conclusion"] == "failure", run["output"]["title"]  # the early results were folded in
+    (record,) = bot.store.audits_of_head(REPO, head)
+    assert record.status == "done" and record.pending == []
