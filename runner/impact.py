@@ -94,6 +94,9 @@ class Stmt:
     call_base: str = ""
     call_args: frozenset[str] = frozenset()
     decorated_by: frozenset[str] = frozenset()  # the names of its decorators that may register (not pure ones)
+    # the names a library registers it under, spelled as strings (``@torch.library.impl("ns::op", "CUDA")``):
+    # code reaches it by spelling one (``torch.ops.ns.op``), not by importing it
+    string_keys: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -277,6 +280,20 @@ def _decorator_base(node: ast.expr) -> str | None:
     return node.id if isinstance(node, ast.Name) else None
 
 
+def _string_keys(node: ast.expr) -> list[str]:
+    """The op names a registering decorator's string arguments give: ``"ns::op"`` → ``op``, ``"op.overload"`` →
+    ``op``; none unless the decorator is named like a registration and every string names an op."""
+    if not isinstance(node, ast.Call) or not _REGISTERING.search(_decorator_name(node.func)):
+        return []
+    out = []
+    for arg in node.args[:1]:
+        if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+            name = arg.value.rsplit("::", 1)[-1].split(".", 1)[0].split("(", 1)[0]
+            if re.fullmatch(r"[A-Za-z_]\w{3,}", name):
+                out.append(name)
+    return out
+
+
 def _class_keys(node: ast.expr) -> frozenset[str]:
     """Capitalised names among a decorator call's arguments: the classes a handler is registered for."""
     if not isinstance(node, ast.Call):
@@ -339,7 +356,13 @@ def _registering(path: str, stmts: list[Stmt], bindings: list[Binding]) -> list[
             # was handed changes with them, so the statement binds them; nothing else of the module changes
             st = dataclasses.replace(st, names=st.names | st.call_args, effect=False)
         library = st.registers - own
-        if library and not any(_REGISTERING.search(d) for d in st.decorated_by):
+        if library and st.string_keys and not library & own:
+            # a library registers it under names spelled as strings (``torch.library.impl("ns::op")``): code
+            # spelling one reaches it (Impact.string_keys); the module's other names do not change
+            kept = st.registers & own
+            st = dataclasses.replace(st, registers=kept, registered_by_call=st.registered_by_call & kept,
+                                     keys=st.keys if kept else frozenset(), effect=False)
+        elif library and not any(_REGISTERING.search(d) for d in st.decorated_by):
             # a library's decorator named like no registration (``@can_return_tuple``, ``@cuda_required``,
             # ``@torch.compile``): it wraps the definition, which changes alone
             kept = st.registers & own
@@ -396,7 +419,24 @@ def _bound(node: ast.stmt, imported: set[str]) -> tuple[set[str], bool]:
         return names, effect
     if isinstance(node, ast.Pass):
         return set(), False
+    if isinstance(node, (ast.For, ast.AsyncFor)) and not _calls_beyond(node.iter, _PLAIN_ITERATION):
+        # "for g in [1, 2, 4]: TABLE[g] = build(g)": it binds what its body binds, with the body's effects
+        names = {sub.id for sub in ast.walk(node.target) if isinstance(sub, ast.Name)}
+        effect = False
+        for inner in [*node.body, *node.orelse]:
+            got, eff = _bound(inner, imported)
+            names |= got
+            effect = effect or eff
+        return names, effect
     return set(), True
+
+
+_PLAIN_ITERATION = {"range", "enumerate", "zip", "sorted", "reversed", "list", "tuple", "items", "keys", "values"}
+
+
+def _calls_beyond(node: ast.AST, allowed: set[str]) -> bool:
+    """Whether ``node`` makes a call other than to one of ``allowed``."""
+    return any(isinstance(sub, ast.Call) and _decorator_name(sub.func) not in allowed for sub in ast.walk(node))
 
 
 _MUTATORS = {"append", "extend", "update", "add", "insert", "setdefault", "remove", "discard"}
@@ -450,9 +490,11 @@ def _flat_statements(node: ast.stmt, imported: set[str], scan: _Scan) -> list[tu
         by_call: frozenset[str] = frozenset()
         decorated_by: frozenset[str] = frozenset()
         keys: frozenset[str] = frozenset()
+        string_keys: frozenset[str] = frozenset()
         if effect and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             decorators = [d for d in node.decorator_list if _decorator_name(d) not in PURE_DECORATORS]
             decorated_by = frozenset(_decorator_name(d) for d in decorators)
+            string_keys = frozenset(k for d in decorators for k in _string_keys(d))
             bases = [_decorator_base(d) for d in decorators]
             if all(bases):
                 registers = frozenset(b for b in bases if b)  # kept only when they resolve (_registering)
@@ -467,7 +509,7 @@ def _flat_statements(node: ast.stmt, imported: set[str], scan: _Scan) -> list[tu
             keys = frozenset()
         stmt = Stmt(start, node.end_lineno or node.lineno, frozenset(names), frozenset(refs), effect,
                     isinstance(node, (ast.Import, ast.ImportFrom)), frozenset(uses), registers, by_call,
-                    keys if registers else frozenset(), base, args, decorated_by)
+                    keys if registers else frozenset(), base, args, decorated_by, string_keys)
         return [(stmt, node)]
     out: list[tuple[Stmt, ast.stmt | None]] = []
     for inner in _block_statements(node):
@@ -924,6 +966,17 @@ class Impact:
             if seeds:
                 out.append((source, _close_except(src, seeds, fills), keys))
         return out
+
+    def string_keys(self) -> frozenset[str]:
+        """The op names that changed definitions are registered under by a library (``Stmt.string_keys``)."""
+        out: set[str] = set()
+        for mod, names in self.state.items():
+            if names == ALL or not mod.endswith(".py"):
+                continue
+            for st in self.info(mod).stmts:
+                if st.string_keys and st.names & names:
+                    out |= st.string_keys
+        return frozenset(out)
 
     def keys_spelled(self, paths: list[str]) -> bool:
         """Whether one of the files names a class a changed registry entry is registered for."""

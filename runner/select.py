@@ -777,6 +777,13 @@ def _import_graph(config: Config, reach: _Reach, head, head_paths: set[str], pic
     impact = Impact(graph, unwrapping(graph, lambda p: info_of(p, blob_sha(p) if blob_sha else None, head.read)),
                     {**{p: ALL for p in gone}, **changed})
     impact.run([t for t in test_files if t not in changed_py], users)
+    impact_keys = impact.string_keys()
+    spelled = {p: n for p, n in _spelling_string_keys(impact, users, test_files, graph).items()
+               if p not in changed_py}
+    if spelled:  # ops a library registered under a name: the code spelling the name (torch.ops.ns.op) runs them
+        changed = {**spelled, **changed}
+        impact = Impact(graph, impact.info, {**{p: ALL for p in gone}, **changed})
+        impact.run([t for t in test_files if t not in changed_py], users)
     unkeyed = None
     if impact.keyed:  # handlers registered for a class: a test reaching only them must name the class
         unkeyed = Impact(graph, impact.info, {**{p: ALL for p in gone}, **changed}, keyed_registries=False)
@@ -789,7 +796,12 @@ def _import_graph(config: Config, reach: _Reach, head, head_paths: set[str], pic
         if chain is None or (unkeyed is not None and test_file not in changed_py
                              and unkeyed.chain(test_file) is None and not impact.keys_spelled(chain[:-1])):
             continue  # reached only through a handler registered for a class it never names
-        reason = "changed test file" if len(chain) == 1 else "imports: " + " → ".join(chain)
+        if chain[-1] in spelled:
+            ops = ", ".join(sorted(impact_keys)[:4])
+            reason = f"spells an op registered by name ({ops}) in {chain[-1]}" + \
+                (" ← " + " → ".join(chain[:-1]) if len(chain) > 1 else "")
+        else:
+            reason = "changed test file" if len(chain) == 1 else "imports: " + " → ".join(chain)
         owners = [s for s, cmd_paths in covering if _covers(cmd_paths, test_file)]
         if owners:
             for s in owners:
@@ -813,6 +825,29 @@ def unwrapping(graph: ImportGraph, info: Callable[[str], ModuleInfo]) -> Callabl
             got = memo[path] = (raw, without_wrappers(path, raw, graph, info))
         return got[1]
     return read
+
+
+def _spelling_string_keys(impact: Impact, users: dict[str, list[str]], test_files: list[str],
+                          graph: ImportGraph) -> dict[str, Changed]:
+    """{module: its names that spell an op name a changed definition is registered under}, among the modules
+    the tests reach and the tests themselves (nothing else changed in them: not already in ``impact.state``)."""
+    keys = impact.string_keys()
+    if not keys:
+        return {}
+    pattern = _spelled(keys)
+    out: dict[str, Changed] = {}
+    for path in sorted({m for m in users if m.endswith(".py")} | set(test_files)):
+        if path in impact.state:
+            continue
+        data = graph.read(path) or b""
+        lines = sorted({data.count(b"\n", 0, m.start()) + 1 for m in pattern.finditer(data)})
+        if not lines:
+            continue
+        info = impact.info(path)
+        got = ALL if info.opaque else info.changed_at(lines)
+        if got:
+            out[path] = got
+    return out
 
 
 def changed_names(changes: ChangeSet, head, relevant: Callable[[str], bool] | None = None,

@@ -7,7 +7,8 @@ decorator and its other users. So does a library decorator named like no registr
 the model up); a lazy ``__getattr__`` that imports a module by name re-exports the names it spells;
 ``__all__.extend([...])`` rebinds ``__all__``; a new module without import-time effects brings its importers
 only its names; ``from .ops import *`` brings the public changed names; ``if Op.ok(): register_fusion(fuse)``
-fills the tree's table like a decorator would, and has no other effect.
+fills the tree's table like a decorator would, and has no other effect. A definition a library registers
+under a name (``@torch.library.impl("pk::attention_fwd", "CUDA")``) reaches the code spelling that name.
 """
 
 from __future__ import annotations
@@ -61,6 +62,17 @@ BASE = {
     "tests/test_fuse.py": "import pkg.fused\nfrom pkg.fuser import fuse\n\n\ndef test_f():\n    assert fuse([1]) == [[1]]\n",
     "tests/test_unrelated.py": "from pkg.fuser import unrelated\n\n\ndef test_u():\n    assert unrelated() == 0\n",
     "tests/test_helper.py": "from pkg.fused import helper\n\n\ndef test_h():\n    assert helper() == 1\n",
+    "pkg/fmha.py": "import torch\n\n\ndef attention(q):\n    return q\n\n\n"
+                   "@torch.library.impl('pk::attention_fwd', 'CUDA')\ndef attention_fwd_cuda(q):\n    return attention(q)\n"
+                   "\n\ndef other_fmha():\n    return 2\n",
+    "tests/test_op.py": "import torch\n\nimport pkg.fmha\n\n\ndef test_op():\n"
+                        "    assert torch.ops.pk.attention_fwd(1) == 1\n",
+    "pkg/tables.py": "def build(g):\n    return g\n\n\nTABLE = {}\nfor g in [1, 2]:\n    TABLE[g] = build(g)\n\n\n"
+                     "def unrelated_table():\n    return 0\n",
+    "tests/test_table.py": "from pkg.tables import TABLE\n\n\ndef test_t():\n    assert TABLE[1] == 1\n",
+    "tests/test_table_other.py": "from pkg.tables import unrelated_table\n\n\ndef test_u():\n"
+                                 "    assert unrelated_table() == 0\n",
+    "tests/test_fmha_other.py": "from pkg.fmha import other_fmha\n\n\ndef test_o():\n    assert other_fmha() == 2\n",
 }
 
 
@@ -138,3 +150,12 @@ def test_a_fusion_registered_by_a_call_reaches_the_table_readers_not_its_module(
     # fuse reads the table register_fusion fills; helper (same module) and unrelated (same registry module) do not
     assert selected(repo, edit("pkg/fused.py", "    return ops\n", "    return ops[:1]\n")) == ["tests/test_fuse.py"]
     assert selected(repo, edit("pkg/fused.py", "        return True", "        return False")) == ["tests/test_fuse.py"]
+
+
+def test_an_op_a_library_registers_by_name_reaches_the_code_spelling_it(repo):
+    got = selected(repo, edit("pkg/fmha.py", "def attention(q):\n    return q\n", "def attention(q):\n    return q * 1\n"))
+    assert got == ["tests/test_op.py"]
+
+
+def test_a_module_level_loop_filling_a_table_binds_the_table(repo):
+    assert selected(repo, edit("pkg/tables.py", "    return g\n", "    return g + 0\n")) == ["tests/test_table.py"]
