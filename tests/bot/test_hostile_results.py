@@ -324,3 +324,25 @@ def test_another_apps_check_run_with_our_name_and_external_id_is_never_taken_for
     ours = [r for r in state.check_runs_for(REPO, head) if r["id"] != decoy["id"]]
     assert len(ours) == 1 and ours[0]["status"] == "completed"
     assert state.check_runs[decoy["id"]]["status"] == "in_progress"  # left alone
+
+
+def test_a_pytest_suite_that_passed_without_a_single_case_is_refused_when_recorded():
+    """``os._exit(0)`` in a head's conftest.py: pytest "succeeds" having run nothing and writes no report, so the
+    suite reads as passed with no case; the recording step refuses that instead of signing a pass."""
+    from runner import signing
+
+    dispatch = signing.Dispatch(REPO, "da-abc", "sm90", "a" * 40)
+    plan = {"audit_id": "da-abc", "head_sha": "a" * 40, "suites": [
+        {"id": "parity-loader", "kind": "parity", "command": "python -m pytest tests/test_loader.py", "runner": "sm90"},
+        {"id": "bench", "kind": "unit", "command": "python bench.py", "runner": "sm90"}]}
+
+    def raw(cases: list) -> bytes:
+        return json.dumps({"audit_id": "da-abc", "head_sha": "a" * 40, "devices": [], "suites": [
+            {"suite": "parity-loader", "runner": "sm90", "outcome": "passed", "cases": cases},
+            {"suite": "bench", "runner": "sm90", "outcome": "passed", "cases": []}]}).encode()  # no pytest: fine
+
+    results, problems = signing.checked_results(raw([]), plan, dispatch, "success")
+    assert problems == ["pytest suite(s) parity-loader passed without reporting a single test case"]
+    assert {s["outcome"] for s in results["suites"]} == {"error"}  # signed as tampering, never as a pass
+    case = {"name": "test_load", "outcome": "passed"}
+    assert signing.checked_results(raw([case]), plan, dispatch, "success")[1] == []
