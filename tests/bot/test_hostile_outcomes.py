@@ -16,6 +16,7 @@ from tests.bot.conftest import (
     workflow_run_payload,
 )
 from tests.bot.test_bot_approvals import FORK, _approve, _fork_pr, _opened
+from tests.bot.test_bot_commands import _live
 from tests.bot.test_bot_flows import _marked
 from tests.gitrepo import commit
 
@@ -93,7 +94,8 @@ def test_an_infrastructure_failure_cancels_the_check_and_rerunning_the_suite_aud
                                                                                       tmp_path):
     make, state = bot_factory
     repo_path, base, head = engine_repo
-    state.add_repo(REPO, str(tmp_path / "moved-away"))  # the clone fails: nothing about the change itself
+    # the clone fails (nothing about the change itself); git echoes the path, which carries markdown
+    state.add_repo(REPO, str(tmp_path / "moved-away @octocat [x](http:e.x)"))
     bot = make(max_attempts=2)
     bot.deliver("pull_request", _fork_opened(state, 62, head, base))
     bot.settle()
@@ -106,6 +108,8 @@ def test_an_infrastructure_failure_cancels_the_check_and_rerunning_the_suite_aud
     assert "re-run" in run["output"]["title"] and "MirrorError" in run["output"]["summary"]
     (comment,) = _marked(state, 62)
     assert "could not finish" in comment["body"] and "Re-run this check" in comment["body"]
+    assert _live(comment["body"].split("\n", 1)[1]) == ["link_open"]  # our details link only
+    assert "@octocat" in run["output"]["summary"] and _live(run["output"]["summary"]) == []  # quoted, inert
 
     state.repos[REPO]["clone_url"] = str(repo_path)  # GitHub is back; "Re-run all checks" on the fork's head
     assert bot.deliver("check_suite", _rerun_suite(state, head)).json()["status"] == "queued"
