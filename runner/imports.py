@@ -228,6 +228,18 @@ def _imports_tree_sitter(path: str, data: bytes) -> list[Import]:
     return out
 
 
+def _package_dirs(build: bytes, sub: str, paths: set[str]) -> list[tuple[str, str]]:
+    """(package, its directory with a trailing slash) from a build file's ``package_dir={"pkg": "python"}`` or
+    ``[tool.setuptools.package-dir] pkg = "python"``, for directories of ``sub`` that hold an ``__init__.py``;
+    the longest directory first."""
+    out = []
+    for name, directory in re.findall(rb"[\"']?([A-Za-z_][\w.]*)[\"']?\s*[:=]\s*[\"']([\w./-]+)[\"']", build):
+        d = directory.decode().strip("/")
+        if d and f"{sub}{d}/__init__.py" in paths:
+            out.append((name.decode(), f"{sub}{d}/"))
+    return sorted(set(out), key=lambda pd: len(pd[1]), reverse=True)
+
+
 @dataclass
 class ImportGraph:
     """Lazily parsed: only the files reachable from the tests asked about are read."""
@@ -265,11 +277,16 @@ class ImportGraph:
             build = b"\n".join(self.read(sub + f) or b"" for f in PROJECT_FILES if sub + f in self.paths)
             declared = {m.decode() for m in re.findall(rb"[\"']([A-Za-z_]\w*)[\"'.*]", build)}
             roots = [sub + r for r in SOURCE_ROOTS]
+            mapped = _package_dirs(build, sub, self.paths)
             for path in every:
                 if path.startswith(sub):
                     for name in module_names(path, roots):
                         if name.split(".", 1)[0] in declared:
                             self._index.setdefault(name, path)
+                    for package, directory in mapped:  # package_dir={"pkg": "python"}
+                        if path.startswith(directory) and path.endswith(".py"):
+                            rest = path[len(directory):].removesuffix(".py").removesuffix("__init__").strip("/")
+                            self._index.setdefault(".".join([package, *filter(None, rest.split("/"))]), path)
 
     def conftests(self, path: str) -> list[str]:
         """conftest.py files pytest loads for a test file: its directory's and every parent's."""

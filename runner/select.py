@@ -325,6 +325,7 @@ KERNEL_REACH_BUDGET = 300
 # runtime every test loads) is stood for by the PR's own tests; a smaller one runs all its importers
 OWN_TESTS_ABOVE = 20
 PROJECT_FILES = ("setup.py", "pyproject.toml")
+CUDA_SOURCES = (".cu", ".cuh")
 KERNEL_SOURCES = (".cu", ".cuh", ".cpp", ".cc", ".cxx", ".c", ".h", ".hpp", ".hh", ".inl")
 
 
@@ -394,7 +395,10 @@ def _kernel_sources(config: Config, changes: ChangeSet, head, head_paths: set[st
                 picks.add(suite.id, why)
             if not owned:
                 picks.add(f"{PYTEST_PREFIX}{test_file}", why)
-                needs[test_file] = gpu_need(graph, test_file, extensions) or f"it runs {pkg}'s compiled code"
+                need = gpu_need(graph, test_file, extensions) or (
+                    f"it runs {pkg}'s compiled code" if any(src.endswith(CUDA_SOURCES) for src in srcs) else None)
+                if need:  # C++ alone (a CPU kernel, AMX / AVX) needs no GPU unless the test itself does
+                    needs[test_file] = need
     return needs
 
 

@@ -82,3 +82,22 @@ def test_a_sub_project_brings_only_the_packages_its_build_files_name(git_repo):
             "tools/test_tool.py": "import utils\n\n\ndef test_t():\n    assert utils.run(1)\n"}
     got = selected(git_repo, {"sub/utils/__init__.py": "def run(x):\n    return x + 1\n"}, tree)
     assert got == {}  # "import utils" in tools/ is tools/utils.py, not the sub-project's utils
+
+
+SUB = {**REPO, "sub/setup.py": "from setuptools import setup\nsetup(name='kk', packages=['kk'], package_dir={'kk': 'python'})\n",
+       "sub/python/__init__.py": "", "sub/python/loader.py": "def load(x):\n    return x\n\n\ndef other():\n    return 0\n",
+       "sub/ops/amx_moe.hpp": "inline int amx_moe(int x) {\n  return x;\n}\n",
+       "sub/test/test_load.py": "from kk.loader import load\n\n\ndef test_l():\n    assert load(1) == 1\n"}
+
+
+def test_a_sub_projects_package_dir_maps_its_imports(git_repo):
+    got = selected(git_repo, {"sub/python/loader.py": SUB["sub/python/loader.py"].replace("return x", "return x + 0")},
+                   SUB)
+    assert sorted(got) == ["sub/test/test_load.py"]
+
+
+def test_cpu_kernel_sources_alone_run_their_tests_without_a_gpu(git_repo):
+    base = git_repo.commit_files(SUB, "base")
+    head = git_repo.commit_files({"sub/ops/amx_moe.hpp": SUB["sub/ops/amx_moe.hpp"].replace("return x;", "return x + 1;")})
+    plan = plan_for(git_repo.path, base, head)
+    assert [(s.id, s.runner) for s in plan.suites] == [("pytest:sub/test/test_load.py", "cpu")]
