@@ -147,7 +147,8 @@ def infer(
     for ix in indexed:
         _add(out, *indexed_rule(ix, pillars, severity), ix.enum.what(), ix.table.what())
     for si in registrars:
-        _add(out, *sibling_rule(si, pillars, severity), f"the modules {si.path} imports from its directory",
+        _add(out, *sibling_rule(si, pillars, severity),
+             f"the modules {si.path} (or another module of {si.directory or '.'}/) imports",
              f"the modules of {si.directory or '.'}/")
     if verify and out.rules:
         _keep_holding(out, tree, pillars)

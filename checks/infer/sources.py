@@ -225,10 +225,15 @@ _IMPORTS_QUERY = ('(import_from_statement module_name: (relative_import) @key (#
 
 
 def sibling_rule(si: SiblingImports, pillars: list[Pillar], severity: str = "warning") -> tuple[list[Fact], Rule, str]:
-    """Facts and a same-set rule: every public module of the directory is imported by ``si.path``."""
-    imports = Fact(id=f"py-modules@{si.path}", lang="python", files=[si.path], query=_IMPORTS_QUERY,
-                   options={"sub": {"key": [r"^[.]|[.].*$", ""]}})
+    """Facts and a same-set rule: every public module of the directory is imported by ``si.path`` (at base), or at
+    head by some module of the directory (a helper a sibling imports is loaded with it, by a relative import or by
+    its full name)."""
     d = si.directory
+    package = d.rsplit("/", 1)[-1]
+    absolute = ("\n(import_from_statement module_name: (dotted_name) @key "
+                f'(#match? @key "(^|[.]){_esc(re.escape(package))}[.][A-Za-z_][A-Za-z0-9_]*$"))') if package else ""
+    imports = Fact(id=f"py-modules@{si.path}", lang="python", files=[f"{d}/*.py" if d else "*.py"],
+                   query=_IMPORTS_QUERY + absolute, options={"sub": {"key": [r"^.*[.]", ""]}})
     name = si.path.rsplit("/", 1)[-1]
     globs = [f"{d}/*.py" if d else "*.py"] + [f"!{d + '/' if d else ''}{g}" for g in
                                               (name, "__init__.py", "_*.py", "test_*.py", "*_test.py")]
@@ -242,7 +247,7 @@ def sibling_rule(si: SiblingImports, pillars: list[Pillar], severity: str = "war
         facts=[imports.id, modules.id],
         pillar=pillar_of(si.path, pillars),
         severity=severity,
-        message=f"inferred at base (support {n}): {si.path} imports every module of {where}",
+        message=f"inferred at base (support {n}): {si.path} imports every module of {where} (or one of them does)",
         options={"extra_ok": [imports.id]},
         source="inferred",
         evidence=[f"support {n}: {si.path} imports each of the {n} other modules of {where} (where they register)",

@@ -26,11 +26,16 @@ def test_a_module_the_registry_does_not_import_is_caught(tmp_path):
     assert len(new) == 1, [f.message for f in new]
     msg = new[0].message
     assert msg.startswith("`phi3` is in the modules of pkg/arch/ (pkg/arch/phi3.py:1) but missing from the modules "
-                          "pkg/arch/registry.py imports from its directory"), msg
+                          "pkg/arch/registry.py (or another module of pkg/arch/) imports"), msg
     # Imported and registered with it: no drift; a private helper module is no model.
     done = r.commit_files({"pkg/arch/phi3.py": model("phi3"), "pkg/arch/registry.py": registry([*MODELS, "phi3"]),
                            "pkg/arch/_common.py": "EPS = 1e-6\n"}, "phi3 registered")
     assert inferred(audit(r.path, base, done)) == []
+    # A helper module a model imports (by its full name) loads with it: it registers nothing of its own.
+    helper = r.commit_files({"pkg/arch/custom_ops.py": "def fused_rope(x):\n    return x\n",
+                             "pkg/arch/llama.py": "from pkg.arch.custom_ops import fused_rope\n\n" + model("llama")},
+                            "a helper module")
+    assert inferred(audit(r.path, base, helper)) == []
 
 
 def test_a_directory_its_importer_covers_only_in_part_holds_no_belief(tmp_path):
