@@ -12,7 +12,6 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import kv584
 from kernels.arch import capability, fp8_hw_cast, interpreting
 from kernels.harness import Case, Check, ParitySpec
 from kernels.kv584 import (
@@ -217,8 +216,8 @@ def _pool_rows(g, x, m, lsum, acc, FAST: tl.constexpr):
 @triton.jit
 def _compress_stream_kernel(kv_ptr, gate_ptr, w_ptr, cos_ptr, sin_ptr, slot_ptr, pool8_ptr, pool32_ptr, pool64_ptr,
                             L, eps, UNROLL: tl.constexpr, HW_CAST: tl.constexpr, EXACT: tl.constexpr,
-                            EVICT: tl.constexpr, FAST: tl.constexpr = False, ASM: tl.constexpr = False,
-                            CACHE: tl.constexpr = "", PRE: tl.constexpr = False, NT: tl.constexpr = N_TILES):
+                            EVICT: tl.constexpr, FAST: tl.constexpr = False, CACHE: tl.constexpr = "",
+                            PRE: tl.constexpr = False, NT: tl.constexpr = N_TILES):
     """One entry per program, its window streamed ``UNROLL`` rows per step (the rows of a step side by side in
     each thread: all their loads go out first, then one max and one rescale per step; the rows past the last
     whole step one at a time), every tensor ``[tile 8, 64]`` over the 512 channels (tile 7 = rope) at int32
@@ -268,20 +267,25 @@ def _compress_stream_kernel(kv_ptr, gate_ptr, w_ptr, cos_ptr, sin_ptr, slot_ptr,
     # rope on tile 7: interleaved pairs, each pair inside one thread
     ye, yo = tl.split(tl.reshape(y, [8, 32, 2]))
     rope = tl.reshape(tl.join(ye * cs - yo * sn, ye * sn + yo * cs), [8, 64])
-    store_tiles(tl.where(is_rope, rope, y), slot, pool8_ptr, pool32_ptr, pool64_ptr, HW_CAST, EXACT, EVICT, ASM)
+    store_tiles(tl.where(is_rope, rope, y), slot, pool8_ptr, pool32_ptr, pool64_ptr, HW_CAST, EXACT, EVICT)
 
 
-COMPRESS_IMPL = "unrolled"  # the default kernel of compress_store (H200: best of the row/words/pipe/tile/unrolled kernels)
-COMPRESS_WARPS = 4
-COMPRESS_ENTRIES = 1  # H200: 1 entry per program 62.4 / 60.3 % of copy at 16384 x 8 / 1024 x 128, 2 entries 50 / 51 %
-COMPRESS_UNROLL = 2  # window rows per loop trip of the unrolled kernel
-# the unrolled and stream kernels' exp: ex2.approx.ftz (GPU) instead of tl.exp. H200, 1 entry x 2 rows x 4 warps:
-# 4096 x 8 / 16384 x 8 / 1024 x 128 at 56.4 / 74.6 / 76.4 % of copy (tl.exp, 8 rows: 47.5 / 62.5 / 60.3 %)
+COMPRESS_IMPL = "stream"  # the default kernel of compress_store
+# H200 (round 1 of 2026-12-01 d, ceiling 4228 GB/s), 4096 x 8 / 16384 x 8 / 1024 x 128: stream, 4 rows per step with
+# the tail's inputs loaded early, 69.8 / 91.4 / 91.7 % of copy (83.8 / 96.1 / 95.9 % of a same-size copy); 8 rows
+# 66.6 / 90.6 / 92.4 %; the unrolled kernel 55.7 / 74.8 / 77.0 %
+COMPRESS_WARPS = 4  # the unrolled kernel: warps, entries per program, window rows per loop trip
+COMPRESS_ENTRIES = 1
+COMPRESS_UNROLL = 2
+# the unrolled and stream kernels' exp: ex2.approx.ftz (GPU) instead of tl.exp (stream, 8 rows: 66.6 / 90.6 /
+# 92.4 % of copy, tl.exp 65.6 / 88.4 / 91.3 %)
 COMPRESS_FAST_EXP = True
-STREAM_UNROLL = 8  # the stream kernel: window rows per step (1, 2, 4 or 8), warps
+STREAM_UNROLL = 4  # the stream kernel: window rows per step (1, 2, 4 or 8; 8 warps: 62.5 / 86.3 / 88.4 %), warps
 STREAM_WARPS = 4
-STREAM_CACHE = ""  # the stream kernel's load cache modifier ("" or ".cg": L2 only)
-STREAM_PRE = False  # the stream kernel loads the tail's inputs before the window
+STREAM_CACHE = ""  # the stream kernel's load cache modifier ("" or ".cg": L2 only; no faster)
+# the stream kernel loads the tail's inputs with the first step's rows (8 rows per step: 72 registers, 7
+# programs per SM, so 1024 HCA entries take two waves: 80.6 % at 1024 x 128)
+STREAM_PRE = True
 
 
 def compress_store(kv, gate, norm_weight, eps, cos, sin, pool, slots, *, impl: str | None = None,
@@ -315,7 +319,7 @@ def compress_store(kv, gate, norm_weight, eps, cos, sin, pool, slots, *, impl: s
     elif impl == "stream":
         unroll = 1 << (min(block_l or STREAM_UNROLL, 8, length).bit_length() - 1)  # a power of two <= the window
         _compress_stream_kernel[(n,)](*args, flat, flat.view(torch.int32), words, length, float(eps), UNROLL=unroll,
-                                      HW_CAST=hw, EXACT=exact, EVICT=evict, FAST=fast, ASM=hw and kv584.PACK_ASM,
+                                      HW_CAST=hw, EXACT=exact, EVICT=evict, FAST=fast,
                                       CACHE=STREAM_CACHE, PRE=STREAM_PRE, num_warps=num_warps or STREAM_WARPS)
     else:
         ent = entries or COMPRESS_ENTRIES

@@ -258,24 +258,17 @@ def bf16_words(y, ASM: tl.constexpr, EXACT: tl.constexpr):
 
 @triton.jit
 def store_tiles(y, slot, pool8_ptr, pool32_ptr, pool64_ptr, HW_CAST: tl.constexpr, EXACT: tl.constexpr,
-                EVICT: tl.constexpr, ASM: tl.constexpr = False, NT: tl.constexpr = N_TILES,
-                ROW: tl.constexpr = TOKEN_BYTES, SOFF: tl.constexpr = SCALE_OFFSET):
+                EVICT: tl.constexpr, NT: tl.constexpr = N_TILES, ROW: tl.constexpr = TOKEN_BYTES,
+                SOFF: tl.constexpr = SCALE_OFFSET):
     """Pack one token ``y[tile 8, 64]`` fp32 (tile 7: the rope channels) and store it at int64 ``slot[1]``
     (``-1``: skip), in a layout where a thread owns 4 adjacent channels: its e4m3 bytes become an int32 word and
-    its bf16 rope values an int64 word without leaving the thread (``ASM``: by the paired hardware converts);
-    only the tile amax is a reduction. The 7 scale bytes and the zero pad go as bytes."""
+    its bf16 rope values an int64 word without leaving the thread (``HW_CAST``: by the paired hardware
+    converts); only the tile amax is a reduction. The 7 scale bytes and the zero pad go as bytes."""
     tile = tl.arange(0, 8)
     ebyte = scale_byte(tl.maximum(tl.max(tl.abs(y), axis=1), 1e-4))  # [8]
     inv = ((254 - ebyte) << 23).to(tl.float32, bitcast=True)  # 2^-(e) exactly
-    if ASM:  # the saturating convert clamps; |y / scale| <= 448 holds anyway
-        qw = e4m3_words(y * inv[:, None], True)  # [8, 16]
-    elif HW_CAST:
-        yq = tl.minimum(tl.maximum(y * inv[:, None], -448.0), 448.0)
-        code = yq.to(tl.float8e4nv).to(tl.uint8, bitcast=True).to(tl.int32)
-        qw = tl.sum(tl.reshape(code, [8, 16, 4]) << (tl.arange(0, 4) * 8)[None, None, :], axis=2)
-    else:
-        qw = e4m3_words(y * inv[:, None], False)
-    rw = bf16_words(y, ASM, EXACT)  # [8, 16]
+    qw = e4m3_words(y * inv[:, None], HW_CAST)  # [8, 16]
+    rw = bf16_words(y, HW_CAST, EXACT)  # [8, 16]
     ok = slot >= 0
     w32 = slot * (ROW // 4)
     q16 = tl.arange(0, 16)
@@ -325,55 +318,12 @@ def _store_rows_kernel(kv_ptr, slot_ptr, pool64_ptr, n, stride_kv, ROWS: tl.cons
 
 
 @triton.jit
-def _store_tiles_kernel(kv_ptr, slot_ptr, pool64_ptr, n, stride_kv, ROWS: tl.constexpr, HW_CAST: tl.constexpr,
-                        EXACT: tl.constexpr, EVICT: tl.constexpr = "", NT: tl.constexpr = N_TILES,
-                        WORDS: tl.constexpr = TOKEN_BYTES // 8):
-    """``ROWS`` tokens per program as ``[ROWS · 8 (token, tile), 64]``, so a thread owns adjacent channels of one
-    tile (8 for bf16 input: one 16-byte load): the tile amax is a reduction over the tile's few threads, and each
-    thread packs its e4m3 bytes into int64 words (its bf16 rope values into int64 words) itself."""
-    rt = tl.arange(0, ROWS * 8)
-    tile = rt % 8
-    rid = tl.program_id(0).to(tl.int64) * ROWS + rt // 8
-    live = rid < n
-    ch = tl.arange(0, 64)
-    y = tl.load(kv_ptr + (rid * stride_kv + tile * 64)[:, None] + ch[None, :], mask=live[:, None], other=0.0,
-                eviction_policy=EVICT).to(tl.float32)
-    slot = tl.load(slot_ptr + rid, mask=live, other=-1)  # [R·8]: each tile's own copy of its token's slot
-    amax = tl.maximum(tl.max(tl.abs(y), axis=1), 1e-4)  # [R·8]
-    sc = tl.math.div_rn(amax, tl.full(amax.shape, 448.0, tl.float32))
-    b = sc.to(tl.int32, bitcast=True)
-    ebyte = ((b >> 23) & 0xFF) + tl.where((b & 0x7FFFFF) != 0, 1, 0)  # biased exponent of the scale
-    inv = ((254 - ebyte) << 23).to(tl.float32, bitcast=True)  # 2^-(e) exactly
-    yq = tl.minimum(tl.maximum(y * inv[:, None], -448.0), 448.0)
-    if HW_CAST:
-        code = yq.to(tl.float8e4nv).to(tl.uint8, bitcast=True).to(tl.int64)
-    else:
-        code = e4m3_bits(yq).to(tl.int64)
-    k8 = tl.arange(0, 8)
-    qw = tl.sum(tl.reshape(code, [ROWS * 8, 8, 8]) << (k8 * 8).to(tl.int64)[None, None, :], axis=2)  # [R·8, 8]
-    r16 = cast_rne(y, tl.bfloat16, EXACT).to(tl.int16, bitcast=True).to(tl.int64) & 0xFFFF
-    k4 = tl.arange(0, 4)
-    rw = tl.sum(tl.reshape(r16, [ROWS * 8, 16, 4]) << (k4 * 16).to(tl.int64)[None, None, :], axis=2)  # [R·8, 16]
-    ok = slot >= 0
-    w64 = slot * WORDS
-    tl.store(pool64_ptr + (w64 + tile * 8)[:, None] + k8[None, :], qw, mask=(ok & (tile < NT))[:, None],
-             eviction_policy=EVICT)
-    tl.store(pool64_ptr + (w64 + NT * 8)[:, None] + tl.arange(0, 16)[None, :], rw, mask=(ok & (tile == NT))[:, None],
-             eviction_policy=EVICT)
-    sw = tl.sum(tl.reshape(tl.where(tile < NT, ebyte, 0).to(tl.int64) << (tile * 8).to(tl.int64), [ROWS, 8]), axis=1)
-    r = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
-    s1 = tl.load(slot_ptr + r, mask=r < n, other=-1)
-    tl.store(pool64_ptr + s1 * WORDS + NT * 8 + 16, sw, mask=s1 >= 0, eviction_policy=EVICT)
-
-
-@triton.jit
-def _store_tiles2_kernel(kv_ptr, kv32_ptr, slot_ptr, pool8_ptr, pool32_ptr, n, stride_kv, ROWS: tl.constexpr,
-                         HW_CAST: tl.constexpr, EXACT: tl.constexpr, BF16: tl.constexpr, EVICT: tl.constexpr = "",
-                         ASM: tl.constexpr = False, NT: tl.constexpr = N_TILES, ROW: tl.constexpr = TOKEN_BYTES,
-                         SOFF: tl.constexpr = SCALE_OFFSET):
+def _store_tiles_kernel(kv_ptr, kv32_ptr, slot_ptr, pool8_ptr, pool32_ptr, n, stride_kv, ROWS: tl.constexpr,
+                        HW_CAST: tl.constexpr, EXACT: tl.constexpr, BF16: tl.constexpr, EVICT: tl.constexpr = "",
+                        NT: tl.constexpr = N_TILES, ROW: tl.constexpr = TOKEN_BYTES, SOFF: tl.constexpr = SCALE_OFFSET):
     """``ROWS`` tokens per program, all 512 channels as ``[ROWS · 8 (token, tile), 64]`` (tile 7's e4m3 bytes are
     computed and dropped: cheaper than a second layout), so a thread owns adjacent channels of one tile (8 for
-    bf16 input: one 16-byte load) and packs its e4m3 bytes into int32 words itself (``ASM``: by the paired
+    bf16 input: one 16-byte load) and packs its e4m3 bytes into int32 words itself (``HW_CAST``: by the paired
     hardware converts, which saturate: ``|y / scale| <= 448`` holds anyway for the power-of-two scale at or
     above amax / 448); only the tile amax is a reduction, over the tile's few threads. The rope channels come
     from a second, small load as int32 words: for bf16 input (``BF16``) their bits unchanged, else rounded to
@@ -408,13 +358,7 @@ def _store_tiles2_kernel(kv_ptr, kv32_ptr, slot_ptr, pool8_ptr, pool32_ptr, n, s
     s1 = tl.load(slot_ptr + r, mask=rl, other=-1)
     ebyte = scale_byte(tl.maximum(tl.max(tl.abs(y), axis=1), 1e-4))  # [R·8]
     inv = ((254 - ebyte) << 23).to(tl.float32, bitcast=True)  # 2^-(e) exactly
-    if ASM:
-        qw = e4m3_words(y * inv[:, None], True)  # [R·8, 16]
-    elif HW_CAST:
-        code = tl.minimum(tl.maximum(y * inv[:, None], -448.0), 448.0).to(tl.float8e4nv).to(tl.uint8, bitcast=True)
-        qw = tl.sum(tl.reshape(code.to(tl.int32), [ROWS * 8, 16, 4]) << (tl.arange(0, 4) * 8)[None, None, :], axis=2)
-    else:
-        qw = e4m3_words(y * inv[:, None], False)
+    qw = e4m3_words(y * inv[:, None], HW_CAST)  # [R·8, 16]
     ok = slot >= 0
     tl.store(pool32_ptr + (slot * (ROW // 4) + tile * 16)[:, None] + tl.arange(0, 16)[None, :], qw,
              mask=(ok & (tile < NT))[:, None], eviction_policy=EVICT)
@@ -468,12 +412,13 @@ def _load_rows_kernel(pool64_ptr, slot_ptr, o_ptr, n, ROWS: tl.constexpr, HW_CAS
     tl.store(orow[:, None, None] + NOPE + j[None, :, None] * 4 + h[None, None, :], rope, mask=live[:, None, None])
 
 
-PACK_ASM = True  # the stream/tiles kernels pack e4m3 and bf16 words by paired hardware converts (inline PTX)
-STORE_IMPL = "words"  # the default kernel of kv584_store (H200: 2.0x the byte-store kernel at 65536 tokens)
+STORE_IMPL = "tiles"  # the default kernel of kv584_store
+# H200 (round 1 of 2026-12-01 d, ceiling 4228 GB/s), 65536 / 262144 tokens: tiles, 4 tokens x 2 warps, 78.0 / 94.8 % of
+# copy (95.3 / 99.6 % of a same-size copy; 8 x 2: 77.0 / 93.8 %, 16 x 4: 73.8 / 92.6 %); words 73.4 / 89.1 %
+TILES_ROWS = 4  # the tiles kernel: tokens per program, warps
+TILES_WARPS = 2
 STORE_ROWS = 4  # tokens per program of the word-store kernel (4 rows x 2 warps: best of 4..32 x 2..8 on the H200)
 STORE_WARPS = 2
-TILES_ROWS = 4  # the tiles kernel: tokens per program, warps
-TILES_WARPS = 4
 
 
 def _words(flat: torch.Tensor) -> torch.Tensor | None:
@@ -486,18 +431,19 @@ def _words(flat: torch.Tensor) -> torch.Tensor | None:
 def kv584_store(kv: torch.Tensor, pool: torch.Tensor, slots: torch.Tensor, *, impl: str | None = None,
                 rows: int | None = None, num_warps: int | None = None, evict: str = "", stages: int = 0,
                 programs: int | None = None) -> torch.Tensor:
-    """Triton :func:`kv584_store_ref`. ``impl="words"``: ``rows`` tokens per program written as int64 words;
+    """Triton :func:`kv584_store_ref`. ``impl="tiles"``: ``rows`` tokens per program, each thread packing the
+    e4m3 bytes of its own adjacent channels; ``"words"``: ``rows`` tokens per program written as int64 words
+    (``stages`` > 0: ``programs`` persistent programs, default 4 per SM, with loads pipelined that deep);
     ``"row"``: one program per token with byte stores (also the path for a pool whose storage is not 8-byte
-    aligned). ``None``: :data:`STORE_IMPL`. ``evict``: the word kernel's L2 eviction hint ("" or
-    "evict_first", for a pool written once and read much later). ``stages`` > 0: ``programs`` persistent
-    programs (default 4 per SM) with loads pipelined that deep."""
+    aligned). ``None``: :data:`STORE_IMPL`. ``evict``: the L2 eviction hint of the tiles and word kernels ("" or
+    "evict_first", for a pool written once and read much later)."""
     flat = _flat(pool)
     if kv.dim() != 2 or kv.shape[1] != HEAD_DIM or kv.stride(1) != 1 or slots.shape != (kv.shape[0],):
         raise ValueError(f"kv584: kv must be [N, {HEAD_DIM}] (unit stride) with slots [N], got "
                          f"{tuple(kv.shape)} and {tuple(slots.shape)}")
     impl = impl or STORE_IMPL
-    if impl not in ("words", "row", "tiles", "tiles2"):
-        raise ValueError(f"kv584_store: impl must be 'words', 'tiles', 'tiles2' or 'row', got {impl!r}")
+    if impl not in ("tiles", "words", "row"):
+        raise ValueError(f"kv584_store: impl must be 'tiles', 'words' or 'row', got {impl!r}")
     hw = fp8_hw_cast(capability(kv.device))
     n = kv.shape[0]
     if not n:
@@ -506,15 +452,11 @@ def kv584_store(kv: torch.Tensor, pool: torch.Tensor, slots: torch.Tensor, *, im
     words = _words(flat) if impl != "row" else None
     if words is not None and impl == "tiles":
         r = rows or TILES_ROWS
-        _store_tiles_kernel[(triton.cdiv(n, r),)](kv, sl, words, n, kv.stride(0), ROWS=r, HW_CAST=hw,
-                                                  EXACT=interpreting(), EVICT=evict, num_warps=num_warps or TILES_WARPS)
-    elif words is not None and impl == "tiles2":
-        r = rows or TILES_ROWS
         bf16 = kv.dtype == torch.bfloat16 and kv.stride(0) % 2 == 0 and kv.data_ptr() % 4 == 0
-        kv32 = kv.view(torch.int32) if bf16 else kv  # the rope channels' bf16 pairs as int32 words
-        _store_tiles2_kernel[(triton.cdiv(n, r),)](kv, kv32, sl, flat, flat.view(torch.int32), n, kv.stride(0), ROWS=r,
-                                                   HW_CAST=hw, EXACT=interpreting(), BF16=bf16, EVICT=evict,
-                                                   ASM=hw and PACK_ASM, num_warps=num_warps or TILES_WARPS)
+        kv32 = kv.view(torch.int32) if bf16 else kv  # bf16 pairs as int32 words
+        _store_tiles_kernel[(triton.cdiv(n, r),)](kv, kv32, sl, flat, flat.view(torch.int32), n, kv.stride(0), ROWS=r,
+                                                  HW_CAST=hw, EXACT=interpreting(), BF16=bf16, EVICT=evict,
+                                                  num_warps=num_warps or TILES_WARPS)
     elif words is None:
         _store_kernel[(n,)](kv, sl, flat, flat.view(torch.int16), kv.stride(0), HW_CAST=hw, EXACT=interpreting(),
                             num_warps=num_warps or 2)

@@ -43,12 +43,11 @@ def test_584_byte_layout_byte_by_byte():
     torch.testing.assert_close(kv584.unpack_ref(row[None]), x, rtol=0, atol=0)
 
 
-# test_parity runs the default (words, 4 rows, 2 warps); these are the other paths
-STORE_VARIANTS = [{"impl": "row"}, {"impl": "words", "rows": 16, "num_warps": 8},
+# test_parity runs the default (tiles, 4 tokens, 2 warps); these are the other paths
+STORE_VARIANTS = [{"impl": "row"}, {"impl": "words"}, {"impl": "words", "rows": 16, "num_warps": 8},
                   {"impl": "words", "rows": 8, "num_warps": 4, "evict": "evict_first"},
-                  {"impl": "words", "rows": 4, "stages": 2, "programs": 3}, {"impl": "tiles"},
-                  {"impl": "tiles", "rows": 2, "num_warps": 2}, {"impl": "tiles2"},
-                  {"impl": "tiles2", "rows": 2, "num_warps": 2}]
+                  {"impl": "words", "rows": 4, "stages": 2, "programs": 3}, {"impl": "tiles", "rows": 8, "num_warps": 4},
+                  {"impl": "tiles", "rows": 1, "num_warps": 1, "evict": "evict_first"}]
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -122,7 +121,7 @@ def test_load_decodes_every_scale_byte_exactly(impl, device):
     assert torch.equal(got.isnan(), want.isnan()) and not bits_differ.any(), bits_differ.nonzero()[:4].tolist()
 
 
-@pytest.mark.parametrize("impl", ["row", "words", "tiles", "tiles2"])
+@pytest.mark.parametrize("impl", ["row", "words", "tiles"])
 def test_kv584_store_rounds_ties_to_even_at_every_e4m3_step(impl, device):
     x = _e4m3_ties(24, torch.Generator().manual_seed(0))
     x[1, 64:128] = 0.0
@@ -134,7 +133,7 @@ def test_kv584_store_rounds_ties_to_even_at_every_e4m3_step(impl, device):
     assert torch.equal(got, want), (got != want).nonzero()[:8].tolist()
 
 
-@pytest.mark.parametrize("impl", ["words", "tiles2"])
+@pytest.mark.parametrize("impl", ["words", "tiles"])
 def test_kv584_store_scale_bytes_at_binade_edges(impl, device):
     """Tile amaxes at 448·2^k and one ulp either side (where the scale's power of two steps), and at 2^k and
     one ulp either side: the scale bytes (and the e4m3 bytes) equal the reference's, bit for bit."""
@@ -153,7 +152,7 @@ def test_kv584_store_scale_bytes_at_binade_edges(impl, device):
     assert torch.equal(got, want), (got != want).nonzero()[:8].tolist()
 
 
-@pytest.mark.parametrize("impl", ["row", "words", "tiles", "tiles2"])
+@pytest.mark.parametrize("impl", ["row", "words", "tiles"])
 def test_store_skips_negative_slots_and_load_zeroes_them(impl, device):
     pool = kv584.new_pool(2, 4, device)
     kv = torch.randn(3, 512, device=device)
@@ -169,7 +168,7 @@ def test_store_skips_negative_slots_and_load_zeroes_them(impl, device):
 
 
 @pytest.mark.parametrize("offset", [2, 1])
-def test_tiles2_store_reads_strided_bf16_rows(offset, device):
+def test_tiles_store_reads_strided_bf16_rows(offset, device):
     """Rows of a wider bf16 buffer: at an even element offset the rope words are read through the int32 view of
     the rows (their bits unchanged), at an odd one (not 4-byte aligned) they are rounded from the values."""
     kv = kv584._rows(5, torch.Generator().manual_seed(3), "cpu", torch.bfloat16)
@@ -177,7 +176,7 @@ def test_tiles2_store_reads_strided_bf16_rows(offset, device):
     wide[:, offset:offset + kv584.HEAD_DIM] = kv
     pool = kv584.new_pool(1, 8, device)
     kv584.kv584_store(wide.to(device)[:, offset:offset + kv584.HEAD_DIM], pool, torch.arange(5, device=device),
-                      impl="tiles2")
+                      impl="tiles")
     assert torch.equal(pool.view(-1, kv584.TOKEN_BYTES)[:5].cpu(), kv584.pack_ref(kv))
 
 
@@ -193,10 +192,9 @@ def test_word_store_on_a_pool_not_8_byte_aligned_falls_back(device):
     assert torch.equal(rows, kv584.pack_ref(kv.cpu())) and buf[:2].eq(0).all()
 
 
-# test_parity runs the default; these are the other paths
-COMPRESS_VARIANTS = [{"impl": "row"}, {"impl": "unrolled", "entries": 2, "block_l": 4, "num_warps": 4},
-                     {"impl": "unrolled", "fast_exp": True}, {"impl": "stream"},
-                     {"impl": "stream", "block_l": 2, "num_warps": 2}]
+# test_parity runs the default (stream, 4 rows per step, the tail's inputs early); these are the other paths
+COMPRESS_VARIANTS = [{"impl": "row"}, {"impl": "unrolled"}, {"impl": "unrolled", "entries": 2, "block_l": 4},
+                     {"impl": "stream", "block_l": 8}, {"impl": "stream", "block_l": 2, "num_warps": 2}]
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -212,7 +210,7 @@ def test_compress_store_variants_pass_the_spec(variant, device):
     assert rows and all(r.passed for r in rows), format_table(rows)
 
 
-@pytest.mark.parametrize("impl", ["row", "unrolled", "stream", "stream-pre"])
+@pytest.mark.parametrize("impl", ["row", "unrolled", "stream", "stream-late"])
 def test_compress_store_skips_negative_slots_and_ragged_entry_blocks(impl, device, monkeypatch):
     """5 entries (not a multiple of the entries per program), a window of 5 (not a multiple of the rows
     pooled per step), and slot -1: the other slots hold exactly what the reference writes, the rest is
@@ -222,8 +220,8 @@ def test_compress_store_skips_negative_slots_and_ragged_entry_blocks(impl, devic
     inp["slots"][1] = -1
     inp["pool"].fill_(0xA5)
     want = compressor.compress_store_ref(**dict(inp, pool=inp["pool"].clone()))
-    if impl == "stream-pre":  # the tail's inputs loaded with the first step's rows
-        monkeypatch.setattr(compressor, "STREAM_PRE", True)
+    if impl == "stream-late":  # the tail's inputs loaded after the window
+        monkeypatch.setattr(compressor, "STREAM_PRE", False)
     got = compressor.compress_store(**dict(inp, pool=inp["pool"].clone()), impl=impl.split("-")[0], entries=4,
                                     block_l=2)
     keep = inp["slots"] >= 0
