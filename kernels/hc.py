@@ -753,6 +753,35 @@ def _spin_ptx(ptr, target, polls):
 
 
 @triton.jit
+def _spin_one(ptr, target, polls, sleep_ns):
+    """Thread 0 polls the scalar ``*ptr`` (``ld.acquire.gpu``, ``nanosleep`` of ``sleep_ns`` between polls)
+    until it reaches ``target`` or ``polls`` polls have passed; then a CTA barrier releases every thread.
+    One poller per program and a pause keep the line the others are counting into free; a PTX loop, so the
+    caller's loop has no inner loop (for the software pipeliner). Returns thread 0's last value (``target``
+    in the other threads)."""
+    return tl.inline_asm_elementwise(
+        """{
+        .reg .pred %p;
+        .reg .u32 %n, %t;
+        mov.u32 $0, $2;
+        mov.u32 %t, %tid.x;
+        setp.ne.u32 %p, %t, 0;
+        @%p bra LAB_DONE;
+        mov.u32 %n, 0;
+        LAB_WAIT:
+        ld.acquire.gpu.global.u32 $0, [$1];
+        setp.ge.s32 %p, $0, $2;
+        @%p bra LAB_DONE;
+        nanosleep.u32 $4;
+        add.u32 %n, %n, 1;
+        setp.lt.s32 %p, %n, $3;
+        @%p bra LAB_WAIT;
+        LAB_DONE:
+        bar.sync 0;
+        }""", "=r,l,r,r,r", [ptr, target, polls, sleep_ns], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
 def _bar_ptx(v, FENCE: tl.constexpr):
     """A CTA barrier (``fence.acq_rel.gpu`` first in every thread with ``FENCE``) as inline PTX on the scalar
     ``v`` (returned): unlike ``tl.debug_barrier`` it leaves the loop to the software pipeliner."""
@@ -785,7 +814,7 @@ def _hc_groupp_kernel(x_ptr, fn_ptr, base_ptr, scale_ptr, col_ptr, post_ptr, com
                       T, D, n_tb, iters, eps, norm_eps, SPIN, flag_ptr, pre_ptr, N: tl.constexpr, NMIX: tl.constexpr,
                       BLOCK_T: tl.constexpr, DW: tl.constexpr, P: tl.constexpr, STAGES: tl.constexpr,
                       ITERS: tl.constexpr, GPU: tl.constexpr, FENCE: tl.constexpr, LEADER: tl.constexpr,
-                      LAG: tl.constexpr = 0, times_ptr=None, TIMES: tl.constexpr = False):
+                      LAG: tl.constexpr = 0, times_ptr=None, TIMES: tl.constexpr = False, SLEEP=0):
     """:func:`_hc_groupw_kernel` with a loop the software pipeliner takes: the wait is a PTX loop and the
     Sinkhorn is unrolled (``ITERS``), so the slabs of the next ``STAGES - 1`` blocks stream into shared
     memory (async copies) while a step exchanges, waits and collapses. ``GPU`` False (the interpreter):
@@ -849,19 +878,19 @@ def _hc_groupp_kernel(x_ptr, fn_ptr, base_ptr, scale_ptr, col_ptr, post_ptr, com
                 xc = xprev
             if j >= LAG:
                 if GPU:
-                    c = _spin_ptx(flag_ptr + tbc + tt * 0, 1, SPIN)
-                    tl.atomic_xchg(err_ptr + tt * 0, 1, mask=c < 1)
+                    c = _spin_one(flag_ptr + tbc * 32, 1, SPIN, SLEEP)
+                    tl.atomic_xchg(err_ptr, 1, mask=c < 1)
                     tr = tl.where(tcm, tc, 0)  # masked rows read row 0 (in bounds), then are dropped
                     pre = tl.where(tcm[:, None], _ld_cg(pre_ptr + tr[:, None] * N + jn[None, :]), 0.0)
                 else:
-                    budget = _grp_wait(flag_ptr, err_ptr, tbc, budget, 1)
+                    budget = _grp_wait(flag_ptr, err_ptr, tbc * 32, budget, 1)
                     pre = tl.load(pre_ptr + tc[:, None] * N + jn[None, :], mask=tcm[:, None], other=0.0)
                 if TIMES:
                     _stamp(times_ptr + (pid * n_tb + j) * 4 + 2, tl.sum(pre))
                 _gp_collapse(xc, pre, col_ptr, tc, tcm, m, D, N, BLOCK_T, DW)
         else:
             pre = _grp_pre(acc_ptr, cnt_ptr, err_ptr, base_ptr, scale_ptr, post_ptr, comb_ptr, t, tm, tb, m, K, iters,
-                           eps, norm_eps, SPIN, N, NMIX, BLOCK_T, P, ITERS, GPU)
+                           eps, norm_eps, SPIN, SLEEP, N, NMIX, BLOCK_T, P, ITERS, GPU)
             if TIMES:
                 _stamp(times_ptr + (pid * n_tb + j) * 4 + 2, tl.sum(pre))
             _gp_collapse(xt, pre, col_ptr, t, tm, m, D, N, BLOCK_T, DW)
@@ -888,7 +917,7 @@ def _gp_lead(acc_ptr, cnt_ptr, flag_ptr, base_ptr, scale_ptr, post_ptr, comb_ptr
     mix_i = tl.arange(0, NMIX)
     jn = tl.arange(0, N)
     nn = tl.arange(0, N * N)
-    old = tl.atomic_add(cnt_ptr + tb, 1, sem="acq_rel")
+    old = tl.atomic_add(cnt_ptr + tb * 32, 1, sem="acq_rel")
     if old == P - 1:
         if GPU:
             tr = tl.where(tm, t, 0)  # masked rows read row 0 (in bounds), then are dropped
@@ -905,28 +934,27 @@ def _gp_lead(acc_ptr, cnt_ptr, flag_ptr, base_ptr, scale_ptr, post_ptr, comb_ptr
             tb = _bar_ptx(tb, True)
         else:
             tl.debug_barrier()
-        tl.atomic_xchg(flag_ptr + tb, 1, sem="release")
+        tl.atomic_xchg(flag_ptr + tb * 32, 1, sem="release")
 
 
 @triton.jit
 def _grp_pre(acc_ptr, cnt_ptr, err_ptr, base_ptr, scale_ptr, post_ptr, comb_ptr, t, tm, tb, m, K, iters, eps, norm_eps,
-             SPIN, N: tl.constexpr, NMIX: tl.constexpr, BLOCK_T: tl.constexpr, P: tl.constexpr, ITERS: tl.constexpr,
+             SPIN, SLEEP, N: tl.constexpr, NMIX: tl.constexpr, BLOCK_T: tl.constexpr, P: tl.constexpr, ITERS: tl.constexpr,
              GPU: tl.constexpr):
     """Every member: count in, wait for the block's count, and run the weights and Sinkhorn for the whole block
     (member 0 writes post and comb); returns ``pre``."""
     mix_i = tl.arange(0, NMIX)
     jn = tl.arange(0, N)
     nn = tl.arange(0, N * N)
-    tt = tl.arange(0, BLOCK_T)
-    tl.atomic_add(cnt_ptr + tb, 1, sem="release")
+    tl.atomic_add(cnt_ptr + tb * 32, 1, sem="release")
     if GPU:
-        c = _spin_ptx(cnt_ptr + tb + tt * 0, P, SPIN)
-        tl.atomic_xchg(err_ptr + tt * 0, 1, mask=c < P)
+        c = _spin_one(cnt_ptr + tb * 32, P, SPIN, SLEEP)
+        tl.atomic_xchg(err_ptr, 1, mask=c < P)
         tr = tl.where(tm, t, 0)  # masked rows read row 0 (in bounds), then are dropped
         tot = tl.where(tm[:, None], _ld_cg(acc_ptr + tr[:, None] * (NMIX + 1) + mix_i[None, :]), 0.0)
         tss = tl.where(tm, _ld_cg(acc_ptr + tr * (NMIX + 1) + NMIX), 0.0)
     else:
-        _grp_wait(cnt_ptr, err_ptr, tb, SPIN, P)
+        _grp_wait(cnt_ptr, err_ptr, tb * 32, SPIN, P)
         tot = tl.load(acc_ptr + t[:, None] * (NMIX + 1) + mix_i[None, :], mask=tm[:, None], other=0.0,
                       cache_modifier=".cg")
         tss = tl.load(acc_ptr + t * (NMIX + 1) + NMIX, mask=tm, other=0.0, cache_modifier=".cg")
@@ -994,8 +1022,8 @@ HC_PRE = {"variant": "split", "split": {"bt": 256, "bk": 64, "s": 8, "bt2": 16, 
           "group": {"bt": 32, "dw": 128, "parts": 2, "lag": 1, "hold": True, "fence": True, "late": True, "warps": 8,
                     "per_sm": 1},
           "groupw": {"bt": 32, "dw": 128, "pf": 1, "lag": 0, "warps": 8, "per_sm": 1},
-          "groupp": {"bt": 32, "dw": 128, "stages": 3, "fence": True, "leader": False, "lag": 0, "warps": 8,
-                     "per_sm": 1},
+          "groupp": {"bt": 32, "dw": 128, "stages": 3, "fence": True, "leader": False, "lag": 0, "sleep": 32,
+                     "warps": 8, "per_sm": 1},
           "fused": {"bt": 64, "bd": 64, "warps": 8}, "persist": {"bt": 64, "bd": 64, "warps": 8, "per_sm": 2,
                                                                           "overlap": True}}
 
@@ -1145,14 +1173,15 @@ def hc_pre(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.T
         if interp:  # one program per group: programs run one after another
             bt, dw = 16, max(16, next_pow2(d))
         n_p, n_tb = triton.cdiv(d, dw), triton.cdiv(t, bt)
-        scratch = torch.zeros(t * (nmix + 1) + 2 * n_tb + 1, dtype=torch.float32, device=x.device)
+        # counters and flags 128 bytes apart (32 words): a block's pollers never share a line with another's
+        scratch = torch.zeros(t * (nmix + 1) + 64 * n_tb + 1, dtype=torch.float32, device=x.device)
         sync = scratch[t * (nmix + 1):].view(torch.int32)
         pre_w = torch.empty(t, n, dtype=torch.float32, device=x.device)
         pkw = dict(N=n, NMIX=nmix, BLOCK_T=bt, DW=dw, P=n_p, STAGES=p["stages"], ITERS=iters, GPU=not interp,
                    FENCE=bool(p["fence"]), LEADER=bool(p["leader"]), LAG=int(p["lag"]) if p["leader"] else 0,
                    num_warps=p["warps"])
-        pargs = (xc, fnc, bc, sc, col, post, comb, scratch[:t * (nmix + 1)], sync[:n_tb], sync[2 * n_tb:], t, d,
-                 n_tb, iters, eps, norm_eps, p.get("spin", 1 << 16), sync[n_tb:2 * n_tb], pre_w)
+        pargs = (xc, fnc, bc, sc, col, post, comb, scratch[:t * (nmix + 1)], sync[:32 * n_tb], sync[64 * n_tb:], t, d,
+                 n_tb, iters, eps, norm_eps, p.get("spin", 1 << 16), sync[32 * n_tb:64 * n_tb], pre_w)
         resident = p.get("groups", 2) if interp else min(
             _resident_programs(_hc_groupp_kernel, pargs, pkw, x.device),
             p["per_sm"] * torch.cuda.get_device_properties(x.device).multi_processor_count)
@@ -1160,8 +1189,8 @@ def hc_pre(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.T
             raise ValueError(f"hc_pre: a group of {n_p} programs exceeds the {resident} resident ones; raise dw")
         if p.get("times") is not None:  # diagnostic: [programs, steps, 4] int64 timestamps
             pkw.update(times_ptr=p["times"], TIMES=True)
-        _hc_groupp_kernel[(min(n_tb, resident // n_p) * n_p,)](*pargs, **pkw)
-        GROUP_ERR[0] = sync[2 * n_tb:]
+        _hc_groupp_kernel[(min(n_tb, resident // n_p) * n_p,)](*pargs, **pkw, SLEEP=int(p["sleep"]))
+        GROUP_ERR[0] = sync[64 * n_tb:]
     elif v == "fused":
         if interp:
             raise ValueError("hc_pre: the fused variant needs a GPU (its programs wait on each other)")
