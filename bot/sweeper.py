@@ -7,8 +7,12 @@ concludes the runs of jobs that ended without closing theirs: a job that failed
 after its last attempt (the failure report's PATCH failed, or the process died
 before sending it), a dead-lettered job, a superseded one, and an audit that
 waited for GPU results longer than ``gpu_timeout``. A run created just before a
-crash, whose id never reached the database, is found by its ``external_id``.
-Runs that are already completed on GitHub are only marked closed.
+crash, whose id never reached the database, is found by its ``external_id``
+(among all runs of the commit, not only the newest of each name). Runs that are
+already completed on GitHub are only marked closed. A job that gave up is
+concluded as the worker would have (``gave_up``: ``failure`` for a crash,
+``cancelled`` otherwise; never the passing ``neutral``), and the PR's comment
+says so too.
 """
 
 from __future__ import annotations

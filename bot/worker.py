@@ -3,9 +3,13 @@
 Each kind of job has one handler; an audit goes job → ``AuditTask`` →
 ``AuditRequest`` → plan/run → report → publish. A failure the user has to fix
 (a malformed base config, an unknown suite) is a typed result, ``Unrunnable``,
-published as a neutral check run; anything else is an exception and the job
-is retried with backoff, then failed with its reason on the check run and the
-details page.
+published once: ``neutral`` for the base config's owner, and for a command the
+conclusion the commit already had (a typo changes nothing). Anything else is an
+exception and the job is retried with backoff, then concluded so that it never
+passes a required check: ``failure`` when the pipeline crashed on the PR's
+input (``AuditCrashed``, tried twice), ``cancelled`` with how to re-run it when
+what failed was around the audit (GitHub, the network, the fetch, the store),
+on the check run, the PR's comment and the details page (``bot.sweeper.gave_up``).
 
 A job's lease is renewed by a heartbeat while it runs. If the process dies,
 the lease runs out and another worker (or the restarted service) takes the job
