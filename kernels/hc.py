@@ -473,42 +473,6 @@ def _hc_persist_kernel(x_ptr, fn_ptr, base_ptr, scale_ptr, col_ptr, post_ptr, co
 
 
 @triton.jit
-def _split_bf16(w, PARTS: tl.constexpr):
-    """fp32 ``w`` as ``PARTS`` bf16 tensors whose sum is ``w`` (3 parts: exact; 2 parts: 16 mantissa bits; the
-    last part is unused below PARTS)."""
-    hi = w.to(tl.bfloat16)
-    r = w - hi.to(tl.float32)
-    mid = r.to(tl.bfloat16)
-    lo = (r - mid.to(tl.float32)).to(tl.bfloat16)
-    return hi, mid, lo
-
-
-@triton.jit
-def _late(x, ON: tl.constexpr):
-    """``x`` unchanged, through a side-effecting identity where ``ON``: the compiler cannot move the layout
-    conversion that follows (for an MMA operand) up to the load that produced ``x``, so the program does not
-    stall on the load there (it stays in flight across the work in between)."""
-    if ON:
-        if x.dtype.primitive_bitwidth == 16:
-            x = tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=x.dtype, is_pure=False, pack=2)
-        else:
-            x = tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=x.dtype, is_pure=False, pack=1)
-    return x
-
-
-@triton.jit
-def _grp_load(x_ptr, tb, T, D, d, dm, N: tl.constexpr, BLOCK_T: tl.constexpr):
-    """The ``N`` stream tiles ``x[tb·BT : (tb+1)·BT, i, d]`` of one token block (rows past ``T`` masked)."""
-    t = tb.to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
-    tm = t < T
-    xs = ()
-    for i in tl.static_range(N):
-        xs = xs + (tl.load(x_ptr + (t[:, None] * N + i) * D + d[None, :], mask=tm[:, None] & dm[None, :],
-                           other=0.0),)
-    return xs
-
-
-@triton.jit
 def _grp_wait(cnt_ptr, err_ptr, tb, budget, P: tl.constexpr):
     """Poll the block's count until all ``P`` members are in (``budget`` polls left in all; a program out of
     budget raises ``err`` and goes on, so a wrong launch gives wrong numbers, never a hang)."""
@@ -520,236 +484,6 @@ def _grp_wait(cnt_ptr, err_ptr, tb, budget, P: tl.constexpr):
         tl.atomic_xchg(err_ptr, 1)
     tl.debug_barrier()
     return budget
-
-
-@triton.jit
-def _grp_collapse(x_ptr, xs, acc_ptr, base_ptr, scale_ptr, col_ptr, post_ptr, comb_ptr, tb, m, T, D, d, dm, iters,
-                  eps, norm_eps, N: tl.constexpr, NMIX: tl.constexpr, BLOCK_T: tl.constexpr, HOLD: tl.constexpr):
-    """A complete block: its summed logits → weights and Sinkhorn (member 0 writes post and comb) → the
-    collapse of this member's columns (``xs`` held, or re-read from L2)."""
-    mix_i = tl.arange(0, NMIX)
-    jn = tl.arange(0, N)
-    nn = tl.arange(0, N * N)
-    t = tb.to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
-    tm = t < T
-    tot = tl.load(acc_ptr + t[:, None] * (NMIX + 1) + mix_i[None, :], mask=tm[:, None], other=0.0,
-                  cache_modifier=".cg")
-    tss = tl.load(acc_ptr + t * (NMIX + 1) + NMIX, mask=tm, other=0.0, cache_modifier=".cg")
-    pre, post, comb = _hc_weights(tot, tss, base_ptr, scale_ptr, N * D, iters, eps, norm_eps, N, NMIX, BLOCK_T)
-    if m == 0:
-        tl.store(post_ptr + t[:, None] * N + jn[None, :], post, mask=tm[:, None])
-        tl.store(comb_ptr + t[:, None] * (N * N) + nn[None, :], tl.reshape(comb, [BLOCK_T, N * N]), mask=tm[:, None])
-    if not HOLD:
-        xs = _grp_load(x_ptr, tb, T, D, d, dm, N, BLOCK_T)
-    for i in tl.static_range(N):
-        pi = tl.sum(tl.where(jn[None, :] == i, pre, 0.0), axis=1)
-        if i == 0:
-            cv = pi[:, None] * xs[i].to(tl.float32)
-        else:
-            cv += pi[:, None] * xs[i].to(tl.float32)
-    tl.store(col_ptr + t[:, None] * D + d[None, :], cv.to(col_ptr.dtype.element_ty), mask=tm[:, None] & dm[None, :])
-
-
-@triton.jit(do_not_specialize=["T", "n_tb", "SPIN"])
-def _hc_group_kernel(x_ptr, fn_ptr, base_ptr, scale_ptr, col_ptr, post_ptr, comb_ptr, acc_ptr, cnt_ptr, err_ptr,
-                     T, D, n_tb, iters, eps, norm_eps, SPIN, N: tl.constexpr, NMIX: tl.constexpr,
-                     BLOCK_T: tl.constexpr, DW: tl.constexpr, P: tl.constexpr, PARTS: tl.constexpr,
-                     PREC: tl.constexpr, LAG: tl.constexpr, HOLD: tl.constexpr, FENCE: tl.constexpr,
-                     LATE: tl.constexpr):
-    """One HBM pass over x by groups of ``P`` co-resident programs (the host launches no more programs than
-    fit at once, so a program only waits on programs that are running). Member ``m`` of a group owns the
-    columns ``[m·DW, (m+1)·DW)`` of all ``N`` streams and the matching ``N·DW`` columns of fn, loaded and split
-    into bf16 parts once (they stay in shared memory). The group walks its token blocks ``g, g + groups, …``;
-    at step j a member issues the load of its ``x[BT, N, DW]`` slab of the next block, adds the partial
-    logits and sums of squares of the slab it holds (block j) into ``acc`` with atomics and counts itself
-    in, then collapses block ``j - LAG``: waits for that block's count to reach ``P``, reads the summed
-    logits, runs the weights and Sinkhorn and sums its own columns of the block's streams (held in registers
-    with ``HOLD``, else re-read from L2). ``LAG`` 1 gives the other members a whole step to count in. The
-    waits are bounded by ``SPIN`` polls in all (``err`` is raised instead of hanging)."""
-    pid = tl.program_id(0)
-    n_groups = tl.num_programs(0) // P
-    g = pid // P
-    m = pid % P
-    K = N * D
-    mix_i = tl.arange(0, NMIX)
-    n_mix = (2 + N) * N
-    d = m * DW + tl.arange(0, DW)
-    dm = d < D
-    fmask = (mix_i[None, :] < n_mix) & dm[:, None]
-    w = ()
-    w_hi = ()
-    w_mid = ()
-    w_lo = ()
-    for i in tl.static_range(N):
-        wi = tl.load(fn_ptr + mix_i[None, :] * K + i * D + d[:, None], mask=fmask, other=0.0)  # [DW, NMIX]
-        hi, mid, lo = _split_bf16(wi, PARTS)
-        w = w + (wi,)
-        w_hi = w_hi + (hi,)
-        w_mid = w_mid + (mid,)
-        w_lo = w_lo + (lo,)
-    n_steps = tl.cdiv(n_tb - g, n_groups)
-    budget = SPIN
-    xcur = _grp_load(x_ptr, g, T, D, d, dm, N, BLOCK_T)
-    xprev = xcur
-    for j in range(0, n_steps + LAG):
-        tb = g + j * n_groups
-        xn = _grp_load(x_ptr, tb + n_groups, T, D, d, dm, N, BLOCK_T)  # in flight across this step
-        if j < n_steps:
-            t = tb.to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
-            tm = t < T
-            ss = tl.zeros([BLOCK_T], dtype=tl.float32)
-            acc = tl.zeros([BLOCK_T, NMIX], dtype=tl.float32)
-            for i in tl.static_range(N):
-                xi = _late(xcur[i], LATE)
-                xf = xi.to(tl.float32)
-                ss += tl.sum(xf * xf, axis=1)
-                if PARTS > 0:
-                    acc = tl.dot(xi, w_hi[i], acc)
-                    acc = tl.dot(xi, w_mid[i], acc)
-                    if PARTS > 2:
-                        acc = tl.dot(xi, w_lo[i], acc)
-                else:
-                    acc = tl.dot(xf, w[i], acc, input_precision=PREC)
-            tl.atomic_add(acc_ptr + t[:, None] * (NMIX + 1) + mix_i[None, :], acc,
-                          mask=tm[:, None] & (mix_i[None, :] < n_mix), sem="relaxed")
-            tl.atomic_add(acc_ptr + t * (NMIX + 1) + NMIX, ss, mask=tm, sem="relaxed")
-            if FENCE:  # else the barrier and the one release atomic publish every thread's adds (cumulativity)
-                _fence_gpu(tm.to(tl.int32))
-            tl.debug_barrier()
-            tl.atomic_add(cnt_ptr + tb, 1, sem="release")
-        if j >= LAG:
-            tbc = tb - LAG * n_groups
-            budget = _grp_wait(cnt_ptr, err_ptr, tbc, budget, P)
-            if LAG == 0:
-                xc = xcur
-            else:
-                xc = xprev
-            _grp_collapse(x_ptr, xc, acc_ptr, base_ptr, scale_ptr, col_ptr, post_ptr, comb_ptr, tbc, m, T, D, d, dm,
-                          iters, eps, norm_eps, N, NMIX, BLOCK_T, HOLD)
-        xprev = xcur
-        xcur = xn
-
-
-@triton.jit
-def _gw_load(x_ptr, tb, T, K, kk, km, BLOCK_T: tl.constexpr):
-    """Token block ``tb``'s slab, transposed: ``xᵀ[N·DW, BT]`` (rows past ``T`` masked)."""
-    t = tb.to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
-    return tl.load(x_ptr + t[None, :] * K + kk[:, None], mask=km[:, None] & (t < T)[None, :], other=0.0)
-
-
-@triton.jit
-def _gw_collapse(xt, acc_ptr, base_ptr, scale_ptr, col_ptr, post_ptr, comb_ptr, tb, m, T, D, iters, eps, norm_eps,
-                 N: tl.constexpr, NMIX: tl.constexpr, BLOCK_T: tl.constexpr, DW: tl.constexpr):
-    """A complete block: summed logits → weights and Sinkhorn (member 0 writes post and comb) → this member's
-    columns of the collapse from the held slab ``xt``."""
-    mix_i = tl.arange(0, NMIX)
-    jn = tl.arange(0, N)
-    nn = tl.arange(0, N * N)
-    t = tb.to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
-    tm = t < T
-    tot = tl.load(acc_ptr + t[:, None] * (NMIX + 1) + mix_i[None, :], mask=tm[:, None], other=0.0,
-                  cache_modifier=".cg")
-    tss = tl.load(acc_ptr + t * (NMIX + 1) + NMIX, mask=tm, other=0.0, cache_modifier=".cg")
-    pre, post, comb = _hc_weights(tot, tss, base_ptr, scale_ptr, N * D, iters, eps, norm_eps, N, NMIX, BLOCK_T)
-    if m == 0:
-        tl.store(post_ptr + t[:, None] * N + jn[None, :], post, mask=tm[:, None])
-        tl.store(comb_ptr + t[:, None] * (N * N) + nn[None, :], tl.reshape(comb, [BLOCK_T, N * N]), mask=tm[:, None])
-    x3 = tl.reshape(xt, [N, DW, BLOCK_T]).to(tl.float32)
-    cv = tl.sum(x3 * tl.trans(pre)[:, None, :], axis=0)  # [DW, BT]
-    d = m * DW + tl.arange(0, DW)
-    tl.store(col_ptr + t[None, :] * D + d[:, None], cv.to(col_ptr.dtype.element_ty), mask=(d < D)[:, None] & tm[None, :])
-
-
-@triton.jit(do_not_specialize=["T", "n_tb", "SPIN"])
-def _hc_groupw_kernel(x_ptr, fn_ptr, base_ptr, scale_ptr, col_ptr, post_ptr, comb_ptr, acc_ptr, cnt_ptr, err_ptr,
-                      T, D, n_tb, iters, eps, norm_eps, SPIN, N: tl.constexpr, NMIX: tl.constexpr,
-                      BLOCK_T: tl.constexpr, DW: tl.constexpr, P: tl.constexpr, PF: tl.constexpr,
-                      LAG: tl.constexpr, F32DOT: tl.constexpr = False):
-    """The grouped one-pass design (see :func:`_hc_group_kernel`) with the slab transposed, ``xᵀ[N·DW, BT]``,
-    as the MMA's B operand and fn's hi and lo bf16 parts stacked as one ``[2·NMIX, N·DW]`` A operand (one
-    MMA of M = 2·NMIX per step; fn stays in shared memory). ``PF`` (0-2): slabs of later blocks in flight in
-    registers across a step; ``LAG`` (0-1): the block collapsed at step j is ``j - LAG`` (0: wait for the
-    block just counted in; 1: for the one before, held a step longer). ``F32DOT``: the same products in an
-    fp32 dot (the interpreter, whose bf16 dot is wrong)."""
-    pid = tl.program_id(0)
-    n_groups = tl.num_programs(0) // P
-    g = pid // P
-    m = pid % P
-    K = N * D
-    n_mix = (2 + N) * N
-    r = tl.arange(0, N * DW)  # slab row: stream r // DW, column m·DW + r % DW
-    dcol = m * DW + r % DW
-    km = dcol < D
-    kk = (r // DW) * D + dcol
-    mix_i = tl.arange(0, NMIX)
-    w = tl.load(fn_ptr + mix_i[:, None] * K + kk[None, :], mask=(mix_i[:, None] < n_mix) & km[None, :], other=0.0)
-    hi = w.to(tl.bfloat16)
-    lo = (w - hi.to(tl.float32)).to(tl.bfloat16)
-    wa = tl.reshape(tl.permute(tl.join(hi, lo), (2, 0, 1)), [2 * NMIX, N * DW])  # hi rows, then lo rows
-    tt = tl.arange(0, BLOCK_T)
-    n_steps = tl.cdiv(n_tb - g, n_groups)
-    budget = SPIN
-    q0 = _gw_load(x_ptr, g, T, K, kk, km, BLOCK_T)
-    q1 = q0
-    if PF > 1:
-        q1 = _gw_load(x_ptr, g + n_groups, T, K, kk, km, BLOCK_T)
-    xprev = q0
-    for j in range(0, n_steps + LAG):
-        tb = g + j * n_groups
-        if PF == 0:
-            xt = _gw_load(x_ptr, tb, T, K, kk, km, BLOCK_T)
-        elif PF == 1:  # this block's slab came in during the last step; the next one's is in flight across this
-            xt = _late(q0, not F32DOT)
-            q0 = _gw_load(x_ptr, tb + n_groups, T, K, kk, km, BLOCK_T)
-        else:
-            xt = _late(q0, not F32DOT)
-            q0 = q1
-            q1 = _gw_load(x_ptr, tb + 2 * n_groups, T, K, kk, km, BLOCK_T)
-        if j < n_steps:
-            t = tb.to(tl.int64) * BLOCK_T + tt
-            tm = t < T
-            if F32DOT:
-                a2 = tl.dot(wa.to(tl.float32), xt.to(tl.float32), input_precision="ieee")
-            else:
-                a2 = tl.dot(wa, xt)  # [2·NMIX, BT]
-            lt = tl.sum(tl.reshape(a2, [2, NMIX, BLOCK_T]), axis=0)  # hi + lo products: [NMIX, BT]
-            ss = tl.sum(xt.to(tl.float32) * xt.to(tl.float32), axis=0)
-            tl.atomic_add(acc_ptr + t[None, :] * (NMIX + 1) + mix_i[:, None], lt,
-                          mask=tm[None, :] & (mix_i[:, None] < n_mix), sem="relaxed")
-            tl.atomic_add(acc_ptr + t * (NMIX + 1) + NMIX, ss, mask=tm, sem="relaxed")
-            tl.debug_barrier()
-            tl.atomic_add(cnt_ptr + tb, 1, sem="release")
-        if j >= LAG:
-            tbc = tb - LAG * n_groups
-            budget = _grp_wait(cnt_ptr, err_ptr, tbc, budget, P)
-            if LAG == 0:
-                xc = xt
-            else:
-                xc = xprev
-            _gw_collapse(xc, acc_ptr, base_ptr, scale_ptr, col_ptr, post_ptr, comb_ptr, tbc, m, T, D, iters, eps,
-                         norm_eps, N, NMIX, BLOCK_T, DW)
-        xprev = xt
-
-
-@triton.jit
-def _spin_ptx(ptr, target, polls):
-    """Per element: poll ``*ptr`` (``ld.acquire.gpu``) until it reaches ``target`` or ``polls`` polls have
-    passed; returns the last value. A loop in PTX, so the caller's loop has no inner loop (the software
-    pipeliner leaves loops that hold one alone)."""
-    return tl.inline_asm_elementwise(
-        """{
-        .reg .pred %p;
-        .reg .u32 %n;
-        mov.u32 %n, 0;
-        LAB_WAIT:
-        ld.acquire.gpu.global.u32 $0, [$1];
-        setp.ge.s32 %p, $0, $2;
-        @%p bra LAB_DONE;
-        add.u32 %n, %n, 1;
-        setp.lt.s32 %p, %n, $3;
-        @%p bra LAB_WAIT;
-        LAB_DONE:
-        }""", "=r,l,r,r", [ptr, target, polls], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -815,14 +549,24 @@ def _hc_groupp_kernel(x_ptr, fn_ptr, base_ptr, scale_ptr, col_ptr, post_ptr, com
                       BLOCK_T: tl.constexpr, DW: tl.constexpr, P: tl.constexpr, STAGES: tl.constexpr,
                       ITERS: tl.constexpr, GPU: tl.constexpr, FENCE: tl.constexpr, LEADER: tl.constexpr,
                       LAG: tl.constexpr = 0, times_ptr=None, TIMES: tl.constexpr = False, SLEEP=0):
-    """:func:`_hc_groupw_kernel` with a loop the software pipeliner takes: the wait is a PTX loop and the
-    Sinkhorn is unrolled (``ITERS``), so the slabs of the next ``STAGES - 1`` blocks stream into shared
-    memory (async copies) while a step exchanges, waits and collapses. ``GPU`` False (the interpreter):
-    the wait is a Triton loop and the dot is fp32. ``LEADER``: the block's last member to count in (the
-    count's old value says which) alone runs the weights and Sinkhorn, writes ``pre`` (and post, comb) and
-    raises the block's flag, which the others wait for; else every member runs them for the whole block.
-    ``TIMES`` (a diagnostic): ``%globaltimer`` at the start of each step, after counting in, after the wait
-    and at the end, into ``times[pid, step, 4]`` (``[programs, n_tb, 4]`` int64)."""
+    """One HBM pass over x by groups of ``P`` co-resident programs (the host launches no more programs than
+    fit at once, so a program only waits on programs that are running). Member ``m`` of a group owns the
+    columns ``[m·DW, (m+1)·DW)`` of all ``N`` streams. Its slab of a token block is loaded transposed,
+    ``xᵀ[N·DW, BT]``, as the MMA's B operand; fn's matching columns are split once into bf16 hi and lo parts
+    (16 mantissa bits; x is exactly bf16, so the products are exact) stacked as one ``[2·NMIX, N·DW]`` A
+    operand: one MMA of M = 2·NMIX per step. The group walks its token blocks ``g, g + groups, …``; a step
+    adds the slab's partial logits and sums of squares into ``acc`` with atomics, counts in, and once the
+    block is complete collapses the member's columns from the slab still in shared memory: x is read once.
+    The loop is one the software pipeliner takes (the waits are PTX loops, the Sinkhorn is unrolled to
+    ``ITERS``, the barrier and the loads after a wait are PTX), so the slabs of the next ``STAGES - 1``
+    blocks stream in while a step exchanges, waits and collapses. ``LEADER``: the block's last member to
+    count in (the count's old value says which) alone runs the weights and Sinkhorn, writes ``pre`` (and
+    post, comb) and raises the block's flag, which the others wait for; ``LAG`` 1 collapses the block of
+    the step before (the leader's work off the others' path; its slab is kept in registers). Else every
+    member waits for the count and runs them for the whole block. ``GPU`` False (the interpreter): the waits
+    are Triton loops and the dot is fp32. The waits poll at most ``SPIN`` times (``err`` is raised instead
+    of hanging). ``TIMES`` (a diagnostic): ``%globaltimer`` at the start of each step, after counting in,
+    after the wait and at the end, into ``times[pid, step, 4]`` (``[programs, n_tb, 4]`` int64)."""
     pid = tl.program_id(0)
     n_groups = tl.num_programs(0) // P
     g = pid // P
@@ -1019,9 +763,6 @@ def _hc_post_kernel(o_ptr, x_ptr, post_ptr, comb_ptr, y_ptr, D, N: tl.constexpr,
 HC_PRE = {"variant": "split", "split": {"bt": 256, "bk": 64, "s": 8, "bt2": 16, "ds": 4, "bd": 128, "warps": 8,
                                         "warps2": 4, "rev": True},
           "lag": {"bt": 64, "bk": 64, "s": 16, "ds": 16, "bd": 64, "bt2": 16, "lag": 12, "warps": 4},
-          "group": {"bt": 32, "dw": 128, "parts": 2, "lag": 1, "hold": True, "fence": True, "late": True, "warps": 8,
-                    "per_sm": 1},
-          "groupw": {"bt": 32, "dw": 128, "pf": 1, "lag": 0, "warps": 8, "per_sm": 1},
           "groupp": {"bt": 32, "dw": 128, "stages": 3, "fence": True, "leader": False, "lag": 0, "sleep": 32,
                      "warps": 8, "per_sm": 1},
           "fused": {"bt": 64, "bd": 64, "warps": 8}, "persist": {"bt": 64, "bd": 64, "warps": 8, "per_sm": 2,
@@ -1045,7 +786,7 @@ def hc_pre_variant(cap: tuple[int, int] | None, dtype: torch.dtype = torch.bfloa
         one = HC_PRE_AUTO["one_pass"]
         fits = cap in HC_PRE_AUTO["caps"] and dtype == torch.bfloat16
         return one if fits and (tokens is None or tokens >= HC_PRE_AUTO["min_tokens"]) else "split"
-    return "split" if cap is None and v in ("fused", "persist", "group", "groupw", "groupp") else v
+    return "split" if cap is None and v in ("fused", "persist", "groupp") else v
 
 
 def hc_pre(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, iters: int, eps: float,
@@ -1118,53 +859,6 @@ def hc_pre(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.T
             xc, fnc, bc, sc, col, post, comb, scratch[:t * (nmix + 1)], scratch[t * (nmix + 1):].view(torch.int32),
             t, d, k_split, d_split, n_tb, lag, iters, eps, norm_eps, N=n, NMIX=nmix, BLOCK_T=bt, BLOCK_K=bk,
             BLOCK_D=bd, S=n_s, DS=n_d, SPLIT3=split3, PREC=prec, FENCE=not interp, BLOCK_T2=bt2, num_warps=p["warps"])
-    elif v == "group":
-        p = {**HC_PRE["group"], **tune}
-        bt = 16 if interp else p["bt"]
-        # under the interpreter (programs run one after another) a group is one program owning every column
-        dw = max(16, next_pow2(d)) if interp else min(p["dw"], max(16, next_pow2(d)))
-        n_p = triton.cdiv(d, dw)
-        n_tb = triton.cdiv(t, bt)
-        scratch = torch.zeros(t * (nmix + 1) + n_tb + 1, dtype=torch.float32, device=x.device)
-        acc = scratch[:t * (nmix + 1)]
-        sync = scratch[t * (nmix + 1):].view(torch.int32)
-        parts = (p["parts"] if split3 else 0)
-        gkw = dict(N=n, NMIX=nmix, BLOCK_T=bt, DW=dw, P=n_p, PARTS=parts, PREC=prec, LAG=int(p["lag"]),
-                   HOLD=bool(p["hold"]), FENCE=bool(p["fence"]) and not interp, LATE=bool(p["late"]) and not interp,
-                   num_warps=p["warps"])
-        gargs = (xc, fnc, bc, sc, col, post, comb, acc, sync[:n_tb], sync[n_tb:], t, d, n_tb, iters, eps, norm_eps,
-                 p.get("spin", 1 << 20))
-        if interp:
-            groups = min(n_tb, p.get("groups", 2))
-        else:
-            resident = min(_resident_programs(_hc_group_kernel, gargs, gkw, x.device),
-                           p["per_sm"] * torch.cuda.get_device_properties(x.device).multi_processor_count)
-            if n_p > resident:
-                raise ValueError(f"hc_pre: a group of {n_p} programs exceeds the {resident} resident ones; raise dw")
-            groups = min(n_tb, resident // n_p)
-        _hc_group_kernel[(groups * n_p,)](*gargs, **gkw)
-        GROUP_ERR[0] = sync[n_tb:]
-    elif v == "groupw":
-        if not interp and x.dtype != torch.bfloat16:
-            raise ValueError("hc_pre: the groupw variant takes bf16 streams (its MMA operands are bf16)")
-        p = {**HC_PRE["groupw"], **tune}
-        bt, dw = p["bt"], min(p["dw"], max(16, next_pow2(d)))
-        if interp:  # one program per group: programs run one after another
-            bt, dw = 16, max(16, next_pow2(d))
-        n_p, n_tb = triton.cdiv(d, dw), triton.cdiv(t, bt)
-        scratch = torch.zeros(t * (nmix + 1) + n_tb + 1, dtype=torch.float32, device=x.device)
-        sync = scratch[t * (nmix + 1):].view(torch.int32)
-        wkw = dict(N=n, NMIX=nmix, BLOCK_T=bt, DW=dw, P=n_p, PF=int(p["pf"]), LAG=int(p["lag"]), F32DOT=interp,
-                   num_warps=p["warps"])
-        wargs = (xc, fnc, bc, sc, col, post, comb, scratch[:t * (nmix + 1)], sync[:n_tb], sync[n_tb:], t, d, n_tb,
-                 iters, eps, norm_eps, p.get("spin", 1 << 20))
-        resident = p.get("groups", 2) if interp else min(
-            _resident_programs(_hc_groupw_kernel, wargs, wkw, x.device),
-            p["per_sm"] * torch.cuda.get_device_properties(x.device).multi_processor_count)
-        if n_p > resident:
-            raise ValueError(f"hc_pre: a group of {n_p} programs exceeds the {resident} resident ones; raise dw")
-        _hc_groupw_kernel[(min(n_tb, resident // n_p) * n_p,)](*wargs, **wkw)
-        GROUP_ERR[0] = sync[n_tb:]
     elif v == "groupp":
         if not interp and x.dtype != torch.bfloat16:
             raise ValueError("hc_pre: the groupp variant takes bf16 streams (its MMA operands are bf16)")
