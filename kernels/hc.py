@@ -548,7 +548,8 @@ def _hc_groupp_kernel(x_ptr, fn_ptr, base_ptr, scale_ptr, col_ptr, post_ptr, com
                       T, D, n_tb, iters, eps, norm_eps, SPIN, flag_ptr, pre_ptr, N: tl.constexpr, NMIX: tl.constexpr,
                       BLOCK_T: tl.constexpr, DW: tl.constexpr, P: tl.constexpr, STAGES: tl.constexpr,
                       ITERS: tl.constexpr, GPU: tl.constexpr, FENCE: tl.constexpr, LEADER: tl.constexpr,
-                      LAG: tl.constexpr = 0, times_ptr=None, TIMES: tl.constexpr = False, SLEEP=0):
+                      LAG: tl.constexpr = 0, times_ptr=None, TIMES: tl.constexpr = False, SLEEP=0,
+                      XSTORE: tl.constexpr = False):
     """One HBM pass over x by groups of ``P`` co-resident programs (the host launches no more programs than
     fit at once, so a program only waits on programs that are running). Member ``m`` of a group owns the
     columns ``[m·DW, (m+1)·DW)`` of all ``N`` streams. Its slab of a token block is loaded transposed,
@@ -562,7 +563,9 @@ def _hc_groupp_kernel(x_ptr, fn_ptr, base_ptr, scale_ptr, col_ptr, post_ptr, com
     blocks stream in while a step exchanges, waits and collapses. ``LEADER``: the block's last member to
     count in (the count's old value says which) alone runs the weights and Sinkhorn, writes ``pre`` (and
     post, comb) and raises the block's flag, which the others wait for; ``LAG`` 1 collapses the block of
-    the step before (the leader's work off the others' path; its slab is kept in registers). Else every
+    the step before (the leader's work off the others' path; its slab is kept in registers); ``XSTORE``: the
+    members store their partials to rows of their own (``acc[P, T, NMIX+1]``) and the leader sums them,
+    instead of atomics into one row per token. Else every
     member waits for the count and runs them for the whole block. ``GPU`` False (the interpreter): the waits
     are Triton loops and the dot is fp32. The waits poll at most ``SPIN`` times (``err`` is raised instead
     of hanging). ``TIMES`` (a diagnostic): ``%globaltimer`` at the start of each step, after counting in,
@@ -600,9 +603,13 @@ def _hc_groupp_kernel(x_ptr, fn_ptr, base_ptr, scale_ptr, col_ptr, post_ptr, com
             a2 = tl.dot(wa.to(tl.float32), xt.to(tl.float32), input_precision="ieee")
         lt = tl.sum(tl.reshape(a2, [2, NMIX, BLOCK_T]), axis=0)  # hi + lo products: [NMIX, BT]
         ss = tl.sum(xt.to(tl.float32) * xt.to(tl.float32), axis=0)
-        tl.atomic_add(acc_ptr + t[None, :] * (NMIX + 1) + mix_i[:, None], lt,
-                      mask=tm[None, :] & (mix_i[:, None] < n_mix), sem="relaxed")
-        tl.atomic_add(acc_ptr + t * (NMIX + 1) + NMIX, ss, mask=tm, sem="relaxed")
+        if XSTORE:  # this member's partials to its own rows: plain stores, the leader sums them
+            tl.store(acc_ptr + (m * T + t[None, :]) * (NMIX + 1) + mix_i[:, None], lt, mask=tm[None, :])
+            tl.store(acc_ptr + (m * T + t) * (NMIX + 1) + NMIX, ss, mask=tm)
+        else:
+            tl.atomic_add(acc_ptr + t[None, :] * (NMIX + 1) + mix_i[:, None], lt,
+                          mask=tm[None, :] & (mix_i[:, None] < n_mix), sem="relaxed")
+            tl.atomic_add(acc_ptr + t * (NMIX + 1) + NMIX, ss, mask=tm, sem="relaxed")
         if GPU:
             tb = _bar_ptx(tb, FENCE)
         else:
@@ -611,8 +618,8 @@ def _hc_groupp_kernel(x_ptr, fn_ptr, base_ptr, scale_ptr, col_ptr, post_ptr, com
             _stamp(times_ptr + (pid * n_tb + j) * 4 + 1, j)
         if LEADER:
             if j < n_steps:
-                _gp_lead(acc_ptr, cnt_ptr, flag_ptr, base_ptr, scale_ptr, post_ptr, comb_ptr, pre_ptr, t, tm, tb, K,
-                         iters, eps, norm_eps, N, NMIX, BLOCK_T, P, ITERS, GPU)
+                _gp_lead(acc_ptr, cnt_ptr, flag_ptr, base_ptr, scale_ptr, post_ptr, comb_ptr, pre_ptr, t, tm, tb, K, T,
+                         iters, eps, norm_eps, N, NMIX, BLOCK_T, P, ITERS, GPU, XSTORE)
             tbc = tb - LAG * n_groups
             tc = tbc.to(tl.int64) * BLOCK_T + tt
             tcm = tc < T
@@ -653,9 +660,9 @@ def _gp_collapse(xt, pre, col_ptr, t, tm, m, D, N: tl.constexpr, BLOCK_T: tl.con
 
 
 @triton.jit
-def _gp_lead(acc_ptr, cnt_ptr, flag_ptr, base_ptr, scale_ptr, post_ptr, comb_ptr, pre_ptr, t, tm, tb, K, iters, eps,
-             norm_eps, N: tl.constexpr, NMIX: tl.constexpr, BLOCK_T: tl.constexpr, P: tl.constexpr,
-             ITERS: tl.constexpr, GPU: tl.constexpr):
+def _gp_lead(acc_ptr, cnt_ptr, flag_ptr, base_ptr, scale_ptr, post_ptr, comb_ptr, pre_ptr, t, tm, tb, K, T, iters,
+             eps, norm_eps, N: tl.constexpr, NMIX: tl.constexpr, BLOCK_T: tl.constexpr, P: tl.constexpr,
+             ITERS: tl.constexpr, GPU: tl.constexpr, XSTORE: tl.constexpr):
     """Count in; the block's last member to do so runs the weights and Sinkhorn, writes post, comb and
     ``pre`` and raises the block's flag."""
     mix_i = tl.arange(0, NMIX)
@@ -663,8 +670,20 @@ def _gp_lead(acc_ptr, cnt_ptr, flag_ptr, base_ptr, scale_ptr, post_ptr, comb_ptr
     nn = tl.arange(0, N * N)
     old = tl.atomic_add(cnt_ptr + tb * 32, 1, sem="acq_rel")
     if old == P - 1:
-        if GPU:
-            tr = tl.where(tm, t, 0)  # masked rows read row 0 (in bounds), then are dropped
+        tr = tl.where(tm, t, 0)  # masked rows read row 0 (in bounds), then are dropped
+        if XSTORE:  # sum the members' partial rows
+            tot = tl.zeros([BLOCK_T, NMIX], dtype=tl.float32)
+            tss = tl.zeros([BLOCK_T], dtype=tl.float32)
+            for mm in tl.static_range(P):
+                if GPU:
+                    tot += _ld_cg(acc_ptr + (mm * T + tr[:, None]) * (NMIX + 1) + mix_i[None, :])
+                    tss += _ld_cg(acc_ptr + (mm * T + tr) * (NMIX + 1) + NMIX)
+                else:
+                    tot += tl.load(acc_ptr + (mm * T + tr[:, None]) * (NMIX + 1) + mix_i[None, :])
+                    tss += tl.load(acc_ptr + (mm * T + tr) * (NMIX + 1) + NMIX)
+            tot = tl.where(tm[:, None] & (mix_i[None, :] < (2 + N) * N), tot, 0.0)
+            tss = tl.where(tm, tss, 0.0)
+        elif GPU:
             tot = tl.where(tm[:, None], _ld_cg(acc_ptr + tr[:, None] * (NMIX + 1) + mix_i[None, :]), 0.0)
             tss = tl.where(tm, _ld_cg(acc_ptr + tr * (NMIX + 1) + NMIX), 0.0)
         else:
@@ -764,7 +783,7 @@ HC_PRE = {"variant": "split", "split": {"bt": 256, "bk": 64, "s": 8, "bt2": 16, 
                                         "warps2": 4, "rev": True},
           "lag": {"bt": 64, "bk": 64, "s": 16, "ds": 16, "bd": 64, "bt2": 16, "lag": 12, "warps": 4},
           "groupp": {"bt": 32, "dw": 128, "stages": 3, "fence": True, "leader": False, "lag": 0, "sleep": 32,
-                     "warps": 8, "per_sm": 1},
+                     "xstore": False, "warps": 8, "per_sm": 1},
           "fused": {"bt": 64, "bd": 64, "warps": 8}, "persist": {"bt": 64, "bd": 64, "warps": 8, "per_sm": 2,
                                                                           "overlap": True}}
 
@@ -868,13 +887,15 @@ def hc_pre(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.T
             bt, dw = 16, max(16, next_pow2(d))
         n_p, n_tb = triton.cdiv(d, dw), triton.cdiv(t, bt)
         # counters and flags 128 bytes apart (32 words): a block's pollers never share a line with another's
-        scratch = torch.zeros(t * (nmix + 1) + 64 * n_tb + 1, dtype=torch.float32, device=x.device)
-        sync = scratch[t * (nmix + 1):].view(torch.int32)
+        xstore = bool(p["leader"]) and bool(p["xstore"])
+        n_acc = (n_p if xstore else 1) * t * (nmix + 1)
+        scratch = torch.zeros(n_acc + 64 * n_tb + 1, dtype=torch.float32, device=x.device)
+        sync = scratch[n_acc:].view(torch.int32)
         pre_w = torch.empty(t, n, dtype=torch.float32, device=x.device)
         pkw = dict(N=n, NMIX=nmix, BLOCK_T=bt, DW=dw, P=n_p, STAGES=p["stages"], ITERS=iters, GPU=not interp,
                    FENCE=bool(p["fence"]), LEADER=bool(p["leader"]), LAG=int(p["lag"]) if p["leader"] else 0,
                    num_warps=p["warps"])
-        pargs = (xc, fnc, bc, sc, col, post, comb, scratch[:t * (nmix + 1)], sync[:32 * n_tb], sync[64 * n_tb:], t, d,
+        pargs = (xc, fnc, bc, sc, col, post, comb, scratch[:n_acc], sync[:32 * n_tb], sync[64 * n_tb:], t, d,
                  n_tb, iters, eps, norm_eps, p.get("spin", 1 << 16), sync[32 * n_tb:64 * n_tb], pre_w)
         resident = p.get("groups", 2) if interp else min(
             _resident_programs(_hc_groupp_kernel, pargs, pkw, x.device),
@@ -883,7 +904,7 @@ def hc_pre(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.T
             raise ValueError(f"hc_pre: a group of {n_p} programs exceeds the {resident} resident ones; raise dw")
         if p.get("times") is not None:  # diagnostic: [programs, steps, 4] int64 timestamps
             pkw.update(times_ptr=p["times"], TIMES=True)
-        _hc_groupp_kernel[(min(n_tb, resident // n_p) * n_p,)](*pargs, **pkw, SLEEP=int(p["sleep"]))
+        _hc_groupp_kernel[(min(n_tb, resident // n_p) * n_p,)](*pargs, **pkw, SLEEP=int(p["sleep"]), XSTORE=xstore)
         GROUP_ERR[0] = sync[64 * n_tb:]
     elif v == "fused":
         if interp:

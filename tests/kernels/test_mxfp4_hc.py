@@ -246,12 +246,14 @@ def test_expert_alignment_kernel_matches_the_torch_tiles(device):
 @pytest.mark.parametrize("device", DEVICES)
 def test_hc_pre_grouped_one_pass_matches_the_reference(device):
     """The grouped one-pass design (transposed slab as the MMA's B operand, fn's two bf16 parts stacked as
-    A): every member running Sinkhorn, the block's last arrival doing it alone (lag 0 and 1), pipeline
+    A): every member running Sinkhorn, the block's last arrival doing it alone (lag 0 and 1; partials by
+    atomics or summed by the leader from the members' own rows), pipeline
     depths; several groups and partial token blocks; on a GPU d=200 makes a group of two whose second
     member is partly masked (under the interpreter a group is one program over every column)."""
     inp = _hc_inputs(37, 4, 200, device, torch.bfloat16)
     ref = hc.hc_pre_ref(**inp)
-    for tune in ({"groups": 3}, {"groups": 1, "stages": 2}, {"leader": True}, {"leader": True, "lag": 1}):
+    for tune in ({"groups": 3}, {"groups": 1, "stages": 2}, {"leader": True}, {"leader": True, "lag": 1},
+                 {"leader": True, "xstore": True}):
         if device != "cpu":
             tune = {k: v for k, v in tune.items() if k != "groups"} | {"bt": 16}
         col, post, comb = hc.hc_pre(**inp, variant="groupp", **tune)
