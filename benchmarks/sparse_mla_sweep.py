@@ -67,13 +67,8 @@ def variant(name: str, b: int) -> sparse_mla.SparseConfig | None:
                                        fused_combine=spec.get("fused_combine", False))
     bt, bh = spec["block_t"], spec.get("block_h", 64)
     n = _split(b * triton.cdiv(HEADS, bh), bt, spec.get("waves", 1.0))
-    return sparse_mla.SparseConfig(bh, bt, n, spec.get("num_warps", 8), spec.get("num_stages", 1),
-                                   spec.get("prefetch", True), spec.get("part_bf16", False),
-                                   spec.get("lazy", True), spec.get("xchg", False), spec.get("idx_prefetch", False),
-                                   spec.get("fused_combine", False), spec.get("l2_prefetch", 0),
-                                   spec.get("fast_launch", True), spec.get("gluon", False),
-                                   spec.get("early_parts", 4), spec.get("wg_sums", False),
-                                   spec.get("late_issue", False), spec.get("rotated", False))
+    knobs = {k: v for k, v in spec.items() if k not in ("block_t", "block_h", "waves", "num_warps", "num_stages")}
+    return sparse_mla.SparseConfig(bh, bt, n, spec.get("num_warps", 8), spec.get("num_stages", 1), **knobs)
 
 
 def decode_fn(name: str, b: int):
@@ -93,18 +88,24 @@ def decode_fn(name: str, b: int):
 
 X64E = {"block_t": 64, "prefetch": False, "xchg": True, "lazy": False}
 GLUON = {"block_t": 64, "gluon": True, "num_stages": 2}
+WS = {"block_t": 64, "gluon": True, "warp_spec": True, "lazy": False}  # the warp-specialised kernel, eager rescale
 VARIANTS: dict[str, dict] = {  # in the order they are timed (a run short of time drops the last)
-    "g2": GLUON,
-    "g2-rot": {**GLUON, "rotated": True},
-    "g2-rot-l2": {**GLUON, "rotated": True, "l2_prefetch": 1},
-    "g2-rot-bf16": {**GLUON, "rotated": True, "part_bf16": True},
-    "g2-rot-w": {**GLUON, "rotated": True, "wg_sums": True},
     "g2-l2": {**GLUON, "l2_prefetch": 1},
+    "g2-ia": {**GLUON, "l2_prefetch": 1, "idx_ahead": True},
+    "g2-fu": {**GLUON, "l2_prefetch": 1, "fused_combine": True},
+    "g2-qa": {**GLUON, "l2_prefetch": 1, "q_async": True},
+    "g2-all": {**GLUON, "l2_prefetch": 1, "idx_ahead": True, "fused_combine": True, "q_async": True},
+    "g2-iafu": {**GLUON, "l2_prefetch": 1, "idx_ahead": True, "fused_combine": True},
+    "wsk2": {**WS, "num_stages": 2, "l2_prefetch": 1, "score_split": True},
+    "wsk2-lz": {**WS, "num_stages": 2, "l2_prefetch": 1, "score_split": True, "lazy": True},
+    "wsp1": {**WS, "num_stages": 1, "l2_prefetch": 1, "score_split": True, "producers": 2},
+    "wsp1-fu": {**WS, "num_stages": 1, "l2_prefetch": 1, "score_split": True, "producers": 2, "fused_combine": True},
+    "ws3": {**WS, "num_stages": 3, "l2_prefetch": 1},
+    "g2": GLUON,
     "g2-bf16": {**GLUON, "part_bf16": True},
     "g2-half": {**GLUON, "waves": 0.5},
     "g2-e2": {**GLUON, "early_parts": 2},
     "g2-w": {**GLUON, "wg_sums": True},
-    "g2-li": {**GLUON, "late_issue": True, "l2_prefetch": 1},
     "x64e-l2": {**X64E, "l2_prefetch": 1},
     "x64e-l2d2": {**X64E, "l2_prefetch": 2},
     "x64e-l2-fu": {**X64E, "l2_prefetch": 1, "fused_combine": True},
@@ -216,7 +217,7 @@ def warm(name: str) -> None:
         ref = sparse_mla.sparse_mla_decode_ref(pool=pool, **inp)
         print(f"warm {name} split={n_split}: gemm_diff {gemm_diff(out, ref).value:.2e}", flush=True)
     mod = sys.modules.get("sparse_mla_old") if name == "old" else sparse_mla
-    for kname in ("_sparse_decode_kernel", "_sparse_decode_gluon"):
+    for kname in ("_sparse_decode_kernel", "_sparse_decode_gluon", "_sparse_decode_ws"):
         for line in kernel_info(getattr(mod, kname, None)):
             print(f"warm {name} {kname} {line}", flush=True)
 

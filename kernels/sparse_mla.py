@@ -84,9 +84,11 @@ class SparseConfig:
     gluon: bool = False  # the Gluon kernel (sm90, 64 heads a block, 64-slot tiles, num_stages ring stages)
     early_parts: int = 4  # Gluon: parts of a tile dequantised while the last tile's value MMAs run (1-4)
     wg_sums: bool = False  # Gluon: each warpgroup keeps its own running sums (no cross-warpgroup sum a tile)
-    late_issue: bool = False  # Gluon: a tile's gathers go out under the score MMAs (not before the dequant)
-    rotated: bool = False  # Gluon: each tile dequantised under the last tile's value MMAs (a rotated loop;
-    # early_parts and late_issue are then moot)
+    idx_ahead: bool = False  # Gluon: every slot number loaded a trip before the gather/mask that uses it
+    q_async: bool = False  # Gluon: a bf16 q reaches shared memory by cp.async, with the first tile's gathers
+    warp_spec: bool = False  # Gluon: the warp-specialised kernel (32-slot tiles, num_stages ring stages)
+    score_split: bool = False  # warp-specialised: each consumer computes the scores over half the channels
+    producers: int = 1  # warp-specialised: producer warpgroups (1 or 2; two take alternate tiles)
 
 
 def sparse_config(batch: int, heads: int, k: int, cap: tuple[int, int] | None, low: bool = True,
@@ -421,6 +423,7 @@ try:
     from triton.experimental.gluon.language.nvidia.ampere import async_copy
     from triton.experimental.gluon.language.nvidia.hopper import (
         fence_async_shared,
+        mbarrier,
         warpgroup_mma,
         warpgroup_mma_init,
         warpgroup_mma_wait,
@@ -431,14 +434,20 @@ except ImportError:  # a Triton without Gluon: the tl kernel serves every part
 
 if HAVE_GLUON:
     @gluon.jit
-    def _g_issue(pool_ptr, pool16_ptr, idx_ptr, row, K, t0, hi, r0, r1, r2, rr, rw, BT: gl.constexpr, ROW: gl.constexpr,
-                 G: gl.constexpr, GS: gl.constexpr, WIDE: gl.constexpr):
-        """cp.async the raw parts of the slots t0 .. t0+BT (below hi) into one ring stage (8-byte copies;
-        a slot of -1 or past hi fills zeros): nope tiles 0-3, 4-5, 6, the rope and the scale bytes."""
-        t = t0 + gl.arange(0, BT, layout=gl.SliceLayout(1, G))
-        slot = gl.load(idx_ptr + row * K + t, mask=t < hi, other=-1)
+    def _g_slots(idx_ptr, row, K, t0, hi, BT: gl.constexpr, L: gl.constexpr):
+        """The slot numbers of the tile ``t0 .. t0+BT`` of ``row`` along layout ``L`` (-1 from ``hi`` on)."""
+        t = t0 + gl.arange(0, BT, layout=L)
+        return gl.load(idx_ptr + row * K + t, mask=t < hi, other=-1)
+
+    @gluon.jit
+    def _g_issue(pool_ptr, pool16_ptr, slot, slots, r0, r1, r2, rr, rw, ROW: gl.constexpr, G: gl.constexpr,
+                 GS: gl.constexpr, WIDE: gl.constexpr):
+        """cp.async the raw parts of one tile's slots into one ring stage (8-byte copies; a slot of -1 fills
+        zeros): nope tiles 0-3, 4-5, 6, the rope and the scale bytes. ``slot`` runs along G's rows, ``slots``
+        along GS's (the scale words' layout)."""
         if WIDE:
             slot = slot.to(gl.int64)
+            slots = slots.to(gl.int64)
         ok = gl.expand_dims(slot >= 0, 1)
         base = gl.expand_dims(gl.maximum(slot, 0) * ROW, 1)
         c256 = gl.expand_dims(gl.arange(0, 256, layout=gl.SliceLayout(0, G)), 0)
@@ -448,21 +457,23 @@ if HAVE_GLUON:
         async_copy.async_copy_global_to_shared(r1, pool_ptr + base + 256 + c128, mask=ok & (c128 >= 0))
         async_copy.async_copy_global_to_shared(r2, pool_ptr + base + 384 + c64, mask=ok & (c64 >= 0))
         async_copy.async_copy_global_to_shared(rr, pool16_ptr + base // 2 + 224 + c64, mask=ok & (c64 >= 0))
-        ts = t0 + gl.arange(0, BT, layout=gl.SliceLayout(1, GS))
-        slots = gl.load(idx_ptr + row * K + ts, mask=ts < hi, other=-1)
-        if WIDE:
-            slots = slots.to(gl.int64)
         oks = gl.expand_dims(slots >= 0, 1)
         c8 = gl.expand_dims(gl.arange(0, 8, layout=gl.SliceLayout(0, GS)), 0)
         async_copy.async_copy_global_to_shared(rw, pool_ptr + gl.expand_dims(gl.maximum(slots, 0) * ROW, 1) + 576 + c8,
                                                mask=oks & (c8 >= 0))
 
     @gluon.jit
-    def _g_prefetch(pool_ptr, idx_ptr, row, K, t0, hi, BT: gl.constexpr, ROW: gl.constexpr, GS: gl.constexpr):
-        """:func:`_prefetch_rows` in Gluon: one ``prefetch.global.L2`` every 80 bytes of each row."""
-        t = t0 + gl.arange(0, BT, layout=gl.SliceLayout(1, GS))
-        slot = gl.load(idx_ptr + row * K + t, mask=t < hi, other=-1)
-        c8 = gl.expand_dims(gl.arange(0, 8, layout=gl.SliceLayout(0, GS)), 0)
+    def _g_fetch(pool_ptr, pool16_ptr, idx_ptr, row, K, t0, hi, r0, r1, r2, rr, rw, BT: gl.constexpr,
+                 ROW: gl.constexpr, G: gl.constexpr, GS: gl.constexpr, WIDE: gl.constexpr):
+        """:func:`_g_issue` for the tile ``t0 .. t0+BT``, its slot numbers loaded here."""
+        _g_issue(pool_ptr, pool16_ptr, _g_slots(idx_ptr, row, K, t0, hi, BT, gl.SliceLayout(1, G)),
+                 _g_slots(idx_ptr, row, K, t0, hi, BT, gl.SliceLayout(1, GS)), r0, r1, r2, rr, rw, ROW, G, GS, WIDE)
+
+    @gluon.jit
+    def _g_prefetch(pool_ptr, slot, ROW: gl.constexpr, PF: gl.constexpr):
+        """:func:`_prefetch_rows` in Gluon for a tile's slots (along PF's rows): one ``prefetch.global.L2``
+        every 80 bytes of each row."""
+        c8 = gl.expand_dims(gl.arange(0, 8, layout=gl.SliceLayout(0, PF)), 0)
         at = pool_ptr + gl.expand_dims(gl.maximum(slot, 0).to(gl.int64) * ROW, 1) + c8 * 80
         at = gl.where(gl.expand_dims(slot >= 0, 1), at, pool_ptr)
         gl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [at.to(gl.int64, bitcast=True)],
@@ -479,12 +490,19 @@ if HAVE_GLUON:
         return gl.reshape(v.to(gl.bfloat16), [BT, NT * 64])
 
     @gluon.jit
-    def _g_qpart(q_ptr, row, H, h0, dst, FIRST: gl.constexpr, N: gl.constexpr, BH: gl.constexpr, QL: gl.constexpr):
+    def _g_qpart(q_ptr, row, H, h0, dst, FIRST: gl.constexpr, N: gl.constexpr, BH: gl.constexpr, QL: gl.constexpr,
+                 QA: gl.constexpr):
+        """Columns ``FIRST .. FIRST+N`` of the block's q into ``dst``: through registers (a 16-bit q: bf16 as it
+        is, fp16 rounded to nearest even), or ``QA`` (a bf16 q) by cp.async, landing with the first tile's
+        gathers (a head past ``H`` fills zeros)."""
         hq = h0 + gl.arange(0, BH, layout=gl.SliceLayout(1, QL))
         cq = FIRST + gl.arange(0, N, layout=gl.SliceLayout(0, QL))
-        qv = gl.load(q_ptr + (row * H + gl.expand_dims(hq, 1)) * 512 + gl.expand_dims(cq, 0),
-                     mask=gl.expand_dims(hq < H, 1) & gl.expand_dims(cq >= 0, 0), other=0.0)
-        dst.store(qv.to(gl.bfloat16))  # a 16-bit q: bf16 as it is, fp16 rounded to nearest even
+        at = q_ptr + (row * H + gl.expand_dims(hq, 1)) * 512 + gl.expand_dims(cq, 0)
+        mask = gl.expand_dims(hq < H, 1) & gl.expand_dims(cq >= 0, 0)
+        if QA:
+            async_copy.async_copy_global_to_shared(dst, at, mask=mask)
+        else:
+            dst.store(gl.load(at, mask=mask, other=0.0).to(gl.bfloat16))
 
     @gluon.jit
     def _g_store(o_ptr, base, ho, H, x, inv, FIRST: gl.constexpr, N: gl.constexpr, L: gl.constexpr):
@@ -494,17 +512,48 @@ if HAVE_GLUON:
         gl.store(at, o.to(o_ptr.dtype.element_ty), mask=gl.expand_dims(ho < H, 1) & gl.expand_dims(co >= 0, 0))
 
     @gluon.jit
-    def _sparse_decode_gluon(q_ptr, pool_ptr, pool16_ptr, idx_ptr, sink_ptr, o_ptr, lse_ptr, K, H, qk_scale,
-                             SPLIT: gl.constexpr, STAGES: gl.constexpr, ROW: gl.constexpr, WIDE: gl.constexpr,
-                             L2PF: gl.constexpr, EARLY: gl.constexpr, LSUMW: gl.constexpr, LATE: gl.constexpr,
-                             ROT: gl.constexpr):
+    def _g_merge(part_ptr, lse_ptr, sink_ptr, o_ptr, row, h0, H, nsp, BH: gl.constexpr, MG: gl.constexpr):
+        """:func:`_merge` in Gluon for the fused combine (the row's last chunk merges), 16 heads at a time;
+        loads bypass L1 (other SMs wrote them)."""
+        c = gl.arange(0, 512, layout=gl.SliceLayout(0, MG))
+        for hb in gl.static_range(BH // 16):
+            h = h0 + hb * 16 + gl.arange(0, 16, layout=gl.SliceLayout(1, MG))
+            hm = h < H
+            m2 = gl.expand_dims(hm, 1) & gl.expand_dims(c >= 0, 0)
+            sink = gl.load(sink_ptr + h, mask=hm, other=0.0).to(gl.float32) * 1.4426950408889634
+            mx = sink
+            for sp in range(0, nsp):
+                mx = gl.maximum(mx, gl.load(lse_ptr + (row * nsp + sp) * H + h, mask=hm, other=-1e30,
+                                            cache_modifier=".cg"))
+            total = gl.exp2(sink - mx)
+            acc = gl.zeros([16, 512], gl.float32, layout=MG)
+            for sp in range(0, nsp):
+                base = (row * nsp + sp) * H + h
+                wt = gl.exp2(gl.load(lse_ptr + base, mask=hm, other=-1e30, cache_modifier=".cg") - mx)
+                total += wt
+                pv = gl.load(part_ptr + gl.expand_dims(base, 1) * 512 + gl.expand_dims(c, 0), mask=m2, other=0.0,
+                             cache_modifier=".cg")
+                acc += gl.expand_dims(wt, 1) * pv.to(gl.float32)
+            out = acc / gl.expand_dims(total, 1)
+            gl.store(o_ptr + (row * H + gl.expand_dims(h, 1)) * 512 + gl.expand_dims(c, 0),
+                     out.to(o_ptr.dtype.element_ty), mask=m2)
+
+    @gluon.jit
+    def _sparse_decode_gluon(q_ptr, pool_ptr, pool16_ptr, idx_ptr, sink_ptr, o_ptr, lse_ptr, K, H, qk_scale, fo_ptr,
+                             cnt_ptr, SPLIT: gl.constexpr, STAGES: gl.constexpr, ROW: gl.constexpr, WIDE: gl.constexpr,
+                             L2PF: gl.constexpr, EARLY: gl.constexpr, LSUMW: gl.constexpr, IDXA: gl.constexpr,
+                             FUSED: gl.constexpr, QA: gl.constexpr):
         """:func:`_sparse_decode_kernel`'s online softmax for sm90 with explicit shared memory: the raw bytes of
         the rows ``STAGES - 1`` tiles ahead are gathered by cp.async into a ring while this tile is
         dequantised; the dequantised tile (bf16, wgmma's swizzled layout, one buffer per part of the row so
         that the parts' stores need no barrier between them) feeds both warpgroups' score and value wgmma.
         Each warpgroup computes half of the score tile (32 slots) and half of every output part; p reaches
         the value MMAs through shared memory, and the value MMAs of a tile run while the next tile is
-        dequantised. Same roundings as the tl kernel (exact keys, bf16 p, fp32 accumulation)."""
+        dequantised. Same roundings as the tl kernel (exact keys, bf16 p, fp32 accumulation).
+
+        ``IDXA``: every slot number is loaded a trip before its use (the gathers', the L2 prefetch's, the
+        score mask's), so no address waits on a global load. ``FUSED`` (split): the row's last chunk to
+        finish merges the partials into ``fo_ptr`` (``cnt_ptr``: arrival counters, reset by the merger)."""
         BT: gl.constexpr = 64
         BH: gl.constexpr = 64
         row = gl.program_id(0).to(gl.int64)
@@ -519,10 +568,14 @@ if HAVE_GLUON:
         O2: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 32, 16])
         G: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [8, 1], [1, 0])
         GS: gl.constexpr = gl.BlockedLayout([1, 8], [32, 1], [2, 4], [1, 0])
-        PF: gl.constexpr = gl.BlockedLayout([1, 1], [4, 8], [8, 1], [1, 0])
+        PF: gl.constexpr = gl.BlockedLayout([1, 1], [4, 8], [8, 1], [1, 0])  # G's rows: its slots convert freely
         L3: gl.constexpr = gl.BlockedLayout([1, 1, 8], [4, 1, 8], [8, 1, 1], [2, 1, 0])
+        MG: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [8, 1], [1, 0])
         MMA_SL: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
         RAW: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
+        SG: gl.constexpr = gl.SliceLayout(1, G)
+        SGS: gl.constexpr = gl.SliceLayout(1, GS)
+        SM: gl.constexpr = gl.SliceLayout(0, S_L)
 
         q0 = gl.allocate_shared_memory(gl.bfloat16, [BH, 256], MMA_SL)
         q1 = gl.allocate_shared_memory(gl.bfloat16, [BH, 128], MMA_SL)
@@ -542,14 +595,26 @@ if HAVE_GLUON:
         nt = gl.cdiv(K, BT)  # tiles per row, dealt evenly to the chunks
         lo = (sp * nt // nsp) * BT
         hi = gl.minimum(((sp + 1) * nt // nsp) * BT, K)
-        for i in gl.static_range(STAGES - 1 + ROT):
-            _g_issue(pool_ptr, pool16_ptr, idx_ptr, row, K, lo + i * BT, hi, r0.index(i), r1.index(i), r2.index(i),
+        if QA:  # q's copies join the first tile's group
+            _g_qpart(q_ptr, row, H, h0, q0, 0, 256, BH, G, QA)
+            _g_qpart(q_ptr, row, H, h0, q1, 256, 128, BH, G, QA)
+            _g_qpart(q_ptr, row, H, h0, q2, 384, 64, BH, G, QA)
+            _g_qpart(q_ptr, row, H, h0, q3, 448, 64, BH, G, QA)
+        for i in gl.static_range(STAGES - 1):
+            _g_fetch(pool_ptr, pool16_ptr, idx_ptr, row, K, lo + i * BT, hi, r0.index(i), r1.index(i), r2.index(i),
                      rr.index(i), rw.index(i), BT, ROW, G, GS, WIDE)
             async_copy.commit_group()
-        _g_qpart(q_ptr, row, H, h0, q0, 0, 256, BH, G)
-        _g_qpart(q_ptr, row, H, h0, q1, 256, 128, BH, G)
-        _g_qpart(q_ptr, row, H, h0, q2, 384, 64, BH, G)
-        _g_qpart(q_ptr, row, H, h0, q3, 448, 64, BH, G)
+        if IDXA:  # the slot numbers of the next gather (and of the L2 prefetch a tile beyond it)
+            ns = _g_slots(idx_ptr, row, K, lo + (STAGES - 1) * BT, hi, BT, SG)
+            nss = _g_slots(idx_ptr, row, K, lo + (STAGES - 1) * BT, hi, BT, SGS)
+            if L2PF:
+                n2 = _g_slots(idx_ptr, row, K, lo + STAGES * BT, hi, BT, SG)
+            mslot = _g_slots(idx_ptr, row, K, lo, hi, BT, SM)
+        if not QA:
+            _g_qpart(q_ptr, row, H, h0, q0, 0, 256, BH, G, QA)
+            _g_qpart(q_ptr, row, H, h0, q1, 256, 128, BH, G, QA)
+            _g_qpart(q_ptr, row, H, h0, q2, 384, 64, BH, G, QA)
+            _g_qpart(q_ptr, row, H, h0, q3, 448, 64, BH, G, QA)
 
         hs = h0 + gl.arange(0, BH, layout=gl.SliceLayout(1, S_L))
         # the sink joins after the loop (unsplit) or in the combine (split)
@@ -564,84 +629,33 @@ if HAVE_GLUON:
         a1t = warpgroup_mma_init(gl.zeros([BH, 128], gl.float32, layout=O1))
         a2t = warpgroup_mma_init(gl.zeros([BH, 64], gl.float32, layout=O2))
         a3t = warpgroup_mma_init(gl.zeros([BH, 64], gl.float32, layout=O2))
-        ts_ = gl.arange(0, BT, layout=gl.SliceLayout(0, S_L))
         fence_async_shared()
         # at least one trip (an empty chunk's tile is all masked: it adds nothing): a loop the compiler
         # may skip gets a second path to the final MMA wait that writes the accumulators, and ptxas then
         # serialises every wgmma of the kernel
-        if ROT:
-            # rotated: a tile is dequantised at the end of the iteration before its own, right after the
-            # value MMAs of the tile before it went out, so the two overlap (the compiler cannot sink the
-            # dequantisation past the loop's back edge); the gathers run STAGES tiles ahead
-            async_copy.wait_group(STAGES - 1)
-            gl.thread_barrier()
-            w = rw.index(0)
-            k0 = _g_deq(r0.index(0), w.slice(0, 4, dim=1), 4, BT, L3)
-            k1 = _g_deq(r1.index(0), w.slice(4, 2, dim=1), 2, BT, L3)
-            for it in range(0, gl.maximum(gl.cdiv(hi - lo, BT), 1)):
-                t0 = lo + it * BT
-                cur = it % STAGES
-                a0, a1, a2, a3 = warpgroup_mma_wait(num_outstanding=0, deps=(a0t, a1t, a2t, a3t))
-                gl.thread_barrier()  # the last tile's value MMAs are done with the kv and p buffers
-                kv0.store(k0)
-                kv1.store(k1)
-                w = rw.index(cur)  # the rest of this tile (nope tile 6, rope) now
-                kv2.store(_g_deq(r2.index(cur), w.slice(6, 1, dim=1), 1, BT, L3))
-                kv3.store(rr.index(cur).load(G).to(gl.bfloat16, bitcast=True))
-                fence_async_shared()
-                gl.thread_barrier()  # and every thread is done with this tile's ring stage: refill it
-                _g_issue(pool_ptr, pool16_ptr, idx_ptr, row, K, t0 + STAGES * BT, hi, r0.index(cur), r1.index(cur),
-                         r2.index(cur), rr.index(cur), rw.index(cur), BT, ROW, G, GS, WIDE)
-                async_copy.commit_group()
-                if L2PF:
-                    _g_prefetch(pool_ptr, idx_ptr, row, K, t0 + (STAGES + 1) * BT, hi, BT, ROW, PF)
-                st = warpgroup_mma(q0, kv0.permute((1, 0)), s0, use_acc=False, is_async=True)
-                st = warpgroup_mma(q1, kv1.permute((1, 0)), st, is_async=True)
-                st = warpgroup_mma(q2, kv2.permute((1, 0)), st, is_async=True)
-                st = warpgroup_mma(q3, kv3.permute((1, 0)), st, is_async=True)
-                t = t0 + ts_
-                slot = gl.load(idx_ptr + row * K + t, mask=t < hi, other=-1)
-                s = warpgroup_mma_wait(num_outstanding=0, deps=(st,))
-                s = gl.where(gl.expand_dims(slot >= 0, 0), s * qk_scale, float("-inf"))
-                m_new = gl.maximum(m, gl.max(s, axis=1))
-                alpha = gl.exp2(m - m_new)
-                p = gl.exp2(s - gl.expand_dims(m_new, 1))
-                if LSUMW:
-                    aw = gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, lw.type.layout)), 1)
-                    lw = lw * aw + gl.sum(gl.reshape(p, [BH, 2, BT // 2]), axis=2)
-                else:
-                    lsum = lsum * alpha + gl.sum(p, axis=1)
-                m = m_new
-                p_s.store(p.to(gl.bfloat16))
-                fence_async_shared()
-                gl.thread_barrier()
-                a0 = a0 * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, O0)), 1)
-                a1 = a1 * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, O1)), 1)
-                al2 = gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, O2)), 1)
-                a2 = a2 * al2
-                a3 = a3 * al2
-                a0t = warpgroup_mma(p_s, kv0, a0, is_async=True)
-                a1t = warpgroup_mma(p_s, kv1, a1, is_async=True)
-                a2t = warpgroup_mma(p_s, kv2, a2, is_async=True)
-                a3t = warpgroup_mma(p_s, kv3, a3, is_async=True)
-                async_copy.wait_group(STAGES - 1)  # the next tile's rows (the one after it may still fly)
-                gl.thread_barrier()
-                nx = (it + 1) % STAGES  # the next tile's two wide parts, under the value MMAs
-                w = rw.index(nx)
-                k0 = _g_deq(r0.index(nx), w.slice(0, 4, dim=1), 4, BT, L3)
-                k1 = _g_deq(r1.index(nx), w.slice(4, 2, dim=1), 2, BT, L3)
-        for it in range(0, gl.maximum(gl.cdiv(hi - lo, BT), 1) * (1 - ROT)):
+        for it in range(0, gl.maximum(gl.cdiv(hi - lo, BT), 1)):
             t0 = lo + it * BT
             nxt = (it + STAGES - 1) % STAGES
-            if not LATE:  # the gathers STAGES - 1 tiles ahead go out first (LATE: under the score MMAs)
-                _g_issue(pool_ptr, pool16_ptr, idx_ptr, row, K, t0 + (STAGES - 1) * BT, hi, r0.index(nxt),
+            # the gathers STAGES - 1 tiles ahead go out first, then the L2 prefetch one tile further
+            if IDXA:
+                _g_issue(pool_ptr, pool16_ptr, ns, nss, r0.index(nxt), r1.index(nxt), r2.index(nxt), rr.index(nxt),
+                         rw.index(nxt), ROW, G, GS, WIDE)
+                async_copy.commit_group()
+                nss = _g_slots(idx_ptr, row, K, t0 + STAGES * BT, hi, BT, SGS)
+                if L2PF:
+                    _g_prefetch(pool_ptr, gl.convert_layout(n2, gl.SliceLayout(1, PF)), ROW, PF)
+                    ns = n2
+                    n2 = _g_slots(idx_ptr, row, K, t0 + (STAGES + 1) * BT, hi, BT, SG)
+                else:
+                    ns = _g_slots(idx_ptr, row, K, t0 + STAGES * BT, hi, BT, SG)
+            else:
+                _g_fetch(pool_ptr, pool16_ptr, idx_ptr, row, K, t0 + (STAGES - 1) * BT, hi, r0.index(nxt),
                          r1.index(nxt), r2.index(nxt), rr.index(nxt), rw.index(nxt), BT, ROW, G, GS, WIDE)
                 async_copy.commit_group()
-                if L2PF:  # and ask L2 for the rows one tile further ahead
-                    _g_prefetch(pool_ptr, idx_ptr, row, K, t0 + STAGES * BT, hi, BT, ROW, PF)
-                async_copy.wait_group(STAGES - 1)  # this thread's copies of this tile have landed
-            else:
-                async_copy.wait_group(STAGES - 2)
+                if L2PF:
+                    _g_prefetch(pool_ptr, _g_slots(idx_ptr, row, K, t0 + STAGES * BT, hi, BT, gl.SliceLayout(1, PF)),
+                                ROW, PF)
+            async_copy.wait_group(STAGES - 1)  # this thread's copies of this tile have landed
             gl.thread_barrier()  # and every thread's
             cur = it % STAGES
             w = rw.index(cur)
@@ -672,14 +686,11 @@ if HAVE_GLUON:
             st = warpgroup_mma(q1, kv1.permute((1, 0)), st, is_async=True)
             st = warpgroup_mma(q2, kv2.permute((1, 0)), st, is_async=True)
             st = warpgroup_mma(q3, kv3.permute((1, 0)), st, is_async=True)
-            if LATE:  # the ring stage of the tile before this one is free since its dequantisation
-                _g_issue(pool_ptr, pool16_ptr, idx_ptr, row, K, t0 + (STAGES - 1) * BT, hi, r0.index(nxt),
-                         r1.index(nxt), r2.index(nxt), rr.index(nxt), rw.index(nxt), BT, ROW, G, GS, WIDE)
-                async_copy.commit_group()
-                if L2PF:
-                    _g_prefetch(pool_ptr, idx_ptr, row, K, t0 + STAGES * BT, hi, BT, ROW, PF)
-            t = t0 + ts_
-            slot = gl.load(idx_ptr + row * K + t, mask=t < hi, other=-1)
+            if IDXA:
+                slot = mslot
+                mslot = _g_slots(idx_ptr, row, K, t0 + BT, hi, BT, SM)
+            else:
+                slot = _g_slots(idx_ptr, row, K, t0, hi, BT, SM)
             s = warpgroup_mma_wait(num_outstanding=0, deps=(st,))
             s = gl.where(gl.expand_dims(slot >= 0, 0), s * qk_scale, float("-inf"))
             m_new = gl.maximum(m, gl.max(s, axis=1))
@@ -725,6 +736,282 @@ if HAVE_GLUON:
         _g_store(o_ptr, base, h0 + gl.arange(0, BH, layout=gl.SliceLayout(1, O1)), H, a1, inv, 256, 128, O1)
         _g_store(o_ptr, base, h0 + gl.arange(0, BH, layout=gl.SliceLayout(1, O2)), H, a2, inv, 384, 64, O2)
         _g_store(o_ptr, base, h0 + gl.arange(0, BH, layout=gl.SliceLayout(1, O2)), H, a3, inv, 448, 64, O2)
+        if SPLIT and FUSED:
+            # every thread's partial is stored before one thread counts this chunk in (release); the chunk
+            # that counts last (acquire) merges the row's partials while they are in L2, and resets the counter
+            gl.thread_barrier()
+            cnt = cnt_ptr + row * gl.num_programs(2) + gl.program_id(2)
+            done = gl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
+            if done == nsp - 1:
+                _g_merge(o_ptr, lse_ptr, sink_ptr, fo_ptr, row, h0, H, nsp, BH, MG)
+                gl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")
+
+    # --- warp-specialised (sm90): a producer warpgroup gathers and dequantises, two consumer warpgroups
+    # run the MMAs and the softmax, double-buffered on mbarriers ---------------------------------------
+    #
+    # 32-slot tiles (shared memory: q 64 KB, two bf16 tiles 64 KB, the raw ring 18.6 KB a stage). Each
+    # consumer warpgroup computes the whole 64 × 32 score tile (the score MMAs run twice, once a warpgroup)
+    # so that its softmax needs nothing from the other one: p goes through the warpgroup's own shared
+    # buffer to its value MMA, which covers its half of the channels (0-255 or 256-511). The only per-tile
+    # synchronisation between partitions is the pair of mbarriers of each tile buffer (filled / released).
+
+    @gluon.jit
+    def _ws_deq(raw, sc, D: gl.constexpr):
+        """One 64-channel nope tile: ``raw`` [BT, 64] e4m3 bytes times 2^(``sc`` - 127) ([BT, 1] scale
+        bytes), exact in bf16."""
+        b = raw.load(D)
+        e = sc.load(D).to(gl.int32)
+        s = (e << 23).to(gl.float32, bitcast=True)
+        return (b.to(gl.float8e4nv, bitcast=True).to(gl.float32) * s).to(gl.bfloat16)
+
+    @gluon.jit
+    def _ws_producer(pool_ptr, pool16_ptr, idx_ptr, r0, r1, r2, rr, rw, kv, kv_ready, kv_empty, row, K, lo, hi,
+                     ROW: gl.constexpr, WIDE: gl.constexpr, L2PF: gl.constexpr, BT: gl.constexpr,
+                     STAGES: gl.constexpr, PID: gl.constexpr, NPROD: gl.constexpr):
+        """Producer ``PID`` of ``NPROD`` takes the tiles ``PID``, ``PID + NPROD``, ...: gathers their raw rows
+        ``STAGES - 1`` of its tiles ahead (cp.async into its own ring), then dequantises each into its bf16
+        buffer once both consumers have released it, and marks it filled."""
+        G: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+        GS: gl.constexpr = gl.BlockedLayout([1, 8], [32, 1], [1, 4], [1, 0])
+        PF: gl.constexpr = gl.BlockedLayout([1, 1], [4, 8], [4, 1], [1, 0])
+        D: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+        n = gl.maximum(gl.cdiv(hi - lo, BT), 1)
+        STEP: gl.constexpr = NPROD * BT
+        for c in gl.static_range(STAGES - 1):
+            _g_fetch(pool_ptr, pool16_ptr, idx_ptr, row, K, lo + PID * BT + c * STEP, hi, r0.index(c), r1.index(c),
+                     r2.index(c), rr.index(c), rw.index(c), BT, ROW, G, GS, WIDE)
+            async_copy.commit_group()
+        for k in range(0, gl.cdiv(n - PID, NPROD)):
+            i = PID + NPROD * k  # the tile
+            t0 = lo + i * BT
+            nxt = (k + STAGES - 1) % STAGES
+            _g_fetch(pool_ptr, pool16_ptr, idx_ptr, row, K, t0 + (STAGES - 1) * STEP, hi, r0.index(nxt), r1.index(nxt),
+                     r2.index(nxt), rr.index(nxt), rw.index(nxt), BT, ROW, G, GS, WIDE)
+            async_copy.commit_group()
+            if L2PF:
+                _g_prefetch(pool_ptr, _g_slots(idx_ptr, row, K, t0 + STAGES * STEP, hi, BT, gl.SliceLayout(1, PF)),
+                            ROW, PF)
+            async_copy.wait_group(STAGES - 1)  # this thread's copies of tile i have landed
+            gl.thread_barrier()  # and every thread's of this producer
+            cur = k % STAGES
+            b = i % 2
+            mbarrier.wait(kv_empty.index(b), ((i // 2) & 1) ^ 1)  # both consumers are done with the buffer
+            w = rw.index(cur)
+            for j in gl.static_range(4):
+                kv[j].index(b).store(_ws_deq(r0.index(cur).slice(64 * j, 64, dim=1), w.slice(j, 1, dim=1), D))
+            for j in gl.static_range(2):
+                kv[4 + j].index(b).store(_ws_deq(r1.index(cur).slice(64 * j, 64, dim=1), w.slice(4 + j, 1, dim=1),
+                                                 D))
+            kv[6].index(b).store(_ws_deq(r2.index(cur), w.slice(6, 1, dim=1), D))
+            kv[7].index(b).store(rr.index(cur).load(D).to(gl.bfloat16, bitcast=True))
+            fence_async_shared()  # the stores before the consumers' MMAs read them
+            gl.thread_barrier()
+            mbarrier.arrive(kv_ready.index(b))
+        async_copy.wait_group(0)
+
+    @gluon.jit
+    def _ws_consumer(q_ptr, q_s, q_ready, p_s, kv, kv_ready, kv_empty, xs, x_ready, idx_ptr, sink_ptr, o_ptr, lse_ptr,
+                     row, sp, nsp, h0, K, H, lo, hi, qk_scale, PART: gl.constexpr, SPLIT: gl.constexpr,
+                     BT: gl.constexpr, KSPLIT: gl.constexpr, LAZY: gl.constexpr, QA: gl.constexpr):
+        """One warpgroup's online softmax over the chunk: the whole score tile (``KSPLIT``: its half of the
+        channels, the other half from the other warpgroup through ``xs``), then the value MMA of its half of
+        the channels (``PART`` 0: 0-255, 1: 256-511); writes that half."""
+        BH: gl.constexpr = 64
+        S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
+        O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
+        SM: gl.constexpr = gl.SliceLayout(0, S_L)
+        QL: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+        J0: gl.constexpr = 4 * PART  # this warpgroup's four 64-channel tiles
+        # this warpgroup's half of q (while the producer's first gathers fly), then the other's
+        for c in gl.static_range(2):
+            _g_qpart(q_ptr, row, H, h0, q_s.slice(256 * PART + 128 * c, 128, dim=1), 256 * PART + 128 * c, 128, BH,
+                     QL, QA)
+        if QA:
+            async_copy.commit_group()
+            async_copy.wait_group(0)
+        fence_async_shared()
+        gl.thread_barrier()
+        mbarrier.arrive(q_ready.index(0))
+        n = gl.maximum(gl.cdiv(hi - lo, BT), 1)
+        hs = h0 + gl.arange(0, BH, layout=gl.SliceLayout(1, S_L))
+        m = gl.full([BH], -1e30, gl.float32, layout=gl.SliceLayout(1, S_L))  # finite: an empty chunk stays NaN-free
+        lsum = gl.zeros([BH], gl.float32, layout=gl.SliceLayout(1, S_L))
+        s0 = gl.zeros([BH, BT], gl.float32, layout=S_L)
+        a0t = warpgroup_mma_init(gl.zeros([BH, 64], gl.float32, layout=O_L))
+        a1t = warpgroup_mma_init(gl.zeros([BH, 64], gl.float32, layout=O_L))
+        a2t = warpgroup_mma_init(gl.zeros([BH, 64], gl.float32, layout=O_L))
+        a3t = warpgroup_mma_init(gl.zeros([BH, 64], gl.float32, layout=O_L))
+        mslot = _g_slots(idx_ptr, row, K, lo, hi, BT, SM)
+        ps = p_s.index(PART)
+        mbarrier.wait(q_ready.index(0), 0)
+        for i in range(0, n):
+            t0 = lo + i * BT
+            b = i % 2
+            slot = mslot  # loaded a trip ahead
+            mslot = _g_slots(idx_ptr, row, K, t0 + BT, hi, BT, SM)
+            mbarrier.wait(kv_ready.index(b), (i // 2) & 1)
+            if KSPLIT:  # this warpgroup's half of the channels
+                st = warpgroup_mma(q_s.slice(64 * J0, 64, dim=1), kv[J0].index(b).permute((1, 0)), s0,
+                                   use_acc=False, is_async=True)
+                for j in gl.static_range(1, 4):
+                    st = warpgroup_mma(q_s.slice(64 * (J0 + j), 64, dim=1), kv[J0 + j].index(b).permute((1, 0)),
+                                       st, is_async=True)
+            else:
+                st = warpgroup_mma(q_s.slice(0, 64, dim=1), kv[0].index(b).permute((1, 0)), s0, use_acc=False,
+                                   is_async=True)
+                for j in gl.static_range(1, 8):
+                    st = warpgroup_mma(q_s.slice(64 * j, 64, dim=1), kv[j].index(b).permute((1, 0)), st,
+                                       is_async=True)
+            s, a0, a1, a2, a3 = warpgroup_mma_wait(num_outstanding=0, deps=(st, a0t, a1t, a2t, a3t))
+            gl.thread_barrier()  # every warp of this warpgroup is past the last tile's value MMAs
+            mbarrier.arrive(kv_empty.index(1 - b), pred=i > 0)
+            if KSPLIT:  # the halves meet in shared memory (a + b == b + a: both warpgroups get the same bits)
+                xs.index(2 * b + PART).store(s)
+                gl.thread_barrier()
+                mbarrier.arrive(x_ready.index(b))
+                mbarrier.wait(x_ready.index(b), (i // 2) & 1)
+                s = s + xs.index(2 * b + 1 - PART).load(S_L)
+            s = gl.where(gl.expand_dims(slot >= 0, 0), s * qk_scale, float("-inf"))
+            m_new = gl.maximum(m, gl.max(s, axis=1))
+            if LAZY:  # rescale only when some head's max grew past 2^8 (p stays <= 256; both warpgroups agree)
+                if gl.max(m_new - m, axis=0) > 8.0:
+                    alpha = gl.exp2(m - m_new)
+                    lsum = lsum * alpha
+                    al = gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, O_L)), 1)
+                    a0 = a0 * al
+                    a1 = a1 * al
+                    a2 = a2 * al
+                    a3 = a3 * al
+                    m = m_new
+                p = gl.exp2(s - gl.expand_dims(m, 1))
+                lsum = lsum + gl.sum(p, axis=1)
+            else:
+                alpha = gl.exp2(m - m_new)
+                p = gl.exp2(s - gl.expand_dims(m_new, 1))
+                lsum = lsum * alpha + gl.sum(p, axis=1)
+                m = m_new
+                # every accumulator rescaled before the first value MMA goes out (an instruction writing an
+                # accumulator among the MMAs would make ptxas serialise them)
+                al = gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, O_L)), 1)
+                a0 = a0 * al
+                a1 = a1 * al
+                a2 = a2 * al
+                a3 = a3 * al
+            # p through this warpgroup's own shared buffer (an async MMA with p in registers makes ptxas
+            # serialise every wgmma for want of registers)
+            ps.store(p.to(gl.bfloat16))
+            fence_async_shared()
+            gl.thread_barrier()
+            a0t = warpgroup_mma(ps, kv[J0].index(b), a0, is_async=True)
+            a1t = warpgroup_mma(ps, kv[J0 + 1].index(b), a1, is_async=True)
+            a2t = warpgroup_mma(ps, kv[J0 + 2].index(b), a2, is_async=True)
+            a3t = warpgroup_mma(ps, kv[J0 + 3].index(b), a3, is_async=True)
+        a0, a1, a2, a3 = warpgroup_mma_wait(num_outstanding=0, deps=(a0t, a1t, a2t, a3t))
+        if SPLIT:
+            empty = lsum == 0.0
+            inv = 1.0 / gl.where(empty, 1.0, lsum)
+            if PART == 0:
+                lse = gl.where(empty, -1e30, m + gl.log2(gl.where(empty, 1.0, lsum)))
+                gl.store(lse_ptr + (row * nsp + sp) * H + hs, lse, mask=hs < H)
+            base = (row * nsp + sp) * H
+        else:
+            sink = gl.load(sink_ptr + hs, mask=hs < H, other=0.0).to(gl.float32) * 1.4426950408889634
+            mx = gl.maximum(m, sink)
+            keep = gl.exp2(m - mx)
+            inv = keep / (lsum * keep + gl.exp2(sink - mx))
+            base = row * H
+        ho = h0 + gl.arange(0, BH, layout=gl.SliceLayout(1, O_L))
+        _g_store(o_ptr, base, ho, H, a0, inv, 64 * J0, 64, O_L)
+        _g_store(o_ptr, base, ho, H, a1, inv, 64 * J0 + 64, 64, O_L)
+        _g_store(o_ptr, base, ho, H, a2, inv, 64 * J0 + 128, 64, O_L)
+        _g_store(o_ptr, base, ho, H, a3, inv, 64 * J0 + 192, 64, O_L)
+
+    @gluon.jit
+    def _sparse_decode_ws(q_ptr, pool_ptr, pool16_ptr, idx_ptr, sink_ptr, o_ptr, lse_ptr, K, H, qk_scale, fo_ptr,
+                          cnt_ptr, SPLIT: gl.constexpr, STAGES: gl.constexpr, ROW: gl.constexpr, WIDE: gl.constexpr,
+                          L2PF: gl.constexpr, FUSED: gl.constexpr, QA: gl.constexpr, KSPLIT: gl.constexpr,
+                          LAZY: gl.constexpr, NPROD: gl.constexpr, CREGS: gl.constexpr, PREGS: gl.constexpr):
+        """:func:`_sparse_decode_gluon`'s math, warp-specialised: this launch's 4 warps run the producer
+        (``NPROD`` 2: the first of two; the second gets ``PREGS`` registers), two consumer warpgroups
+        (``CREGS`` registers each) join them. Each consumer loads half of q while the producer's first
+        gathers fly. Chunks are cut in 64-slot tiles, as for the other kernels."""
+        BT: gl.constexpr = 32
+        BH: gl.constexpr = 64
+        row = gl.program_id(0).to(gl.int64)
+        sp = gl.program_id(1)
+        nsp = gl.num_programs(1)
+        h0 = gl.program_id(2) * BH
+        MG: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [4, 1], [1, 0])
+        MMA_SL: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+        P_SL: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=16, rank=2)
+        RAW: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
+        q_s = gl.allocate_shared_memory(gl.bfloat16, [BH, 512], MMA_SL)
+        # the two bf16 tile buffers, one allocation a 64-channel tile (stores to slices of one allocation would
+        # put a barrier between them)
+        kv = (gl.allocate_shared_memory(gl.bfloat16, [2, BT, 64], MMA_SL),
+              gl.allocate_shared_memory(gl.bfloat16, [2, BT, 64], MMA_SL),
+              gl.allocate_shared_memory(gl.bfloat16, [2, BT, 64], MMA_SL),
+              gl.allocate_shared_memory(gl.bfloat16, [2, BT, 64], MMA_SL),
+              gl.allocate_shared_memory(gl.bfloat16, [2, BT, 64], MMA_SL),
+              gl.allocate_shared_memory(gl.bfloat16, [2, BT, 64], MMA_SL),
+              gl.allocate_shared_memory(gl.bfloat16, [2, BT, 64], MMA_SL),
+              gl.allocate_shared_memory(gl.bfloat16, [2, BT, 64], MMA_SL))
+        p_s = gl.allocate_shared_memory(gl.bfloat16, [2, BH, BT], P_SL)  # one p buffer a consumer
+        r0 = gl.allocate_shared_memory(gl.uint8, [STAGES, BT, 256], RAW)
+        r1 = gl.allocate_shared_memory(gl.uint8, [STAGES, BT, 128], RAW)
+        r2 = gl.allocate_shared_memory(gl.uint8, [STAGES, BT, 64], RAW)
+        rr = gl.allocate_shared_memory(gl.int16, [STAGES, BT, 64], RAW)
+        rw = gl.allocate_shared_memory(gl.uint8, [STAGES, BT, 8], RAW)
+        # KSPLIT: each consumer's half of the scores, by tile parity (else a token buffer)
+        xs = gl.allocate_shared_memory(gl.float32, [4, BH, BT] if KSPLIT else [1, 1, 1], RAW)
+        kv_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        kv_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        x_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(2):
+            mbarrier.init(kv_ready.index(i), count=1)
+            mbarrier.init(kv_empty.index(i), count=2)  # both consumer warpgroups release a buffer
+            mbarrier.init(x_ready.index(i), count=2)  # both halves of a tile's scores are there
+        nt = gl.cdiv(K, 64)  # 64-slot tiles per row, dealt evenly to the chunks
+        lo = (sp * nt // nsp) * 64
+        hi = gl.minimum(((sp + 1) * nt // nsp) * 64, K)
+        q_ready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(q_ready.index(0), count=2)  # both consumers' halves of q
+        # the launch's own warps run the (first) producer; the two consumers are workers with CREGS registers
+        # each (as is a second producer, with PREGS): the producer is left with the rest
+        if NPROD == 2:  # two producers, each with its own ring, take alternate tiles (one tile buffer each)
+            s0 = gl.allocate_shared_memory(gl.uint8, [STAGES, BT, 256], RAW)
+            s1 = gl.allocate_shared_memory(gl.uint8, [STAGES, BT, 128], RAW)
+            s2 = gl.allocate_shared_memory(gl.uint8, [STAGES, BT, 64], RAW)
+            sr = gl.allocate_shared_memory(gl.int16, [STAGES, BT, 64], RAW)
+            sw = gl.allocate_shared_memory(gl.uint8, [STAGES, BT, 8], RAW)
+            gl.warp_specialize([
+                (_ws_producer, (pool_ptr, pool16_ptr, idx_ptr, r0, r1, r2, rr, rw, kv, kv_ready, kv_empty, row, K, lo,
+                                hi, ROW, WIDE, L2PF, BT, STAGES, 0, 2)),
+                (_ws_consumer, (q_ptr, q_s, q_ready, p_s, kv, kv_ready, kv_empty, xs, x_ready, idx_ptr, sink_ptr, o_ptr,
+                                lse_ptr, row, sp, nsp, h0, K, H, lo, hi, qk_scale, 0, SPLIT, BT, KSPLIT, LAZY, QA)),
+                (_ws_consumer, (q_ptr, q_s, q_ready, p_s, kv, kv_ready, kv_empty, xs, x_ready, idx_ptr, sink_ptr, o_ptr,
+                                lse_ptr, row, sp, nsp, h0, K, H, lo, hi, qk_scale, 1, SPLIT, BT, KSPLIT, LAZY, QA)),
+                (_ws_producer, (pool_ptr, pool16_ptr, idx_ptr, s0, s1, s2, sr, sw, kv, kv_ready, kv_empty, row, K, lo,
+                                hi, ROW, WIDE, L2PF, BT, STAGES, 1, 2)),
+            ], [4, 4, 4], [CREGS, CREGS, PREGS])
+        else:
+            gl.warp_specialize([
+                (_ws_producer, (pool_ptr, pool16_ptr, idx_ptr, r0, r1, r2, rr, rw, kv, kv_ready, kv_empty, row, K, lo,
+                                hi, ROW, WIDE, L2PF, BT, STAGES, 0, 1)),
+                (_ws_consumer, (q_ptr, q_s, q_ready, p_s, kv, kv_ready, kv_empty, xs, x_ready, idx_ptr, sink_ptr, o_ptr,
+                                lse_ptr, row, sp, nsp, h0, K, H, lo, hi, qk_scale, 0, SPLIT, BT, KSPLIT, LAZY, QA)),
+                (_ws_consumer, (q_ptr, q_s, q_ready, p_s, kv, kv_ready, kv_empty, xs, x_ready, idx_ptr, sink_ptr, o_ptr,
+                                lse_ptr, row, sp, nsp, h0, K, H, lo, hi, qk_scale, 1, SPLIT, BT, KSPLIT, LAZY, QA)),
+            ], [4, 4], [CREGS, CREGS])
+        if SPLIT and FUSED:
+            # every partition's partial is stored (the partitions have joined) before one thread counts this
+            # chunk in (release); the chunk that counts last (acquire) merges the row and resets the counter
+            gl.thread_barrier()
+            cnt = cnt_ptr + row * gl.num_programs(2) + gl.program_id(2)
+            done = gl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
+            if done == nsp - 1:
+                _g_merge(o_ptr, lse_ptr, sink_ptr, fo_ptr, row, h0, H, nsp, BH, MG)
+                gl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")
 
 
 def sparse_mla_decode(q: torch.Tensor, pool: torch.Tensor, indices: torch.Tensor, sinks: torch.Tensor, scale: float,
@@ -766,15 +1053,24 @@ def sparse_mla_decode(q: torch.Tensor, pool: torch.Tensor, indices: torch.Tensor
         al = (qc.data_ptr() | pools[0].data_ptr() | idx.data_ptr() | sk.data_ptr() | o.data_ptr()) & 15 == 0
     if args["GLUON"]:
         gargs = {"SPLIT": n_split > 1, "STAGES": args["num_stages"], "ROW": TOKEN_BYTES, "WIDE": args["WIDE"],
-                 "L2PF": bool(args["L2PF"]), "EARLY": args["EARLY"], "LSUMW": args["LSUMW"],
-                 "LATE": args["LATE"], "ROT": args["ROT"], "num_warps": 8}
+                 "L2PF": bool(args["L2PF"]), "EARLY": args["EARLY"], "LSUMW": args["LSUMW"], "IDXA": args["IDXA"],
+                 "FUSED": args["FUSED"], "QA": args["QA"], "KSPLIT": args["KSPLIT"],
+                 "LAZY": args["LAZY"], "num_warps": 8}
+        kernel = _sparse_decode_gluon
+        if args["WS"]:  # 4 warps launched (the first consumer), 8 more in the partitions: 168 registers a thread
+            kernel = _sparse_decode_ws
+            regs = WS_REGS[args["NPROD"]]
+            gargs.update(num_warps=4, maxnreg=regs[0], CREGS=regs[1], PREGS=regs[2], NPROD=args["NPROD"])
         if n_split == 1:
-            _launch(_sparse_decode_gluon, fast and (fast, 4, al), grid, (qc, pools[0], pools[1], idx, sk, o, sk, k, h,
-                    qk), gargs)
+            _launch(kernel, fast and (fast, 4, al), grid, (qc, pools[0], pools[1], idx, sk, o, sk, k, h,
+                    qk, o, idx), gargs)
             return o
         part, lse, _, _ = _workspace(dev, n_part, n_lse, 0, 0, part_bf16, args["LOW"])
-        _launch(_sparse_decode_gluon, fast and (fast, 5, al), grid, (qc, pools[0], pools[1], idx, sk, part, lse, k, h,
-                qk), gargs)
+        cnt = _counters(dev, b * grid[2]) if args["FUSED"] else idx
+        _launch(kernel, fast and (fast, 5, al), grid, (qc, pools[0], pools[1], idx, sk, part, lse, k, h,
+                qk, o, cnt), gargs)
+        if args["FUSED"]:
+            return o
         _launch(_combine_kernel, fast and (fast, 3, al), (b, -(-h // 8), 1), (part, lse, sk, o, h, n_split),
                 {"num_warps": 4}, BLOCK_H=8, EXACT=False)
         return o
@@ -798,7 +1094,11 @@ def sparse_mla_decode(q: torch.Tensor, pool: torch.Tensor, indices: torch.Tensor
 
 
 _COMPILED: dict[tuple, tuple] = {}
-_OPTIONS = ("num_warps", "num_stages")
+_OPTIONS = ("num_warps", "num_stages", "maxnreg")
+# the warp-specialised kernel's registers a thread, by its producer count: at launch (12 or 16 warps in one
+# 64K register file), then each consumer warpgroup's and the second producer's (the first producer gets the
+# rest: warpgroups x launch count - the others)
+WS_REGS = {1: (168, 208, 0), 2: (128, 208, 48)}
 
 
 def _launch(fn, key, grid, pos: tuple, args: dict, **more) -> None:
@@ -841,8 +1141,11 @@ def _plan(b: int, h: int, k: int, dtype: torch.dtype, dev_type: str, dev_index: 
     args["GLUON"] = use_gluon(cfg, cap, low, interp)
     args["EARLY"] = min(4, max(1, cfg.early_parts))
     args["LSUMW"] = cfg.wg_sums
-    args["LATE"] = cfg.late_issue
-    args["ROT"] = cfg.rotated
+    args["IDXA"] = cfg.idx_ahead
+    args["QA"] = cfg.q_async and dtype == torch.bfloat16
+    args["WS"] = cfg.warp_spec
+    args["KSPLIT"] = cfg.score_split
+    args["NPROD"] = 2 if cfg.producers > 1 else 1
     progs = b * n_split * hb
     n_part, n_lse = (b * n_split * h * 512, b * n_split * h) if n_split > 1 else (0, 0)
     n_p, n_m = (2 * progs * cfg.block_h * bt, 2 * progs * cfg.block_h) if cfg.xchg and not args["GLUON"] else (0, 0)

@@ -249,20 +249,47 @@ def _sm90() -> bool:
     (2, 16, 130, 2, torch.float16, False, {"l2_prefetch": 1}),  # fewer heads than the block; fp16 q
     (4, 64, 640, 4, torch.bfloat16, False, {"early_parts": 2, "wg_sums": True}),  # V4-Flash's row
     (2, 64, 100, 5, torch.bfloat16, True, {"wg_sums": True}),  # more chunks than tiles: capped
-    (3, 64, 300, 1, torch.bfloat16, True, {"late_issue": True, "l2_prefetch": 1}),  # gathers under the MMAs
-    (3, 72, 330, 2, torch.bfloat16, True, {"rotated": True}),  # each tile dequantised a trip early
-    (2, 64, 40, 1, torch.float16, False, {"rotated": True, "l2_prefetch": 1}),  # one partial tile
-    (2, 64, 640, 3, torch.bfloat16, True, {"rotated": True, "wg_sums": True}),
+    (3, 64, 300, 1, torch.bfloat16, True, {"idx_ahead": True, "l2_prefetch": 1}),  # slot numbers a trip ahead
+    (3, 72, 330, 2, torch.bfloat16, True, {"idx_ahead": True}),  # ahead without the L2 prefetch; chunks
+    (2, 64, 40, 1, torch.float16, False, {"q_async": True, "idx_ahead": True}),  # fp16 q keeps the register path
+    (4, 64, 640, 4, torch.bfloat16, True, {"fused_combine": True, "l2_prefetch": 1}),  # the last chunk merges
+    (3, 72, 330, 5, torch.bfloat16, False, {"fused_combine": True, "q_async": True, "idx_ahead": True,
+                                            "l2_prefetch": 1}),  # two head blocks, each its own counter
 ])
 def test_gluon_kernel_matches_the_reference(b, h, k, n_split, dtype, wide, knobs):
+    _check_gluon(b, h, k, n_split, dtype, wide, knobs)
+
+
+@pytest.mark.skipif(not _sm90(), reason="the Gluon kernel is sm90-only (wgmma); CPU and other parts run tl")
+@pytest.mark.parametrize("b, h, k, n_split, dtype, wide, knobs", [
+    (2, 64, 70, 1, torch.bfloat16, False, {"num_stages": 3}),  # one chunk, a partial tile, the sink in the kernel
+    (3, 72, 330, 2, torch.bfloat16, True, {"num_stages": 3, "l2_prefetch": 1, "lazy": False}),  # two head blocks
+    (2, 16, 130, 2, torch.float16, False, {"num_stages": 2, "lazy": False}),  # fewer heads than the block; fp16 q
+    (4, 64, 640, 4, torch.bfloat16, True, {"num_stages": 3, "fused_combine": True, "q_async": True, "lazy": False}),
+    (2, 64, 100, 5, torch.bfloat16, False, {"num_stages": 3, "fused_combine": True}),  # more chunks than tiles
+    (4, 64, 640, 4, torch.bfloat16, True, {"num_stages": 3, "score_split": True, "lazy": False}),  # halves meet
+    (3, 72, 200, 1, torch.float16, False, {"num_stages": 2, "score_split": True, "l2_prefetch": 1}),  # lazy rescale
+    (3, 72, 330, 2, torch.bfloat16, True, {"num_stages": 1, "score_split": True, "producers": 2, "lazy": False}),
+    (4, 64, 640, 4, torch.bfloat16, False, {"num_stages": 1, "score_split": True, "producers": 2,
+                                            "fused_combine": True, "l2_prefetch": 1}),  # two producers, alternate tiles
+    (2, 64, 40, 1, torch.bfloat16, False, {"num_stages": 2, "producers": 2}),  # one tile: the second producer idles
+])
+def test_warp_specialised_kernel_matches_the_reference(b, h, k, n_split, dtype, wide, knobs):
+    _check_gluon(b, h, k, n_split, dtype, wide, {"warp_spec": True, **knobs})
+
+
+def _check_gluon(b, h, k, n_split, dtype, wide, knobs):
     inp = _case(b, h, k, "cuda", seed=50 + k, pages=64, dtype=dtype)
     inp["indices"][-1] = -1  # a row with only the sink
     if wide:
         inp["q"] = (inp["q"].float() * 60).to(dtype)
     ref = sparse_mla_decode_ref(**{**inp, "q": inp["q"].bfloat16()}).to(dtype)
-    out = sparse_mla_decode(**inp, config=SparseConfig(64, 64, n_split, 8, 2, gluon=True, **knobs))
+    cfg = dataclasses.replace(SparseConfig(64, 64, n_split, 8, 2, gluon=True), **knobs)
+    out = sparse_mla_decode(**inp, config=cfg)
     assert torch.isfinite(out.float()).all() and out[-1].abs().max() == 0
     assert gemm_diff(out, ref).value < 2e-5
+    # a second call gives the same bits (the fused merge's counters were reset by the first)
+    assert torch.equal(sparse_mla_decode(**inp, config=cfg), out)
 
 
 def test_gluon_launch_passes_every_constant_and_merges_splits(monkeypatch):
@@ -279,13 +306,14 @@ def test_gluon_launch_passes_every_constant_and_merges_splits(monkeypatch):
         def __getitem__(self, grid):
             def run(*a, **kw):
                 consts = [n for n in self.arg_names[len(a):]]
-                assert sorted(n for n in kw if n not in ("num_warps", "num_stages")) == sorted(consts), (self.name, kw)
+                assert sorted(n for n in kw if n not in ("num_warps", "num_stages", "maxnreg")) == sorted(consts), (self.name, kw)
                 calls.append((self.name, grid, kw))
             return run
 
     if not sm.HAVE_GLUON:
         pytest.skip("this Triton has no Gluon")
     monkeypatch.setattr(sm, "_sparse_decode_gluon", Jit(sm._sparse_decode_gluon, "gluon"))
+    monkeypatch.setattr(sm, "_sparse_decode_ws", Jit(sm._sparse_decode_ws, "ws"))
     monkeypatch.setattr(sm, "_combine_kernel", Jit(sm._combine_kernel, "combine"))
     monkeypatch.setattr(sm, "_INTERP", False)
     monkeypatch.setattr(sm, "capability", lambda dev: (9, 0))
@@ -294,15 +322,37 @@ def test_gluon_launch_passes_every_constant_and_merges_splits(monkeypatch):
     sm._plan.cache_clear()
     try:
         inp = _case(4, 64, 256, "cpu", seed=41)
-        cfg = SparseConfig(64, 64, 2, 8, 2, gluon=True, rotated=True, l2_prefetch=1)
+        cfg = SparseConfig(64, 64, 2, 8, 2, gluon=True, idx_ahead=True, q_async=True, l2_prefetch=1)
         sparse_mla_decode(**inp, config=cfg)
         assert [c[0] for c in calls] == ["gluon", "combine"]
         g = calls[0][2]
-        assert g["SPLIT"] is True and g["ROT"] is True and g["L2PF"] is True and g["num_warps"] == 8
+        assert g["SPLIT"] is True and g["IDXA"] is True and g["L2PF"] is True and g["num_warps"] == 8
+        assert g["QA"] is True and g["FUSED"] is False  # a bf16 q may be copied as it is
         assert calls[0][1] == (4, 2, 1)
         calls.clear()
         sparse_mla_decode(**inp, config=dataclasses.replace(cfg, n_split=1))
         assert [c[0] for c in calls] == ["gluon"] and calls[0][2]["SPLIT"] is False
+        calls.clear()
+        sparse_mla_decode(**inp, config=dataclasses.replace(cfg, fused_combine=True))  # the last chunk merges
+        assert [c[0] for c in calls] == ["gluon"] and calls[0][2]["FUSED"] is True
+        calls.clear()
+        sparse_mla_decode(**{**inp, "q": inp["q"].half()}, config=cfg)  # fp16 rounds through registers
+        assert calls[0][2]["QA"] is False
+        calls.clear()
+        sparse_mla_decode(**inp, config=dataclasses.replace(cfg, warp_spec=True, num_stages=3, fused_combine=True))
+        assert [c[0] for c in calls] == ["ws"]  # the warp-specialised kernel, its last chunk merging
+        g = calls[0][2]
+        assert g["num_warps"] == 4 and g["STAGES"] == 3 and g["FUSED"] is True and g["NPROD"] == 1
+        for nprod in (1, 2):
+            if nprod == 2:
+                calls.clear()
+                sparse_mla_decode(**inp, config=dataclasses.replace(cfg, warp_spec=True, producers=2))
+                g = calls[0][2]
+            assert (g["maxnreg"], g["CREGS"], g["PREGS"]) == sm.WS_REGS[nprod] and g["NPROD"] == nprod
+            # 4 + 4 + 4 nprod warps fit the 64K register file at launch, and the first producer keeps at least
+            # the 24 registers a warpgroup can hold after the consumers' (and a second producer's) share
+            assert (2 + nprod) * 128 * g["maxnreg"] <= 65536
+            assert (2 + nprod) * g["maxnreg"] - 2 * g["CREGS"] - (nprod - 1) * g["PREGS"] >= 24
     finally:
         sm._plan.cache_clear()
 
@@ -312,11 +362,11 @@ def test_sm90_default_takes_the_gluon_kernel_when_chosen(monkeypatch):
     and one-wave chunking; other parts keep the tl exchange kernel."""
     import kernels.sparse_mla as sm
 
-    monkeypatch.setattr(sm, "GLUON_DEFAULT", {"rotated": True})
+    monkeypatch.setattr(sm, "GLUON_DEFAULT", {"idx_ahead": True})
     monkeypatch.setattr(sm, "HAVE_GLUON", True)
     for b, splits in ((32, 4), (64, 2), (128, 1)):
         cfg = sparse_config(b, 64, 640, (9, 0), True, 132)
-        assert cfg.gluon and cfg.rotated and (cfg.block_h, cfg.block_t, cfg.n_split) == (64, 64, splits)
+        assert cfg.gluon and cfg.idx_ahead and (cfg.block_h, cfg.block_t, cfg.n_split) == (64, 64, splits)
         assert sm.use_gluon(cfg, (9, 0), True, False)
     for cap in ((12, 0), (8, 0)):
         assert not sparse_config(32, 64, 640, cap).gluon and sparse_config(32, 64, 640, cap).xchg
