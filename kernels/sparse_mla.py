@@ -767,10 +767,11 @@ if HAVE_GLUON:
     @gluon.jit
     def _ws_producer(pool_ptr, pool16_ptr, idx_ptr, r0, r1, r2, rr, rw, kv, kv_ready, kv_empty, row, K, lo, hi,
                      ROW: gl.constexpr, WIDE: gl.constexpr, L2PF: gl.constexpr, BT: gl.constexpr,
-                     STAGES: gl.constexpr, PID: gl.constexpr, NPROD: gl.constexpr):
+                     STAGES: gl.constexpr, PID: gl.constexpr, NPROD: gl.constexpr, IDXA: gl.constexpr):
         """Producer ``PID`` of ``NPROD`` takes the tiles ``PID``, ``PID + NPROD``, ...: gathers their raw rows
-        ``STAGES - 1`` of its tiles ahead (cp.async into its own ring), then dequantises each into its bf16
-        buffer once both consumers have released it, and marks it filled."""
+        ``STAGES - 1`` of its tiles ahead (cp.async into its own ring; ``IDXA``: their slot numbers loaded a
+        trip before), then dequantises each into its bf16 buffer once both consumers have released it, and
+        marks it filled."""
         G: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
         GS: gl.constexpr = gl.BlockedLayout([1, 8], [32, 1], [1, 4], [1, 0])
         PF: gl.constexpr = gl.BlockedLayout([1, 1], [4, 8], [4, 1], [1, 0])
@@ -781,16 +782,31 @@ if HAVE_GLUON:
             _g_fetch(pool_ptr, pool16_ptr, idx_ptr, row, K, lo + PID * BT + c * STEP, hi, r0.index(c), r1.index(c),
                      r2.index(c), rr.index(c), rw.index(c), BT, ROW, G, GS, WIDE)
             async_copy.commit_group()
+        if IDXA:  # the slot numbers of the next gather (and of the L2 prefetch one of this producer's tiles on)
+            at = lo + PID * BT + (STAGES - 1) * STEP
+            ns = _g_slots(idx_ptr, row, K, at, hi, BT, gl.SliceLayout(1, G))
+            nss = _g_slots(idx_ptr, row, K, at, hi, BT, gl.SliceLayout(1, GS))
+            n2 = _g_slots(idx_ptr, row, K, at + STEP, hi, BT, gl.SliceLayout(1, G))
         for k in range(0, gl.cdiv(n - PID, NPROD)):
             i = PID + NPROD * k  # the tile
             t0 = lo + i * BT
             nxt = (k + STAGES - 1) % STAGES
-            _g_fetch(pool_ptr, pool16_ptr, idx_ptr, row, K, t0 + (STAGES - 1) * STEP, hi, r0.index(nxt), r1.index(nxt),
-                     r2.index(nxt), rr.index(nxt), rw.index(nxt), BT, ROW, G, GS, WIDE)
-            async_copy.commit_group()
-            if L2PF:
-                _g_prefetch(pool_ptr, _g_slots(idx_ptr, row, K, t0 + STAGES * STEP, hi, BT, gl.SliceLayout(1, PF)),
-                            ROW, PF)
+            if IDXA:
+                _g_issue(pool_ptr, pool16_ptr, ns, nss, r0.index(nxt), r1.index(nxt), r2.index(nxt), rr.index(nxt),
+                         rw.index(nxt), ROW, G, GS, WIDE)
+                async_copy.commit_group()
+                nss = _g_slots(idx_ptr, row, K, t0 + STAGES * STEP, hi, BT, gl.SliceLayout(1, GS))
+                if L2PF:
+                    _g_prefetch(pool_ptr, gl.convert_layout(n2, gl.SliceLayout(1, PF)), ROW, PF)
+                ns = n2
+                n2 = _g_slots(idx_ptr, row, K, t0 + (STAGES + 1) * STEP, hi, BT, gl.SliceLayout(1, G))
+            else:
+                _g_fetch(pool_ptr, pool16_ptr, idx_ptr, row, K, t0 + (STAGES - 1) * STEP, hi, r0.index(nxt),
+                         r1.index(nxt), r2.index(nxt), rr.index(nxt), rw.index(nxt), BT, ROW, G, GS, WIDE)
+                async_copy.commit_group()
+                if L2PF:
+                    _g_prefetch(pool_ptr, _g_slots(idx_ptr, row, K, t0 + STAGES * STEP, hi, BT, gl.SliceLayout(1, PF)),
+                                ROW, PF)
             async_copy.wait_group(STAGES - 1)  # this thread's copies of tile i have landed
             gl.thread_barrier()  # and every thread's of this producer
             cur = k % STAGES
@@ -930,7 +946,8 @@ if HAVE_GLUON:
     def _sparse_decode_ws(q_ptr, pool_ptr, pool16_ptr, idx_ptr, sink_ptr, o_ptr, lse_ptr, K, H, qk_scale, fo_ptr,
                           cnt_ptr, SPLIT: gl.constexpr, STAGES: gl.constexpr, ROW: gl.constexpr, WIDE: gl.constexpr,
                           L2PF: gl.constexpr, FUSED: gl.constexpr, QA: gl.constexpr, KSPLIT: gl.constexpr,
-                          LAZY: gl.constexpr, NPROD: gl.constexpr, CREGS: gl.constexpr, PREGS: gl.constexpr):
+                          LAZY: gl.constexpr, NPROD: gl.constexpr, IDXA: gl.constexpr, CREGS: gl.constexpr,
+                          PREGS: gl.constexpr):
         """:func:`_sparse_decode_gluon`'s math, warp-specialised: this launch's 4 warps run the producer
         (``NPROD`` 2: the first of two; the second gets ``PREGS`` registers), two consumer warpgroups
         (``CREGS`` registers each) join them. Each consumer loads half of q while the producer's first
@@ -986,18 +1003,18 @@ if HAVE_GLUON:
             sw = gl.allocate_shared_memory(gl.uint8, [STAGES, BT, 8], RAW)
             gl.warp_specialize([
                 (_ws_producer, (pool_ptr, pool16_ptr, idx_ptr, r0, r1, r2, rr, rw, kv, kv_ready, kv_empty, row, K, lo,
-                                hi, ROW, WIDE, L2PF, BT, STAGES, 0, 2)),
+                                hi, ROW, WIDE, L2PF, BT, STAGES, 0, 2, IDXA)),
                 (_ws_consumer, (q_ptr, q_s, q_ready, p_s, kv, kv_ready, kv_empty, xs, x_ready, idx_ptr, sink_ptr, o_ptr,
                                 lse_ptr, row, sp, nsp, h0, K, H, lo, hi, qk_scale, 0, SPLIT, BT, KSPLIT, LAZY, QA)),
                 (_ws_consumer, (q_ptr, q_s, q_ready, p_s, kv, kv_ready, kv_empty, xs, x_ready, idx_ptr, sink_ptr, o_ptr,
                                 lse_ptr, row, sp, nsp, h0, K, H, lo, hi, qk_scale, 1, SPLIT, BT, KSPLIT, LAZY, QA)),
                 (_ws_producer, (pool_ptr, pool16_ptr, idx_ptr, s0, s1, s2, sr, sw, kv, kv_ready, kv_empty, row, K, lo,
-                                hi, ROW, WIDE, L2PF, BT, STAGES, 1, 2)),
+                                hi, ROW, WIDE, L2PF, BT, STAGES, 1, 2, IDXA)),
             ], [4, 4, 4], [CREGS, CREGS, PREGS])
         else:
             gl.warp_specialize([
                 (_ws_producer, (pool_ptr, pool16_ptr, idx_ptr, r0, r1, r2, rr, rw, kv, kv_ready, kv_empty, row, K, lo,
-                                hi, ROW, WIDE, L2PF, BT, STAGES, 0, 1)),
+                                hi, ROW, WIDE, L2PF, BT, STAGES, 0, 1, IDXA)),
                 (_ws_consumer, (q_ptr, q_s, q_ready, p_s, kv, kv_ready, kv_empty, xs, x_ready, idx_ptr, sink_ptr, o_ptr,
                                 lse_ptr, row, sp, nsp, h0, K, H, lo, hi, qk_scale, 0, SPLIT, BT, KSPLIT, LAZY, QA)),
                 (_ws_consumer, (q_ptr, q_s, q_ready, p_s, kv, kv_ready, kv_empty, xs, x_ready, idx_ptr, sink_ptr, o_ptr,

@@ -267,9 +267,11 @@ def test_gluon_kernel_matches_the_reference(b, h, k, n_split, dtype, wide, knobs
     (2, 16, 130, 2, torch.float16, False, {"num_stages": 2, "lazy": False}),  # fewer heads than the block; fp16 q
     (4, 64, 640, 4, torch.bfloat16, True, {"num_stages": 3, "fused_combine": True, "q_async": True, "lazy": False}),
     (2, 64, 100, 5, torch.bfloat16, False, {"num_stages": 3, "fused_combine": True}),  # more chunks than tiles
-    (4, 64, 640, 4, torch.bfloat16, True, {"num_stages": 3, "score_split": True, "lazy": False}),  # halves meet
+    (4, 64, 640, 4, torch.bfloat16, True, {"num_stages": 3, "score_split": True, "lazy": False,
+                                           "idx_ahead": True, "l2_prefetch": 1}),  # halves meet; slots ahead
     (3, 72, 200, 1, torch.float16, False, {"num_stages": 2, "score_split": True, "l2_prefetch": 1}),  # lazy rescale
-    (3, 72, 330, 2, torch.bfloat16, True, {"num_stages": 1, "score_split": True, "producers": 2, "lazy": False}),
+    (3, 72, 330, 2, torch.bfloat16, True, {"num_stages": 1, "score_split": True, "producers": 2, "lazy": False,
+                                           "idx_ahead": True}),
     (4, 64, 640, 4, torch.bfloat16, False, {"num_stages": 1, "score_split": True, "producers": 2,
                                             "fused_combine": True, "l2_prefetch": 1}),  # two producers, alternate tiles
     (2, 64, 40, 1, torch.bfloat16, False, {"num_stages": 2, "producers": 2}),  # one tile: the second producer idles
