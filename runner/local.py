@@ -172,7 +172,9 @@ def run_suite(suite, repo_dir: str):
         if bad:
             notes.append(f"{bad} malformed line(s) in $DRIFT_AUDIT_METRICS ignored")
 
-        outcome, reason = classify(rc, timed_out, suite.timeout, tail, cases, is_pytest(suite.command))
+        outcome, reason = classify(
+            rc, timed_out, suite.timeout, tail, cases, is_pytest(suite.command), report=os.path.exists(junit)
+        )
         if outcome in ("failed", "error", "cuda-error") and _signal_of(rc) is None:
             unrunnable = runnable.not_runnable(
                 junit, tail, repo_dir, rc, [c.message for c in cases if c.outcome in ("failed", "error")]
@@ -272,9 +274,11 @@ def _signal_of(rc: int) -> int | None:
 
 
 def classify(
-    rc: int, timed_out: bool, timeout: float, tail: str, cases: list[metrics.Case], pytest: bool
+    rc: int, timed_out: bool, timeout: float, tail: str, cases: list[metrics.Case], pytest: bool,
+    *, report: bool = True,
 ) -> tuple[str, str]:
-    """(outcome, reason) for a finished suite."""
+    """(outcome, reason) for a finished suite. ``report``: pytest wrote its JUnit file. A pytest that exits 0
+    without one never reached its own end (``os._exit(0)`` in a head's conftest), so it proved nothing."""
     if timed_out:
         return "timeout", f"killed after the {timeout:g} s timeout"
     failed = [c for c in cases if c.outcome in ("failed", "error", "segfault", "abort", "cuda-error", "timeout")]
@@ -297,6 +301,8 @@ def classify(
         return "error", f"exit code {rc}"
     if failed:
         return "failed", f"{len(failed)} of {len(cases)} case(s) reported failure (exit code 0)"
+    if pytest and not report:
+        return "error", "pytest exited 0 without writing its test report (the code under test ended the interpreter?)"
     if cases and all(c.outcome == "skipped" for c in cases):
         return "skipped", cases[0].message or "every test skipped"
     return "passed", skipped_part(cases)

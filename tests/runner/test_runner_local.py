@@ -160,6 +160,17 @@ def test_no_tests_and_all_skipped(tree):
     assert got["skips"].outcome == "skipped" and "needs a GPU" in got["skips"].reason
 
 
+def test_a_pytest_that_exits_0_before_its_report_is_an_error(tree):
+    """A head's conftest can end the interpreter with status 0 before any test ran: that is no pass."""
+    sub = tree / "quits"
+    sub.mkdir()
+    (sub / "conftest.py").write_text("import os\nos._exit(0)\n")
+    (sub / "test_broken.py").write_text(FAILING)
+    got, _ = run(tree, [suite("quits", "pytest -q quits/test_broken.py"), suite("plain", "true")])
+    assert got["quits"].outcome == "error" and "without writing its test report" in got["quits"].reason
+    assert got["plain"].outcome == "passed"  # a command that is not pytest owes no report
+
+
 def test_progress_and_bad_repo_dir(tree):
     lines = []
     run(tree, [suite("a", "true"), suite("b", "true", runner="sm90")], progress=lines.append)
