@@ -270,6 +270,80 @@ def _compress_stream_kernel(kv_ptr, gate_ptr, w_ptr, cos_ptr, sin_ptr, slot_ptr,
     store_tiles(tl.where(is_rope, rope, y), slot, pool8_ptr, pool32_ptr, pool64_ptr, HW_CAST, EXACT, EVICT)
 
 
+@triton.jit
+def _compress_part_kernel(kv_ptr, gate_ptr, part_ptr, L, CHUNK, UNROLL: tl.constexpr, EVICT: tl.constexpr,
+                          FAST: tl.constexpr = False, CACHE: tl.constexpr = ""):
+    """Split windows, pass 1: program ``(entry, part)`` pools rows ``part · CHUNK ..`` (``CHUNK`` a multiple of
+    ``UNROLL``) like :func:`_compress_stream_kernel` and writes its online-softmax state (max, sum, weighted sum:
+    ``[3, 512]`` fp32) to ``part_ptr[entry, part]``."""
+    e = tl.program_id(0).to(tl.int64)
+    sp = tl.program_id(1)
+    off = tl.arange(0, 8)[:, None] * 64 + tl.arange(0, 64)[None, :]  # [8, 64] int32
+    row0 = e * L + sp * CHUNK
+    kvp = kv_ptr + row0 * 512
+    gp = gate_ptr + row0 * 512
+    m = tl.full([8, 64], float("-inf"), tl.float32)
+    lsum = tl.zeros([8, 64], dtype=tl.float32)
+    acc = tl.zeros([8, 64], dtype=tl.float32)
+    for l0 in range(0, CHUNK, UNROLL):
+        g, x = _rows(gp, kvp, l0 * 512 + off, UNROLL, EVICT, CACHE)
+        m, lsum, acc = _pool_rows(g, x, m, lsum, acc, FAST)
+    base = part_ptr + (e * tl.num_programs(1) + sp) * 1536
+    tl.store(base + off, m)
+    tl.store(base + 512 + off, lsum)
+    tl.store(base + 1024 + off, acc)
+
+
+@triton.jit
+def _compress_merge_kernel(part_ptr, w_ptr, cos_ptr, sin_ptr, slot_ptr, pool8_ptr, pool32_ptr, pool64_ptr, eps,
+                           S: tl.constexpr, HW_CAST: tl.constexpr, EXACT: tl.constexpr, EVICT: tl.constexpr,
+                           NT: tl.constexpr = N_TILES):
+    """Split windows, pass 2: one program per entry merges its ``S`` partial states (exact ``exp``: the
+    rescale factors multiply whole partial sums), then RMSNorm, rope, pack and store as the stream kernel's tail."""
+    e = tl.program_id(0).to(tl.int64)
+    tile = tl.arange(0, 8)
+    off = tile[:, None] * 64 + tl.arange(0, 64)[None, :]
+    is_rope = (tile == NT)[:, None]
+    w = tl.load(w_ptr + off)
+    pidx = e * 32 + (tile[:, None] * 0 + tl.arange(0, 32)[None, :])  # [8, 32]: pair index
+    cs = tl.load(cos_ptr + pidx, mask=is_rope, other=1.0)
+    sn = tl.load(sin_ptr + pidx, mask=is_rope, other=0.0)
+    slot = tl.load(slot_ptr + e + tl.arange(0, 1))  # [1]
+    mm = tl.full([8, 64], float("-inf"), tl.float32)
+    lsum = tl.zeros([8, 64], dtype=tl.float32)
+    acc = tl.zeros([8, 64], dtype=tl.float32)
+    for sp in tl.static_range(S):
+        base = part_ptr + (e * S + sp) * 1536
+        ms = tl.load(base + off)
+        mx = tl.maximum(mm, ms)
+        safe = tl.where(mx == float("-inf"), 0.0, mx)
+        c0 = tl.exp(mm - safe)
+        c1 = tl.exp(ms - safe)
+        lsum = lsum * c0 + tl.load(base + 512 + off) * c1
+        acc = acc * c0 + tl.load(base + 1024 + off) * c1
+        mm = mx
+    pooled = acc / lsum
+    ss = tl.sum(tl.sum(pooled * pooled, axis=1), axis=0)
+    y = pooled * (1.0 / tl.sqrt_rn(ss / 512 + eps)) * w
+    ye, yo = tl.split(tl.reshape(y, [8, 32, 2]))
+    rope = tl.reshape(tl.join(ye * cs - yo * sn, ye * sn + yo * cs), [8, 64])
+    store_tiles(tl.where(is_rope, rope, y), slot, pool8_ptr, pool32_ptr, pool64_ptr, HW_CAST, EXACT, EVICT)
+
+
+def _split(n: int, length: int, unroll: int, device: torch.device) -> int:
+    """Parts per window for the split pass: a power of two that brings ``n · parts`` up to about
+    :data:`STREAM_SPLIT_PROGRAMS` programs per SM, each part at least :data:`STREAM_SPLIT_ROWS` rows and a
+    whole number of steps (1: no split)."""
+    if not STREAM_SPLIT or device.type != "cuda" or interpreting():
+        return 1
+    target = STREAM_SPLIT_PROGRAMS * torch.cuda.get_device_properties(device).multi_processor_count
+    parts = 1
+    while (n * parts * 2 <= target and length % (parts * 2 * unroll) == 0
+           and length // (parts * 2) >= STREAM_SPLIT_ROWS):
+        parts *= 2
+    return parts
+
+
 COMPRESS_IMPL = "stream"  # the default kernel of compress_store
 # H200 (round 1 of 2026-12-01 d, ceiling 4228 GB/s), 4096 x 8 / 16384 x 8 / 1024 x 128: stream, 4 rows per step with
 # the tail's inputs loaded early, 69.8 / 91.4 / 91.7 % of copy (83.8 / 96.1 / 95.9 % of a same-size copy); 8 rows
@@ -286,13 +360,20 @@ STREAM_CACHE = ""  # the stream kernel's load cache modifier ("" or ".cg": L2 on
 # the stream kernel loads the tail's inputs with the first step's rows (8 rows per step: 72 registers, 7
 # programs per SM, so 1024 HCA entries take two waves: 80.6 % at 1024 x 128)
 STREAM_PRE = True
+# windows of few entries (HCA at 16K-64K-token prefills: fewer entries than program slots) are split into parts
+# pooled by separate programs, then merged: up to this many programs per SM, parts of at least this many rows
+STREAM_SPLIT = False
+STREAM_SPLIT_PROGRAMS = 8
+STREAM_SPLIT_ROWS = 16
 
 
 def compress_store(kv, gate, norm_weight, eps, cos, sin, pool, slots, *, impl: str | None = None,
                    block_l: int | None = None, num_warps: int | None = None, entries: int | None = None,
-                   evict: str = "", fast_exp: bool | None = None) -> torch.Tensor:
+                   evict: str = "", fast_exp: bool | None = None, parts: int | None = None) -> torch.Tensor:
     """Triton :func:`compress_store_ref`. ``impl``: ``"stream"``, one entry per program, the window ``block_l``
-    rows per step (1, 2, 4 or 8) side by side in each thread (``evict``: the L2 hint of its loads and stores);
+    rows per step (1, 2, 4 or 8) side by side in each thread (``evict``: the L2 hint of its loads and stores;
+    ``parts`` > 1: each window pooled in that many parts by separate programs, then merged; None: by
+    :func:`_split`);
     ``"unrolled"``, ``entries`` per program streaming the window ``block_l`` rows per loop trip through an
     elementwise online softmax, rows written as int64 words; ``"row"``: the byte-store kernel, one entry per
     program (also the path for a pool that is not 8-byte aligned). ``None``: :data:`COMPRESS_IMPL`.
@@ -318,9 +399,20 @@ def compress_store(kv, gate, norm_weight, eps, cos, sin, pool, slots, *, impl: s
                                num_warps=num_warps or 4)
     elif impl == "stream":
         unroll = 1 << (min(block_l or STREAM_UNROLL, 8, length).bit_length() - 1)  # a power of two <= the window
-        _compress_stream_kernel[(n,)](*args, flat, flat.view(torch.int32), words, length, float(eps), UNROLL=unroll,
-                                      HW_CAST=hw, EXACT=exact, EVICT=evict, FAST=fast,
-                                      CACHE=STREAM_CACHE, PRE=STREAM_PRE, num_warps=num_warps or STREAM_WARPS)
+        parts = _split(n, length, unroll, kv.device) if parts is None else parts
+        if parts > 1 and length % (parts * unroll):
+            raise ValueError(f"compress_store: {parts} parts of {unroll}-row steps do not tile a window of {length}")
+        if parts > 1:
+            part = torch.empty(n, parts, 3, HEAD_DIM, dtype=torch.float32, device=kv.device)
+            _compress_part_kernel[(n, parts)](args[0], args[1], part, length, length // parts, UNROLL=unroll,
+                                              EVICT=evict, FAST=fast, CACHE=STREAM_CACHE,
+                                              num_warps=num_warps or STREAM_WARPS)
+            _compress_merge_kernel[(n,)](part, *args[2:], flat, flat.view(torch.int32), words, float(eps), S=parts,
+                                         HW_CAST=hw, EXACT=exact, EVICT=evict, num_warps=4)
+        else:
+            _compress_stream_kernel[(n,)](*args, flat, flat.view(torch.int32), words, length, float(eps),
+                                          UNROLL=unroll, HW_CAST=hw, EXACT=exact, EVICT=evict, FAST=fast,
+                                          CACHE=STREAM_CACHE, PRE=STREAM_PRE, num_warps=num_warps or STREAM_WARPS)
     else:
         ent = entries or COMPRESS_ENTRIES
         _compress_unrolled_kernel[(triton.cdiv(n, ent),)](*args, words, n, length, float(eps), ENTRIES=ent,

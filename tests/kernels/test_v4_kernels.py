@@ -194,7 +194,8 @@ def test_word_store_on_a_pool_not_8_byte_aligned_falls_back(device):
 
 # test_parity runs the default (stream, 4 rows per step, the tail's inputs early); these are the other paths
 COMPRESS_VARIANTS = [{"impl": "row"}, {"impl": "unrolled"}, {"impl": "unrolled", "entries": 2, "block_l": 4},
-                     {"impl": "stream", "block_l": 8}, {"impl": "stream", "block_l": 2, "num_warps": 2}]
+                     {"impl": "stream", "block_l": 8}, {"impl": "stream", "block_l": 2, "num_warps": 2},
+                     {"impl": "stream", "parts": 2}]
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -232,6 +233,22 @@ def test_compress_store_skips_negative_slots_and_ragged_entry_blocks(impl, devic
     torch.testing.assert_close(kv584.unpack_ref(flat_g[inp["slots"][keep]]), kv584.unpack_ref(flat_w[inp["slots"][keep]]),
                                atol=2.0**-15, rtol=0.13)
     assert torch.equal(flat_g[inp["slots"][keep]][:, kv584.SCALE_OFFSET:], flat_w[inp["slots"][keep]][:, kv584.SCALE_OFFSET:])
+
+
+def test_compress_store_split_windows_merge_to_the_reference(device):
+    """Windows pooled in 4 parts by separate programs and merged (CSA's -inf half window in entry 0, slot -1):
+    the entries match the reference as the one-pass kernel's do, the scales exactly; parts that do not tile the
+    window are refused."""
+    case = compressor.Case("split", {"shape": (3, 16, 2), "overlap": True}, dtype=torch.float32)
+    inp = compressor._inputs(case, torch.device(device), torch.Generator(device=device).manual_seed(5))
+    inp["slots"][1] = -1
+    want = kv584._flat(compressor.compress_store_ref(**dict(inp, pool=inp["pool"].clone())))
+    got = kv584._flat(compressor.compress_store(**dict(inp, pool=inp["pool"].clone()), impl="stream", parts=4,
+                                                block_l=2))
+    assert torch.equal(got[inp["slots"][1:]][:, kv584.SCALE_OFFSET:], want[inp["slots"][1:]][:, kv584.SCALE_OFFSET:])
+    torch.testing.assert_close(kv584.unpack_ref(got), kv584.unpack_ref(want), atol=2.0**-15, rtol=0.13)
+    with pytest.raises(ValueError, match="tile"):
+        compressor.compress_store(**inp, impl="stream", parts=4, block_l=8)
 
 
 def test_hc_reference_matches_hf_hyper_connection():
