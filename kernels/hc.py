@@ -130,24 +130,21 @@ def _hc_weights(acc, ss, base_ptr, scale_ptr, K, iters, eps, norm_eps, N: tl.con
     sums of squares ``ss[BT]`` over the ``K = N·D`` flattened row: ``(pre[BT, N], post[BT, N], comb[BT, N, N])``
     with ``comb`` projected by Sinkhorn-Knopp exactly as :func:`hc_pre_ref` does (columns first); ``ITERS`` > 0
     unrolls the iterations (it must equal ``iters``)."""
-    mix_i = tl.arange(0, NMIX)
+    G: tl.constexpr = NMIX // N  # the logits as G groups of N columns: pre, post, the N comb rows, padding
+    gi = tl.arange(0, G)
+    jn = tl.arange(0, N)
     n_mix = (2 + N) * N
     rstd = 1.0 / tl.sqrt_rn(ss / K + norm_eps)
-    acc = acc * rstd[:, None]
+    z = tl.reshape(acc * rstd[:, None], [BLOCK_T, G, N])
     s0 = tl.load(scale_ptr)
     s1 = tl.load(scale_ptr + 1)
     s2 = tl.load(scale_ptr + 2)
-    b = tl.load(base_ptr + mix_i, mask=mix_i < n_mix, other=0.0)
-    jn = tl.arange(0, N)
-    pre_l = tl.sum(tl.where(mix_i[None, None, :] == jn[None, :, None], (acc * s0 + b[None, :])[:, None, :], 0.0), axis=2)
-    post_l = tl.sum(tl.where(mix_i[None, None, :] == jn[None, :, None] + N, (acc * s1 + b[None, :])[:, None, :], 0.0),
-                    axis=2)
-    pre = tl.sigmoid(pre_l) + eps
-    post = 2.0 * tl.sigmoid(post_l)
-    nn = tl.arange(0, N * N)
-    cl = tl.sum(tl.where(mix_i[None, None, :] == (2 * N + nn)[None, :, None], (acc * s2 + b[None, :])[:, None, :], 0.0),
-                axis=2)
-    cl = tl.reshape(cl, [BLOCK_T, N, N])
+    col = gi[:, None] * N + jn[None, :]
+    b = tl.load(base_ptr + col, mask=col < n_mix, other=0.0)
+    z = z * tl.where(gi == 0, s0, tl.where(gi == 1, s1, s2))[None, :, None] + b[None, :, :]
+    pre = tl.sigmoid(tl.sum(tl.where(gi[None, :, None] == 0, z, 0.0), axis=1)) + eps
+    post = 2.0 * tl.sigmoid(tl.sum(tl.where(gi[None, :, None] == 1, z, 0.0), axis=1))
+    cl = tl.sum(tl.where(gi[None, None, :, None] == 2 + jn[None, :, None, None], z[:, None, :, :], 0.0), axis=2)
     cl = cl - tl.max(cl, axis=2)[:, :, None]
     ce = tl.exp(cl)
     comb = ce / tl.sum(ce, axis=2)[:, :, None] + eps
