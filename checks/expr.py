@@ -42,7 +42,7 @@ class Operand:
             return row.get(self.fields[0])
         try:
             return _eval(self.node, row, literal)
-        except (TypeError, ZeroDivisionError, ValueError):
+        except (TypeError, ZeroDivisionError, ValueError, RecursionError):
             return None
 
 
@@ -50,8 +50,9 @@ def parse_operand(text: str) -> Operand:
     """Read ``text``; raise OperandError naming the fix."""
     try:
         node = ast.parse(text.strip(), mode="eval").body
-    except SyntaxError:
-        raise OperandError(f"'{text}' is not FACT.FIELD or an arithmetic expression over them") from None
+    except (SyntaxError, ValueError, RecursionError, MemoryError):  # a null byte; nesting past the parser's depth
+        shown = text if len(text) <= 200 else text[:200] + "…"
+        raise OperandError(f"'{shown}' is not FACT.FIELD or an arithmetic expression over them") from None
     refs: list[tuple[str, str]] = []
     for n in ast.walk(node):
         if isinstance(n, ast.Attribute):

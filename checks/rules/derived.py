@@ -60,8 +60,9 @@ def _to_python(text: str) -> str:
 def _parse(text: str) -> ast.expr:
     try:
         return ast.parse(_to_python(text), mode="eval").body
-    except SyntaxError:
-        raise EvalError(f"cannot read expression '{text}'") from None
+    except (SyntaxError, ValueError, RecursionError, MemoryError):  # a null byte; nesting past the parser's depth
+        shown = text if len(text) <= 200 else text[:200] + "…"
+        raise EvalError(f"cannot read expression '{shown}'") from None
 
 
 AGGREGATES = ("max", "min", "sum", "count")
@@ -123,6 +124,9 @@ def refs(rule: Rule) -> list[tuple[str, str, str]]:
     return out + [("field", f, fld) for f in rule.facts if f not in only]
 
 
+MAX_CHAIN = 200  # constants defined through constants: far past any real header, well inside Python's stack
+
+
 class _Env:
     """Constants by name, resolved on demand, with cycle detection."""
 
@@ -143,9 +147,13 @@ class _Env:
             raise EvalError(f"'{name}' is not defined by any of the rule's facts")
         if name in self.active:
             raise EvalError(f"'{name}' is defined in terms of itself")
+        if len(self.active) >= MAX_CHAIN:
+            raise EvalError(f"'{name}' is defined through more than {MAX_CHAIN} other constants; nested too deeply")
         self.active.add(name)
         try:
             value = self.eval(_parse(str(row.get(self.fld))))
+        except RecursionError:  # a value the head nests (or chains through names) deeper than Python recurses
+            raise EvalError(f"'{name}' is nested too deeply to evaluate") from None
         finally:
             self.active.discard(name)
         self.values[name] = value

@@ -96,9 +96,12 @@ def condition_set(text: str, lo: int, hi: int) -> Intervals:
     py = re.sub(r"\b(\d+)[uUlL]+\b", r"\1", py)
     try:
         node = ast.parse(py.strip(), mode="eval").body
-    except SyntaxError:
-        raise GateError(f"cannot read condition '{text}'") from None
-    return _eval(node, lo, hi, text)
+        return _eval(node, lo, hi, text)
+    except GateError:
+        raise
+    except (SyntaxError, ValueError, RecursionError, MemoryError):  # a null byte; nesting past the parser's depth
+        shown = text if len(text) <= 200 else text[:200] + "…"
+        raise GateError(f"cannot read condition '{shown}'") from None
 
 
 def _num(node: ast.expr) -> int | None:

@@ -135,6 +135,22 @@ def test_derived_resolves_constants_across_files_and_languages():
     assert "'MISSING' is not defined" in missing[0].message
 
 
+def test_constants_and_gates_nested_past_pythons_depth_are_findings_not_crashes():
+    """A head can write a constant or a gate deeper than ast.parse (or the evaluator) recurses."""
+    deep = "+".join(["1"] * 5000)
+    py = Fact("py", "regex", ["*.py"], regex=r"^(?P<key>[A-Z_0-9]+)\s*=\s*(?P<value>.+)$")
+    chain = "".join(f"C{i} = C{i + 1} + 1\n" for i in range(3000)) + "C3000 = 1\n"
+    facts = {"py": rows(py, ("c.py", f"RANK = {deep}\nROPE = 64\n" + chain))}
+    found = run("derived", facts, expr="RANK == ROPE")
+    assert len(found) == 1 and "cannot read expression" in found[0].message and len(found[0].message) < 400
+    found = run("derived", facts, expr="C0 == 3001")  # 3000 names deep: past the recursion limit
+    assert len(found) == 1 and "nested too deeply" in found[0].message
+    gate = Fact("g", "python", ["*.py"], query="(if_statement condition: (_) @key)")
+    g = rows(gate, ("s.py", f"if x < {deep}:\n    pass\n"))
+    found = run("gate-coverage", {"g": g}, range=[1, 8])
+    assert any("cannot read condition" in f.message and len(f.message) < 400 for f in found)
+
+
 def test_table_equal_reports_each_differing_key():
     table = "(assignment left: (identifier) @_n right: (dictionary (pair key: (string (string_content) @key) value: (_) @value)) (#eq? @_n \"RULES\"))"
     a = Fact("a", "python", ["a.py"], query=table)
