@@ -123,6 +123,10 @@ class JobStore(ABC):
     def superseded_by(self, job_id: int) -> str | None: ...
 
     @abstractmethod
+    def has_newer(self, job_id: int) -> bool:
+        """Was a later job of the same key (the same PR) accepted after this one? It owns the PR's comment now."""
+
+    @abstractmethod
     def set_check_run(self, job_id: int, check_run_id: int) -> None: ...
 
     @abstractmethod
@@ -510,6 +514,12 @@ class SqliteJobStore(JobStore):
         with self._tx() as db:
             db.execute("UPDATE jobs SET error = ? WHERE id = ? AND lease_owner = ? AND status = ?",
                        (error[-2000:], job_id, owner, LEASED))
+
+    def has_newer(self, job_id: int) -> bool:
+        row = self._db().execute(
+            "SELECT 1 FROM jobs n JOIN jobs j ON n.key = j.key AND n.id > j.id WHERE j.id = ? LIMIT 1", (job_id,)
+        ).fetchone()
+        return row is not None
 
     def superseded_by(self, job_id: int) -> str | None:
         row = self._db().execute("SELECT superseded_by FROM jobs WHERE id = ?", (job_id,)).fetchone()

@@ -151,7 +151,8 @@ class Service:
         self._login: str | None = settings.bot_login or None
         self.sweeper = Sweeper(store, self._repo_of, settings.check_name, gpu_timeout=settings.gpu_timeout,
                                announce_wait=settings.announce_wait, app_id=settings.app_id or None,
-                               on_gave_up=self._comment_gave_up)
+                               on_gave_up=lambda repo, row, conclusion, title: self._comment_gave_up(
+                                   repo, row, conclusion, title, late=True))
         self.redact = Redactor(settings, self.app.issued_tokens)  # every error text passes it on its way out
         self._log_filter = RedactingFilter(self.redact)
         for name in LOGGERS:
@@ -306,13 +307,17 @@ class Service:
         except Exception:
             log.exception("job %s: could not report its failure", row.id)
 
-    def _comment_gave_up(self, repo: Any, row: JobRow, conclusion: str, title: str, error: str = "") -> None:
-        """The PR's comment says the audit of its head did not finish (from the worker, or from the sweeper when
-        the worker's own report did not land), unless a newer head has the comment by now."""
+    def _comment_gave_up(self, repo: Any, row: JobRow, conclusion: str, title: str, error: str = "", *,
+                         late: bool = False) -> None:
+        """The PR's comment says the audit of its head did not finish (from the worker, or, ``late``, from the
+        sweeper when the worker's own report did not land), unless a newer head has the comment by now, or (late)
+        any later job of the PR, which may have audited the same head since."""
         job = row.job
         pr = getattr(job, "pr", None)
         head = row.head_sha  # a command learns its head when it runs
         if job is None or pr is None or not head or not self._current(job.repo, pr, head, row.id):
+            return
+        if late and self.store.has_newer(row.id):
             return
         text = self.redact(error or row.error or row.result or "no reason was recorded")
         self._publisher(repo).upsert_comment(pr, _gave_up_comment(conclusion, title, head, text,

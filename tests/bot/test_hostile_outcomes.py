@@ -300,3 +300,26 @@ def test_gpu_results_that_arrive_before_their_audit_is_saved_are_kept(bot_factor
     assert run["conclusion"] == "failure", run["output"]["title"]  # the early results were folded in
     (record,) = bot.store.audits_of_head(REPO, head)
     assert record.status == "done" and record.pending == []
+
+
+def test_the_sweepers_late_news_never_overwrites_what_a_later_job_of_the_pr_wrote(bot_factory, engine_repo):
+    import sqlite3
+
+    from tests.bot.test_bot_flows import _comment_payload
+
+    make, state = bot_factory
+    repo_path, base, head = engine_repo
+    state.add_repo(REPO, str(repo_path))
+    bot = make(start_workers=False)
+    for number in (69, 70):
+        state.add_pull(REPO, number, head_sha=head, base_sha=base)
+        bot.deliver("pull_request", pr_payload("opened", number=number, head=head, base=base))
+    assert bot.service.announce_pending() == 2
+    asked = state.add_comment(REPO, 70, "/audit", user="octocat")  # PR 70 has a later job: it owns the comment
+    bot.deliver("issue_comment", _comment_payload(70, "/audit", "octocat", asked["id"]))
+    with sqlite3.connect(bot.settings.db) as db:  # both audits gave up and their own reports did not land
+        db.execute("UPDATE jobs SET status = 'failed', error = 'GithubException: 502' WHERE kind = 'audit'")
+    assert len(bot.service.sweeper.sweep().concluded) == 2
+    assert {c["conclusion"] for c in state.check_runs_for(REPO, head)} == {"cancelled"}
+    assert ["could not finish" in c["body"] for c in _marked(state, 69)] == [True]
+    assert _marked(state, 70) == []
