@@ -14,6 +14,7 @@ ask for them by id.
 
 from __future__ import annotations
 
+import ast
 import fnmatch
 import posixpath
 import re
@@ -29,11 +30,13 @@ from checks.config import CONFIG_PATH, Config, Suite
 from checks.model import AuditOptions, ChangeSet, Findings, PillarMap, PlannedSuite, TestPlan
 from runner.impact import (
     ALL,
+    PURE_DECORATORS,
     Binding,
     Changed,
     Impact,
     ModuleInfo,
     OverBudget,
+    _decorator_name,
     _spelled,
     importers,
     info_of,
@@ -312,7 +315,8 @@ def _automatic(config: Config, changes: ChangeSet, paths: list[str], pillars: Pi
     for s in config.suites:
         _declared_reasons(s, paths, pillars, findings, picks)
 
-    needs = _import_graph(config, reach, head, head_paths, picks, changed) if reach is not None else {}
+    members = member_changes(changes, head, changed) if by_name and reach is not None else {}
+    needs = _import_graph(config, reach, head, head_paths, picks, changed, members) if reach is not None else {}
     if config.settings.import_graph and config.settings.test_paths:
         for test_file, need in _kernel_sources(config, changes, head, head_paths, picks).items():
             needs.setdefault(test_file, need)
@@ -773,7 +777,8 @@ def _test_reach(config: Config, changes: ChangeSet, head, head_paths: set[str]) 
 
 
 def _import_graph(config: Config, reach: _Reach, head, head_paths: set[str], picks: _Picks,
-                  changed: dict[str, Changed]) -> dict[str, str]:
+                  changed: dict[str, Changed],
+                  members: MemberChanges | None = None) -> dict[str, str]:
     """Select the test files a change reaches; returns {implicit test file: why it needs a GPU}."""
     graph, test_files, changed_py, gone = reach.graph, reach.test_files, reach.changed_py, reach.gone
     users = reach.users
@@ -788,6 +793,7 @@ def _import_graph(config: Config, reach: _Reach, head, head_paths: set[str], pic
         changed = {**spelled, **changed}
         impact = Impact(graph, impact.info, {**{p: ALL for p in gone}, **changed})
         impact.run([t for t in test_files if t not in changed_py], users)
+    by_member = _member_only_tests(impact, changed, members or {}, users, test_files, changed_py, gone, graph)
     unkeyed = None
     if impact.keyed:  # handlers registered for a class: a test reaching only them must name the class
         unkeyed = Impact(graph, impact.info, {**{p: ALL for p in gone}, **changed}, keyed_registries=False)
@@ -796,6 +802,8 @@ def _import_graph(config: Config, reach: _Reach, head, head_paths: set[str], pic
     extensions = _declared_extensions(head, head_paths)
     needs: dict[str, str] = {}
     for test_file in test_files:
+        if test_file in by_member:
+            continue  # reached only through classes changed in members it never spells
         chain = [test_file] if test_file in changed_py else impact.chain(test_file)
         if chain is None or (unkeyed is not None and test_file not in changed_py
                              and unkeyed.chain(test_file) is None and not impact.keys_spelled(chain[:-1])):
@@ -829,6 +837,184 @@ def unwrapping(graph: ImportGraph, info: Callable[[str], ModuleInfo]) -> Callabl
             got = memo[path] = (raw, without_wrappers(path, raw, graph, info))
         return got[1]
     return read
+
+
+# members reached without being spelled: construction, operators, ``nn.Module.__call__`` → ``forward``
+_IMPLICIT_MEMBERS = {"forward", "backward", "setup", "setUp", "tearDown", "setup_method", "teardown_method"}
+
+
+MemberChanges = dict[str, tuple[dict[str, frozenset[str]], Changed]]
+
+
+def member_changes(changes: ChangeSet, head, changed: dict[str, Changed]) -> MemberChanges:
+    """{module: ({class: the members its change touches}, what else of the module changes)} for the classes a change touches only inside methods
+    (or class-level assignments) that are reached by name: no dunder, no ``forward``, nothing else of the body,
+    no registering decorator; closed over the members that spell a changed one (``self._helper()``). Such a
+    class reaches only code that spells one of those members (``_member_only_tests``)."""
+    out: MemberChanges = {}
+    repo_path = getattr(head, "repo_path", None)
+    for fc in changes.files:
+        names = changed.get(fc.path)
+        if fc.status != "modified" or not fc.path.endswith(".py") or names is None or names == ALL:
+            continue
+        head_data = head.read(fc.path)
+        base_data = None
+        if repo_path is not None and fc.old_blob:
+            from checks.workspace import read_blob
+
+            try:
+                base_data = read_blob(repo_path, fc.old_blob)
+            except ValueError:
+                base_data = None
+        if head_data is None or base_data is None:
+            continue
+        sides = [(head_data, [n for h in fc.hunks for n in h.added]), (base_data, [n for h in fc.hunks for n in h.removed])]
+        touched: dict[str, set[str] | None] = {}
+        for data, lines in sides:
+            for cls, got in _class_members_at(data, lines).items():
+                if got is None or touched.get(cls, set()) is None:
+                    touched[cls] = None
+                else:
+                    touched.setdefault(cls, set()).update(got)  # type: ignore[union-attr]
+        kept = {cls: frozenset(m) for cls, m in touched.items() if m is not None and m and cls in names}
+        if not kept:
+            continue
+        info = info_of(fc.path, fc.new_blob, head.read)
+        base_info = _base_info(repo_path, fc)
+        if info.opaque or base_info is None or base_info.opaque:
+            continue
+        direct, old_side = info.changed_at(sides[0][1]), base_info.changed_at(sides[1][1])
+        if direct == ALL or old_side == ALL:
+            continue
+        rest = (direct | old_side) - frozenset(kept)  # what changes besides them, and what uses that
+        out[fc.path] = (kept, info.close(rest) if rest else frozenset())
+    return out
+
+
+def _class_members_at(data: bytes, lines: list[int]) -> dict[str, set[str] | None]:
+    """{top-level class holding one of ``lines``: the members those lines touch, closed over the members that
+    spell one; None when a line is elsewhere in the class or a member is reached implicitly}."""
+    if not lines:
+        return {}
+    try:
+        tree = ast.parse(data)
+    except (SyntaxError, ValueError):
+        return {}
+    out: dict[str, set[str] | None] = {}
+    for node in tree.body:
+        if not isinstance(node, ast.ClassDef):
+            continue
+        start = min([node.lineno] + [d.lineno for d in node.decorator_list])
+        inside = [n for n in lines if start <= n <= (node.end_lineno or node.lineno)]
+        if not inside:
+            continue
+        spans: list[tuple[str, int, int, ast.stmt]] = []
+        for st in node.body:
+            first = min([st.lineno] + [d.lineno for d in getattr(st, "decorator_list", [])])
+            if isinstance(st, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                spans.append((st.name, first, st.end_lineno or st.lineno, st))
+            elif isinstance(st, (ast.Assign, ast.AnnAssign)):
+                targets = st.targets if isinstance(st, ast.Assign) else [st.target]
+                for t in targets:
+                    if isinstance(t, ast.Name):
+                        spans.append((t.id, first, st.end_lineno or st.lineno, st))
+        touched: set[str] | None = set()
+        rows = data.split(b"\n")
+        for n in inside:
+            if 0 < n <= len(rows) and (not rows[n - 1].strip() or rows[n - 1].lstrip().startswith(b"#")):
+                continue
+            hit = [name for name, a, b, _ in spans if a <= n <= b]
+            if not hit:
+                touched = None  # the class line, a base, a decorator, the docstring or a bare statement
+                break
+            touched.update(hit)  # type: ignore[union-attr]
+        if touched is not None:
+            grew = True
+            while grew:
+                grew = False
+                for name, _a, _b, st in spans:
+                    if name not in touched and _spells_attr(st, touched):
+                        touched.add(name)
+                        grew = True
+            decorated = {name for name, _a, _b, st in spans if any(
+                _decorator_name(d) not in PURE_DECORATORS for d in getattr(st, "decorator_list", []))}
+            if any(m.startswith("__") or m in _IMPLICIT_MEMBERS or m in decorated for m in touched):
+                touched = None
+        out[node.name] = touched
+    return out
+
+
+def _spells_attr(node: ast.AST, names: set[str]) -> bool:
+    return any((isinstance(sub, ast.Attribute) and sub.attr in names) or (isinstance(sub, ast.Name) and sub.id in names)
+               for sub in ast.walk(node))
+
+
+def _member_only_tests(impact: Impact, changed: dict[str, Changed], members: MemberChanges,
+                       users: dict[str, list[str]], test_files: list[str], changed_py: set[str], gone: list[str],
+                       graph: ImportGraph) -> set[str]:
+    """The test files ``impact`` reaches only through classes changed in members (``member_changes``) that
+    neither they nor any changed module they import spell, nor reach by ``getattr`` & co."""
+    if not members:
+        return set()
+    without: dict[str, Changed] = {}
+    for path, names in changed.items():
+        if names != ALL and path in members:
+            names = members[path][1]
+            if not names:
+                continue
+        without[path] = names
+    other = Impact(graph, impact.info, {**{p: ALL for p in gone}, **without})
+    other.run([t for t in test_files if t not in changed_py], users)
+    spelled = frozenset(m for classes, _rest in members.values() for ms in classes.values() for m in ms)
+    pattern = _spelled(spelled)
+    classes = sorted({c for cls, _rest in members.values() for c in cls}, key=len, reverse=True)
+    # a class used as a value (passed on, asserted, annotated), not called nor read an attribute off: any of its
+    # members may be called where it goes
+    as_value = re.compile(rb"(?m)^(?![ \t]*(?:from|import)\b).*?(?<![\w\"'])(?:"
+                          + b"|".join(re.escape(c.encode()) for c in classes) + rb")(?![\w\"'])(?!\s*[.(])")
+    says: dict[str, bool] = {}
+
+    def spells(path: str) -> bool:
+        if path not in says:
+            data = graph.read(path) or b""
+            if path in members:  # the changed classes themselves spell their members: look at the rest
+                data = _without_classes(data, set(members[path][0]))
+            says[path] = bool(pattern.search(data)) or bool(as_value.search(data)) \
+                or any(w in data for w in (b"getattr", b"__getattr__", b"vars("))
+        return says[path]
+
+    out = set()
+    for test in test_files:
+        if test in changed_py or impact.chain(test) is None or other.chain(test) is not None:
+            continue
+        # everything the test imports (duck typing: ``run(p)`` in a helper calls ``p.generate()``)
+        seen, todo, found = {test}, [test], False
+        while todo and not found:
+            cur = todo.pop()
+            if spells(cur):
+                found = True
+                break
+            for nxt in graph.edges(cur):
+                if nxt not in seen and nxt.endswith(".py"):
+                    seen.add(nxt)
+                    todo.append(nxt)
+        if not found:
+            out.add(test)
+    return out
+
+
+def _without_classes(data: bytes, classes: set[str]) -> bytes:
+    """``data`` with the bodies of the named top-level classes blanked out."""
+    try:
+        tree = ast.parse(data)
+    except (SyntaxError, ValueError):
+        return data
+    rows = data.split(b"\n")
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name in classes:
+            for i in range(node.lineno - 1, node.end_lineno or node.lineno):
+                rows[i] = b""
+    return b"\n".join(rows)
 
 
 def _spelling_string_keys(impact: Impact, users: dict[str, list[str]], test_files: list[str],
