@@ -1,5 +1,6 @@
 """Built-in pillars on the layouts of kernel repos whose kernels are not .cu files: a CuTe-DSL attention
-package, a tile-language compiler (C++ passes, device templates), Triton kernel folders in an engine."""
+package, a tile-language compiler (C++ passes, device templates), Triton kernel folders in an engine, a
+training library's layer modules and CPU kernels."""
 
 from __future__ import annotations
 
@@ -24,6 +25,10 @@ LAYOUT = {
     "src/engine/models/llama/llama_kernels.cu": {"wiring"},
     "src/cuda/op/reduce.cc": {"wiring"},
     "src/transform/layout_inference/layout_cost_model.cc": {"wiring"},
+    "te/common/triton/permutation.py": {"wiring"},  # a package of Triton kernels
+    "pkg/ops/cutile/rms_norm.py": {"wiring"},
+    "kt-kernel/operators/amx/moe_base.hpp": {"wiring"},  # CPU (AMX / AVX) kernels
+    "te/pytorch/module/grouped_linear.py": {"topology"},  # the layers a model is built of
     "tests/cute/test_flash_attn_sm100.py": {"tests"},
     "flash_attn/cute/README.md": set(),
     "pkg/utils/smoothing.py": set(),
