@@ -773,11 +773,12 @@ def _hc_post_kernel(o_ptr, x_ptr, post_ptr, comb_ptr, y_ptr, D, N: tl.constexpr,
         tl.store(y_ptr + t * N * D + i * D + d, y.to(y_ptr.dtype.element_ty), mask=dm)
 
 
-#: hc_pre launch choices; the benchmark round picks them (``variant``: lag | fused | persist | split | v1). H200
-#: 8192x4x4096: split bt 256 / 8 K slices / 8 warps / reversed collapse 198 us (bt 64 / 4 slices / 4 warps: 223 us);
-#: lag 292-1715 us
-HC_PRE = {"variant": "split", "split": {"bt": 256, "bk": 64, "s": 8, "bt2": 16, "ds": 4, "bd": 128, "warps": 8,
-                                        "warps2": 4, "rev": True},
+#: hc_pre launch choices; the benchmark round picks them (``variant``: groupp | lag | fused | persist | split | v1 |
+#: auto). H200 8192x4x4096: split bt 256 / 8 K slices / 8 warps / reversed collapse 198 us (bt 64 / 4 slices / 4
+#: warps: 223 us), with fn in two bf16 parts instead of three 185 us (1024 tokens, bt 64 by the fill rule: 64 us vs
+#: 88 us); lag 292-1715 us; groupp 991-1345 us
+HC_PRE = {"variant": "split", "split": {"bt": 256, "bt_min": 64, "bk": 64, "s": 8, "parts": 2, "bt2": 16, "ds": 4,
+                                        "bd": 128, "warps": 8, "warps2": 4, "rev": True},
           "lag": {"bt": 64, "bk": 64, "s": 16, "ds": 16, "bd": 64, "bt2": 16, "lag": 12, "warps": 4},
           "groupp": {"bt": 32, "dw": 128, "stages": 3, "fence": True, "leader": False, "lag": 0, "sleep": 32,
                      "xstore": False, "warps": 8, "per_sm": 1},
@@ -845,6 +846,10 @@ def hc_pre(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.T
         n_s = max(1, min(p["s"], triton.cdiv(k, bk)))
         k_split = triton.cdiv(triton.cdiv(k, n_s), bk) * bk
         n_s = triton.cdiv(k, k_split)
+        if not interp and "bt" not in tune:  # fewer tokens: smaller blocks until the logits grid fills the GPU
+            sms = torch.cuda.get_device_properties(x.device).multi_processor_count
+            while bt > p["bt_min"] and triton.cdiv(t, bt) * n_s < sms:
+                bt //= 2
         part = torch.empty(n_s, t, nmix + 1, dtype=torch.float32, device=x.device)
         _hc_logits_kernel[(triton.cdiv(t, bt), n_s)](xc, fnc, part, t, k, k_split, N=n, NMIX=nmix, BLOCK_T=bt,
                                                      BLOCK_K=bk, SPLIT3=split3, PREC=prec, PARTS=p.get("parts", 3),
