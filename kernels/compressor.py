@@ -8,6 +8,8 @@ is an online softmax over ``L`` per channel, so HCA's 128-token windows stream t
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -330,13 +332,18 @@ def _compress_merge_kernel(part_ptr, w_ptr, cos_ptr, sin_ptr, slot_ptr, pool8_pt
     store_tiles(tl.where(is_rope, rope, y), slot, pool8_ptr, pool32_ptr, pool64_ptr, HW_CAST, EXACT, EVICT)
 
 
+@functools.cache
+def _sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
 def _split(n: int, length: int, unroll: int, device: torch.device) -> int:
     """Parts per window for the split pass: a power of two that brings ``n · parts`` up to about
     :data:`STREAM_SPLIT_PROGRAMS` programs per SM, each part at least :data:`STREAM_SPLIT_ROWS` rows and a
     whole number of steps (1: no split)."""
     if not STREAM_SPLIT or device.type != "cuda" or interpreting():
         return 1
-    target = STREAM_SPLIT_PROGRAMS * torch.cuda.get_device_properties(device).multi_processor_count
+    target = STREAM_SPLIT_PROGRAMS * _sms(device.index if device.index is not None else torch.cuda.current_device())
     parts = 1
     while (n * parts * 2 <= target and length % (parts * 2 * unroll) == 0
            and length // (parts * 2) >= STREAM_SPLIT_ROWS):
