@@ -484,12 +484,13 @@ def _grp_wait(cnt_ptr, err_ptr, tb, budget, P: tl.constexpr):
 
 
 @triton.jit
-def _spin_one(ptr, target, polls, sleep_ns):
+def _spin_one(ptr, target, polls, sleep_ns, after):
     """Thread 0 polls the scalar ``*ptr`` (``ld.acquire.gpu``, ``nanosleep`` of ``sleep_ns`` between polls)
     until it reaches ``target`` or ``polls`` polls have passed; then a CTA barrier releases every thread.
     One poller per program and a pause keep the line the others are counting into free; a PTX loop, so the
-    caller's loop has no inner loop (for the software pipeliner). Returns thread 0's last value (``target``
-    in the other threads)."""
+    caller's loop has no inner loop (for the software pipeliner). ``after`` (unused by the PTX) is a data
+    dependency: the pipeliner orders side effects only by data, so the wait is issued after the op that made
+    ``after`` (the count-in). Returns thread 0's last value (``target`` in the other threads)."""
     return tl.inline_asm_elementwise(
         """{
         .reg .pred %p;
@@ -509,7 +510,8 @@ def _spin_one(ptr, target, polls, sleep_ns):
         @%p bra LAB_WAIT;
         LAB_DONE:
         bar.sync 0;
-        }""", "=r,l,r,r,r", [ptr, target, polls, sleep_ns], dtype=tl.int32, is_pure=False, pack=1)
+        }
+        // after: $5""", "=r,l,r,r,r,r", [ptr, target, polls, sleep_ns, after], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -525,11 +527,12 @@ def _bar_ptx(v, FENCE: tl.constexpr):
 
 
 @triton.jit
-def _ld_cg(ptrs):
-    """``ld.global.cg`` of fp32 words as inline PTX: a load the software pipeliner cannot move ahead of the
-    wait before it (it only pipelines ``tl.load``)."""
-    return tl.inline_asm_elementwise("ld.global.cg.b32 $0, [$1];", "=r,l", [ptrs], dtype=tl.float32, is_pure=False,
-                                     pack=1)
+def _ld_cg(ptrs, after):
+    """``ld.global.cg`` of fp32 words as inline PTX, after the op that made ``after`` (a data dependency,
+    unused by the PTX: the wait's result): a load the software pipeliner neither pipelines nor moves ahead
+    of the wait."""
+    return tl.inline_asm_elementwise("ld.global.cg.b32 $0, [$1]; // after: $2", "=r,l,r", [ptrs, after],
+                                     dtype=tl.float32, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -614,9 +617,10 @@ def _hc_groupp_kernel(x_ptr, fn_ptr, base_ptr, scale_ptr, col_ptr, post_ptr, com
         if TIMES:
             _stamp(times_ptr + (pid * n_tb + j) * 4 + 1, j)
         if LEADER:
+            tok = tb
             if j < n_steps:
-                _gp_lead(acc_ptr, cnt_ptr, flag_ptr, base_ptr, scale_ptr, post_ptr, comb_ptr, pre_ptr, t, tm, tb, K, T,
-                         iters, eps, norm_eps, N, NMIX, BLOCK_T, P, ITERS, GPU, XSTORE)
+                tok = _gp_lead(acc_ptr, cnt_ptr, flag_ptr, base_ptr, scale_ptr, post_ptr, comb_ptr, pre_ptr, t, tm, tb,
+                               K, T, iters, eps, norm_eps, N, NMIX, BLOCK_T, P, ITERS, GPU, XSTORE)
             tbc = tb - LAG * n_groups
             tc = tbc.to(tl.int64) * BLOCK_T + tt
             tcm = tc < T
@@ -626,10 +630,10 @@ def _hc_groupp_kernel(x_ptr, fn_ptr, base_ptr, scale_ptr, col_ptr, post_ptr, com
                 xc = xprev
             if j >= LAG:
                 if GPU:
-                    c = _spin_one(flag_ptr + tbc * 32, 1, SPIN, SLEEP)
+                    c = _spin_one(flag_ptr + tbc * 32, 1, SPIN, SLEEP, tok)
                     tl.atomic_xchg(err_ptr, 1, mask=c < 1)
                     tr = tl.where(tcm, tc, 0)  # masked rows read row 0 (in bounds), then are dropped
-                    pre = tl.where(tcm[:, None], _ld_cg(pre_ptr + tr[:, None] * N + jn[None, :]), 0.0)
+                    pre = tl.where(tcm[:, None], _ld_cg(pre_ptr + tr[:, None] * N + jn[None, :], c), 0.0)
                 else:
                     budget = _grp_wait(flag_ptr, err_ptr, tbc * 32, budget, 1)
                     pre = tl.load(pre_ptr + tc[:, None] * N + jn[None, :], mask=tcm[:, None], other=0.0)
@@ -661,11 +665,13 @@ def _gp_lead(acc_ptr, cnt_ptr, flag_ptr, base_ptr, scale_ptr, post_ptr, comb_ptr
              eps, norm_eps, N: tl.constexpr, NMIX: tl.constexpr, BLOCK_T: tl.constexpr, P: tl.constexpr,
              ITERS: tl.constexpr, GPU: tl.constexpr, XSTORE: tl.constexpr):
     """Count in; the block's last member to do so runs the weights and Sinkhorn, writes post, comb and
-    ``pre`` and raises the block's flag."""
+    ``pre`` and raises the block's flag. Returns a token made after all that (for the wait's data
+    dependency)."""
     mix_i = tl.arange(0, NMIX)
     jn = tl.arange(0, N)
     nn = tl.arange(0, N * N)
     old = tl.atomic_add(cnt_ptr + tb * 32, 1, sem="acq_rel")
+    tok = old
     if old == P - 1:
         tr = tl.where(tm, t, 0)  # masked rows read row 0 (in bounds), then are dropped
         if XSTORE:  # sum the members' partial rows
@@ -673,16 +679,16 @@ def _gp_lead(acc_ptr, cnt_ptr, flag_ptr, base_ptr, scale_ptr, post_ptr, comb_ptr
             tss = tl.zeros([BLOCK_T], dtype=tl.float32)
             for mm in tl.static_range(P):
                 if GPU:
-                    tot += _ld_cg(acc_ptr + (mm * T + tr[:, None]) * (NMIX + 1) + mix_i[None, :])
-                    tss += _ld_cg(acc_ptr + (mm * T + tr) * (NMIX + 1) + NMIX)
+                    tot += _ld_cg(acc_ptr + (mm * T + tr[:, None]) * (NMIX + 1) + mix_i[None, :], old)
+                    tss += _ld_cg(acc_ptr + (mm * T + tr) * (NMIX + 1) + NMIX, old)
                 else:
                     tot += tl.load(acc_ptr + (mm * T + tr[:, None]) * (NMIX + 1) + mix_i[None, :])
                     tss += tl.load(acc_ptr + (mm * T + tr) * (NMIX + 1) + NMIX)
             tot = tl.where(tm[:, None] & (mix_i[None, :] < (2 + N) * N), tot, 0.0)
             tss = tl.where(tm, tss, 0.0)
         elif GPU:
-            tot = tl.where(tm[:, None], _ld_cg(acc_ptr + tr[:, None] * (NMIX + 1) + mix_i[None, :]), 0.0)
-            tss = tl.where(tm, _ld_cg(acc_ptr + tr * (NMIX + 1) + NMIX), 0.0)
+            tot = tl.where(tm[:, None], _ld_cg(acc_ptr + tr[:, None] * (NMIX + 1) + mix_i[None, :], old), 0.0)
+            tss = tl.where(tm, _ld_cg(acc_ptr + tr * (NMIX + 1) + NMIX, old), 0.0)
         else:
             tot = tl.load(acc_ptr + t[:, None] * (NMIX + 1) + mix_i[None, :], mask=tm[:, None], other=0.0)
             tss = tl.load(acc_ptr + t * (NMIX + 1) + NMIX, mask=tm, other=0.0)
@@ -691,10 +697,12 @@ def _gp_lead(acc_ptr, cnt_ptr, flag_ptr, base_ptr, scale_ptr, post_ptr, comb_ptr
         tl.store(comb_ptr + t[:, None] * (N * N) + nn[None, :], tl.reshape(comb, [BLOCK_T, N * N]), mask=tm[:, None])
         tl.store(pre_ptr + t[:, None] * N + jn[None, :], pre, mask=tm[:, None])
         if GPU:
-            tb = _bar_ptx(tb, True)
+            tok = _bar_ptx(tb, True)  # tok = tb, after the stores
         else:
             tl.debug_barrier()
-        tl.atomic_xchg(flag_ptr + tb * 32, 1, sem="release")
+            tok = tb
+        tl.atomic_xchg(flag_ptr + tok * 32, 1, sem="release")
+    return tok
 
 
 @triton.jit
@@ -706,13 +714,13 @@ def _grp_pre(acc_ptr, cnt_ptr, err_ptr, base_ptr, scale_ptr, post_ptr, comb_ptr,
     mix_i = tl.arange(0, NMIX)
     jn = tl.arange(0, N)
     nn = tl.arange(0, N * N)
-    tl.atomic_add(cnt_ptr + tb * 32, 1, sem="release")
+    old = tl.atomic_add(cnt_ptr + tb * 32, 1, sem="release")
     if GPU:
-        c = _spin_one(cnt_ptr + tb * 32, P, SPIN, SLEEP)
+        c = _spin_one(cnt_ptr + tb * 32, P, SPIN, SLEEP, old)
         tl.atomic_xchg(err_ptr, 1, mask=c < P)
         tr = tl.where(tm, t, 0)  # masked rows read row 0 (in bounds), then are dropped
-        tot = tl.where(tm[:, None], _ld_cg(acc_ptr + tr[:, None] * (NMIX + 1) + mix_i[None, :]), 0.0)
-        tss = tl.where(tm, _ld_cg(acc_ptr + tr * (NMIX + 1) + NMIX), 0.0)
+        tot = tl.where(tm[:, None], _ld_cg(acc_ptr + tr[:, None] * (NMIX + 1) + mix_i[None, :], c), 0.0)
+        tss = tl.where(tm, _ld_cg(acc_ptr + tr * (NMIX + 1) + NMIX, c), 0.0)
     else:
         _grp_wait(cnt_ptr, err_ptr, tb * 32, SPIN, P)
         tot = tl.load(acc_ptr + t[:, None] * (NMIX + 1) + mix_i[None, :], mask=tm[:, None], other=0.0,
