@@ -73,9 +73,32 @@ def _parse_raw(out: bytes) -> list[_Raw]:
     return rows
 
 
+_ESCAPES = {"a": 7, "b": 8, "t": 9, "n": 10, "v": 11, "f": 12, "r": 13, '"': 34, "\\": 92}
+
+
+def _unquote(name: str) -> str:
+    """A path as git C-quotes it in patch headers (``"b/engine/tab\\there.py"``, octal UTF-8 bytes) made plain."""
+    if len(name) < 2 or name[0] != '"' or name[-1] != '"':
+        return name
+    out, body, i = bytearray(), name[1:-1], 0
+    while i < len(body):
+        if body[i] == "\\" and i + 1 < len(body):
+            if body[i + 1] in "01234567":
+                out.append(int(body[i + 1:i + 4], 8) & 0xFF)
+                i += 4
+                continue
+            out.append(_ESCAPES.get(body[i + 1], ord(body[i + 1]) & 0xFF))
+            i += 2
+            continue
+        out += body[i].encode()
+        i += 1
+    return out.decode("utf-8", "replace")
+
+
 def _strip_prefix(name: str | None) -> str | None:
     if name is None or name == "/dev/null":
         return None
+    name = _unquote(name)
     return name[2:] if name[:2] in ("a/", "b/") else name
 
 
@@ -117,26 +140,42 @@ def _absent_blobs(repo, meta: list[_Raw]) -> set[str]:
     return {row.path for row in meta if row.old_blob in missing or row.new_blob in missing}
 
 
+class _GitFailed(RuntimeError):
+    """A git command exited non-zero; its stderr is the message."""
+
+
+def _diff(repo, *args: str) -> bytes:
+    """``git diff`` over the objects alone: run in the git directory as a bare repository, so the checked-out
+    head's own ``.gitattributes`` (``* -diff``, ``*.py binary``) cannot decide what the audit sees."""
+    cmd = ["git", f"--git-dir={repo.git_dir}", "-c", "core.bare=true", "-c", "core.quotepath=false", "diff", *args]
+    try:
+        out = subprocess.run(cmd, cwd=repo.git_dir, capture_output=True, timeout=600)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise _GitFailed(str(exc)) from None
+    if out.returncode != 0:
+        raise _GitFailed(out.stderr.decode("utf-8", "replace").strip() or f"exit {out.returncode}")
+    return out.stdout
+
+
 def build_changeset(checkout: Checkout) -> ChangeSet:
     repo = checkout.git if checkout.git is not None else open_repo(checkout.repo)  # the pipeline's open repo
-    repo.git.set_persistent_git_options(c="core.quotepath=false")  # UTF-8 paths verbatim in patch headers
     a, b = checkout.merge_base_sha, checkout.head_sha
     common = ["--no-color", "--no-ext-diff", "-M", "--full-index"]
     try:
-        raw = repo.git.diff(a, b, "--raw", "-z", "--no-abbrev", *common, stdout_as_string=False)
-    except Exception as exc:  # GitCommandError: range or object missing
+        raw = _diff(repo, a, b, "--raw", "-z", "--no-abbrev", *common)
+    except Exception as exc:  # range or object missing
         if not _missing_object(exc):
             raise DiffError(f"git diff {a[:12]}..{b[:12]} failed: {exc}") from None
         try:  # rename detection reads blobs; the raw listing itself needs only the trees
-            raw = repo.git.diff(a, b, "--raw", "-z", "--no-abbrev", "--no-renames", "--no-color", "--no-ext-diff",
-                                "--full-index", stdout_as_string=False)
+            raw = _diff(repo, a, b, "--raw", "-z", "--no-abbrev", "--no-renames", "--no-color", "--no-ext-diff",
+                        "--full-index")
         except Exception as exc2:
             raise DiffError(f"git diff {a[:12]}..{b[:12]} failed: {exc2}") from None
         common = [c for c in common if c != "-M"] + ["--no-renames"]
     meta = _parse_raw(raw)
     absent: set[str] = set()
     try:
-        patch = repo.git.diff(a, b, "-U0", "--src-prefix=a/", "--dst-prefix=b/", *common, stdout_as_string=False)
+        patch = _diff(repo, a, b, "-U0", "--src-prefix=a/", "--dst-prefix=b/", *common)
     except Exception as exc:
         absent = _absent_blobs(repo, meta) if _missing_object(exc) else set()
         if not absent:
@@ -145,8 +184,7 @@ def build_changeset(checkout: Checkout) -> ChangeSet:
         skip = [f":(exclude,literal){row.path}" for row in meta if row.path in absent]
         skip += [f":(exclude,literal){row.old_path}" for row in meta if row.path in absent and row.old_path]
         try:
-            patch = repo.git.diff(a, b, "-U0", "--src-prefix=a/", "--dst-prefix=b/", *common, "--", ":(top)", *skip,
-                                  stdout_as_string=False)
+            patch = _diff(repo, a, b, "-U0", "--src-prefix=a/", "--dst-prefix=b/", *common, "--", ":(top)", *skip)
         except Exception as exc2:
             raise DiffError(f"git diff {a[:12]}..{b[:12]} failed: {exc2}") from None
     try:

@@ -49,6 +49,9 @@ from runner.imports import (
 )
 
 ALL: Literal["all"] = "all"
+# a module with more top-level statements than this (100 000 lines of ``x = 1``) is read as opaque: its table
+# would cost tens of seconds, and "anything in it may be used" is the safe answer
+MAX_STATEMENTS = 20_000
 Changed = frozenset[str] | Literal["all"]
 
 # Decorators that neither register nor wrap a definition into something found by other means.
@@ -578,7 +581,7 @@ def static_bindings(path: str, data: bytes | None) -> tuple[Binding, ...] | None
         return None
     try:
         tree = ast.parse(data, filename=path)
-    except (SyntaxError, ValueError):
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
         return None
     return tuple(b for index, node in enumerate(tree.body) for b in _bindings(path, index, node))
 
@@ -593,9 +596,14 @@ def analyse(path: str, data: bytes) -> tuple[ModuleInfo, tuple[Import, ...], boo
     """One parse of a file: its table, its imports (as ``parse_imports`` reads them), whether ``ast`` parsed it."""
     try:
         tree = ast.parse(data, filename=path)
-    except (SyntaxError, ValueError):
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
         return ModuleInfo(opaque=True), tuple(parse_imports(path, data)), False
-    info, strings = _tree_info(path, data, tree)
+    if len(tree.body) > MAX_STATEMENTS:  # generated data as code: every use possible, at the cost of a parse
+        return ModuleInfo(opaque=True), tuple(statement_imports(path, tree)), True
+    try:
+        info, strings = _tree_info(path, data, tree)
+    except RecursionError:  # nesting deeper than the walks go
+        return ModuleInfo(opaque=True), tuple(statement_imports(path, tree)), True
     return info, tuple(statement_imports(path, tree) + strings_run(strings)), True
 
 

@@ -55,7 +55,7 @@ def strings_run(values: Iterable[str]) -> list[Import]:
         elif "import " in value:
             try:
                 code = ast.parse(value)
-            except (SyntaxError, ValueError):
+            except (SyntaxError, ValueError, RecursionError, MemoryError):
                 continue
             for inner in ast.walk(code):
                 if isinstance(inner, ast.Import):
@@ -116,7 +116,7 @@ def _parse_imports(path: str, data: bytes) -> tuple[list[Import], bool]:
     """(the imports, whether ``ast`` parsed the file)."""
     try:
         tree = ast.parse(data, filename=path)
-    except (SyntaxError, ValueError):
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
         return _imports_tree_sitter(path, data), False
     return statement_imports(path, tree) + run_strings(tree), True
 

@@ -898,7 +898,7 @@ def _class_members_at(data: bytes, lines: list[int]) -> dict[str, set[str] | Non
         return {}
     try:
         tree = ast.parse(data)
-    except (SyntaxError, ValueError):
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
         return {}
     out: dict[str, set[str] | None] = {}
     for node in tree.body:
@@ -1007,7 +1007,7 @@ def _without_classes(data: bytes, classes: set[str]) -> bytes:
     """``data`` with the bodies of the named top-level classes blanked out."""
     try:
         tree = ast.parse(data)
-    except (SyntaxError, ValueError):
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
         return data
     rows = data.split(b"\n")
     for node in tree.body:
@@ -1142,7 +1142,10 @@ def _observable(repo_path: str | None, fc, head, added: list[int], removed: list
         return False
     if head_data is None:
         return False
-    return touches_kept_definition(Outline(head_data, fc.new_blob), Outline(base_data, fc.old_blob), added, removed)
+    try:
+        return touches_kept_definition(Outline(head_data, fc.new_blob), Outline(base_data, fc.old_blob), added, removed)
+    except (RecursionError, MemoryError):  # nesting too deep to parse: the full tables decide (opaque: all)
+        return False
 
 
 def _base_info(repo_path: str | None, fc):
