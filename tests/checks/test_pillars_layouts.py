@@ -50,3 +50,10 @@ def test_an_autograd_forward_in_a_dsl_kernel_package_is_no_topology():
     assert "topology" not in symbol_pillars
     assert "topology" in {pid for pid, raw, name_re in matcher.symbol_patterns("engine/model_runner.py")
                           if name_re.match("Model.forward")}
+
+
+def test_a_master_weight_cast_is_the_weight_pipeline():
+    matcher = PillarMatcher(default_config().pillars)
+    got = {pid for pid, _raw, name_re in matcher.symbol_patterns("te/pytorch/tensor/utils.py")
+           if name_re.match("_cast_master_weights_to_fp8_mxfp8_scaling")}
+    assert "weights" in got
