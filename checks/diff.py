@@ -140,6 +140,9 @@ def _absent_blobs(repo, meta: list[_Raw]) -> set[str]:
     return {row.path for row in meta if row.old_blob in missing or row.new_blob in missing}
 
 
+_EMPTY_TREE = "4b825dc642cb6eb9a060e54bf8d69288fbee4904"  # git's well-known empty tree
+
+
 class _GitFailed(RuntimeError):
     """A git command exited non-zero; its stderr is the message."""
 
@@ -147,9 +150,12 @@ class _GitFailed(RuntimeError):
 def _diff(repo, *args: str) -> bytes:
     """``git diff`` over the objects alone: run in the git directory as a bare repository, so the checked-out
     head's own ``.gitattributes`` (``* -diff``, ``*.py binary``) cannot decide what the audit sees."""
-    cmd = ["git", f"--git-dir={repo.git_dir}", "-c", "core.bare=true", "-c", "core.quotepath=false", "diff", *args]
+    # git >= 2.42 reads a bare repository's attributes from HEAD (in a CLI checkout, the PR's head): attr.tree
+    # points them at the empty tree instead; older git ignores the key and reads none in a bare repository.
+    cmd = ["git", f"--git-dir={repo.git_dir}", "-c", "core.bare=true", "-c", f"attr.tree={_EMPTY_TREE}",
+           "-c", "core.quotepath=false", "diff", *args]
     try:
-        out = subprocess.run(cmd, cwd=repo.git_dir, capture_output=True, timeout=600)
+        out = subprocess.run(cmd, cwd=repo.git_dir, capture_output=True, stdin=subprocess.DEVNULL, timeout=600)
     except (OSError, subprocess.SubprocessError) as exc:
         raise _GitFailed(str(exc)) from None
     if out.returncode != 0:

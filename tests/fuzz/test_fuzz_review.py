@@ -14,7 +14,6 @@ import random
 import subprocess
 from pathlib import Path
 
-import pytest
 
 from bot.cli import main
 from checks.model import Audit, from_json
@@ -164,8 +163,6 @@ def test_seeded_random_trees_lose_nothing(tmp_path):
         _nothing_lost(r.path, _audited(r.path, tmp_path))
 
 
-@pytest.mark.xfail(strict=True, reason="checks/diff.py: a path git quotes in patch headers (a tab, a newline, a quote, "
-                                       "a backslash) is listed but loses its hunks; see STATUS.md Requests")
 def test_paths_git_quotes_keep_their_hunks(tmp_path):
     r = GitRepo(tmp_path / "r")
     names = ["engine/tab\there.py", 'engine/quo"te.py', "engine/back\\slash.py", "engine/new\nline.py"]
@@ -181,8 +178,6 @@ def test_paths_git_quotes_keep_their_hunks(tmp_path):
     assert {p: len(files[p]["hunks"]) for p in names} == dict.fromkeys(names, 1)
 
 
-@pytest.mark.xfail(strict=True, reason="checks/diff.py: the head's own .gitattributes (checked out) decides what git "
-                                       "diffs as binary; see STATUS.md Requests")
 def test_a_heads_gitattributes_cannot_blind_the_diff(tmp_path):
     r = GitRepo(tmp_path / "r")
     r.write("engine/a.py", "def f():\n    return 1\n")
@@ -196,8 +191,6 @@ def test_a_heads_gitattributes_cannot_blind_the_diff(tmp_path):
     assert not change["binary"] and len(change["hunks"]) == 1
 
 
-@pytest.mark.xfail(strict=True, raises=RecursionError, reason="runner/outline.py, impact.py, select.py, imports.py: "
-                   "ast.parse raises RecursionError on a deep expression, caught nowhere; see STATUS.md Requests")
 def test_a_deep_expression_in_the_head_does_not_crash_the_review(tmp_path):
     r = GitRepo(tmp_path / "r")
     r.write("engine/a.py", "def f():\n    return 1\n")
