@@ -14,7 +14,6 @@ import random
 import subprocess
 from pathlib import Path
 
-
 from bot.cli import main
 from checks.model import Audit, from_json
 from tests.gitrepo import GitRepo
