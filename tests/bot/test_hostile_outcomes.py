@@ -193,17 +193,9 @@ def test_gpu_results_of_a_head_pushed_away_and_back_still_count(bot_factory, gpu
 
 
 def test_a_writers_typo_in_a_command_does_not_turn_a_failed_check_green(bot_factory, gpu_repo):
-    from tests.bot.test_hostile_results import _gpu_pr_that_fails, _say
+    from tests.bot.test_hostile_results import _failed_head, _say
 
-    make, state = bot_factory
-    head, runs = _gpu_pr_that_fails(state, gpu_repo, 65)
-    bot = make()
-    bot.deliver("pull_request", pr_payload("opened", number=65, head=head, base=gpu_repo[1]))
-    bot.settle()
-    bot.deliver("workflow_run", workflow_run_payload(runs[0]))
-    bot.settle()
-    (failed,) = state.check_runs_for(REPO, head)
-    assert failed["conclusion"] == "failure"
+    bot, state, head, failed = _failed_head(bot_factory, gpu_repo, 65)
     for typo in ("/audit run parity-loadr", "/audit pillars=weigths"):  # unknown suite, unknown pillar
         _say(bot, state, 65, typo, "maintainer")
         newest = max(state.check_runs_for(REPO, head), key=lambda c: c["id"])

@@ -36,6 +36,20 @@ def _gpu_pr_that_fails(state, gpu_repo, number: int, outcome: str = "failed") ->
     return head, runs
 
 
+def _failed_head(bot_factory, gpu_repo, number: int):
+    """(bot, state, head, its check run) once PR ``number``'s GPU results came back failed and its check run says so."""
+    make, state = bot_factory
+    head, runs = _gpu_pr_that_fails(state, gpu_repo, number)
+    bot = make()
+    bot.deliver("pull_request", pr_payload("opened", number=number, head=head, base=gpu_repo[1]))
+    bot.settle()
+    bot.deliver("workflow_run", workflow_run_payload(runs[0]))
+    bot.settle()
+    (failed,) = state.check_runs_for(REPO, head)
+    assert failed["conclusion"] == "failure"
+    return bot, state, head, failed
+
+
 def _say(bot, state, number: int, body: str, user: str) -> dict:
     asked = state.add_comment(REPO, number, body, user=user)
     assert bot.deliver("issue_comment", _comment_payload(number, body, user, asked["id"])).status_code == 202
@@ -44,15 +58,7 @@ def _say(bot, state, number: int, body: str, user: str) -> dict:
 
 
 def test_a_non_writers_audit_does_not_turn_a_failed_gpu_check_green(bot_factory, gpu_repo):
-    make, state = bot_factory
-    head, runs = _gpu_pr_that_fails(state, gpu_repo, 51)
-    bot = make()
-    bot.deliver("pull_request", pr_payload("opened", number=51, head=head, base=gpu_repo[1]))
-    bot.settle()
-    bot.deliver("workflow_run", workflow_run_payload(runs[0]))
-    bot.settle()
-    (failed,) = state.check_runs_for(REPO, head)
-    assert failed["conclusion"] == "failure"
+    bot, state, head, failed = _failed_head(bot_factory, gpu_repo, 51)
     (comment,) = _marked(state, 51)
     before = comment["body"]
 
