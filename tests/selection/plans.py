@@ -19,3 +19,15 @@ def plan_for(repo: str | Path, base: str, head: str) -> TestPlan:
     changes = build_changeset(co)
     return select_tests(config, changes, map_pillars(co, config, changes), Findings(), AuditOptions(),
                         Tree(co.repo, co.head_sha), "aid")
+
+
+def selected_tests(repo: str | Path, base: str, head: str) -> list[str]:
+    """The test files the plan runs, sorted."""
+    return sorted(s.id.removeprefix("pytest:") for s in plan_for(repo, base, head).suites)
+
+
+def selected_reasons(git_repo, tree: dict[str, str], files: dict[str, str]) -> dict[str, str]:
+    """Commit ``tree`` as the base and ``files`` over it as the head: each test the plan runs, with its first reason."""
+    base = git_repo.commit_files(tree, "base")
+    head = git_repo.commit_files(files)
+    return {s.id.removeprefix("pytest:"): s.reasons[0] for s in plan_for(git_repo.path, base, head).suites}

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.selection.plans import plan_for
+from tests.selection.plans import selected_tests
 
 KERNEL = '''import triton
 
@@ -72,8 +72,7 @@ def repo(git_repo):
 def selected(repo, old: str, new: str) -> list[str]:
     assert old in KERNEL
     head = repo.commit_files({"lib/models/vit/kernel/attn.py": KERNEL.replace(old, new, 1)})
-    plan = plan_for(repo.path, repo.base, head)
-    return sorted(s.id.removeprefix("pytest:") for s in plan.suites)
+    return selected_tests(repo.path, repo.base, head)
 
 
 def test_a_def_inside_try_reaches_its_callers_tests_only(repo):

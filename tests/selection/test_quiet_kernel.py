@@ -8,7 +8,7 @@ its ``__init__`` (which loads the extension and sets it up).
 
 from __future__ import annotations
 
-from tests.selection.plans import plan_for
+from tests.selection.plans import selected_reasons
 
 REPO = {
     "setup.py": "from torch.utils.cpp_extension import CUDAExtension\n"
@@ -30,10 +30,7 @@ REPO = {
 
 
 def selected(git_repo, files, tree=REPO):
-    base = git_repo.commit_files(tree, "base")
-    head = git_repo.commit_files(files)
-    plan = plan_for(git_repo.path, base, head)
-    return {s.id.removeprefix("pytest:"): s.reasons[0] for s in plan.suites}
+    return selected_reasons(git_repo, tree, files)
 
 
 def test_compiled_code_runs_through_the_extension_users_not_every_importer(git_repo):

@@ -4,7 +4,7 @@ more statements than MAX_STATEMENTS, or nested deeper than the parser goes, coun
 from __future__ import annotations
 
 import runner.impact
-from tests.selection.plans import plan_for
+from tests.selection.plans import selected_tests
 
 BASE = {
     "pkg/__init__.py": "",
@@ -18,7 +18,7 @@ BASE = {
 def selected(git_repo, files):
     base = git_repo.commit_files(BASE, "base")
     head = git_repo.commit_files(files)
-    return sorted(s.id.removeprefix("pytest:") for s in plan_for(git_repo.path, base, head).suites)
+    return selected_tests(git_repo.path, base, head)
 
 
 def test_a_module_past_the_statement_limit_counts_as_used_whole(git_repo, monkeypatch):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.selection.plans import plan_for
+from tests.selection.plans import selected_tests
 
 BASE = {
     "pkg/__init__.py": "",
@@ -33,8 +33,7 @@ def repo(git_repo):
 
 def selected(repo, old, new):
     head = repo.commit_files({"pkg/pipe.py": BASE["pkg/pipe.py"].replace(old, new, 1)})
-    plan = plan_for(repo.path, repo.base, head)
-    return sorted(s.id.removeprefix("pytest:") for s in plan.suites)
+    return selected_tests(repo.path, repo.base, head)
 
 
 def test_a_changed_helper_reaches_the_tests_spelling_the_methods_that_call_it(repo):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.selection.plans import plan_for
+from tests.selection.plans import selected_tests
 
 BASE = {
     "eng/__init__.py": "from eng.pipe import Pipeline\n",
@@ -20,8 +20,7 @@ BASE = {
 def selected(git_repo, files):
     base = git_repo.commit_files(BASE, "base")
     head = git_repo.commit_files(files)
-    plan = plan_for(git_repo.path, base, head)
-    return sorted(s.id.removeprefix("pytest:") for s in plan.suites)
+    return selected_tests(git_repo.path, base, head)
 
 
 def test_a_package_name_in_a_string_is_no_run_of_its_init(git_repo):

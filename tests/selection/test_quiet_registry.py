@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.selection.plans import plan_for
+from tests.selection.plans import selected_tests
 
 BASE = {
     "eng/__init__.py": "",
@@ -63,8 +63,7 @@ def repo(git_repo):
 def selected(repo, path, old, new):
     assert old in BASE[path]
     head = repo.commit_files({path: BASE[path].replace(old, new, 1)})
-    plan = plan_for(repo.path, repo.base, head)
-    return sorted(s.id.removeprefix("pytest:") for s in plan.suites)
+    return selected_tests(repo.path, repo.base, head)
 
 
 def test_a_registered_model_reaches_the_registry_readers_not_its_module_neighbours(repo):

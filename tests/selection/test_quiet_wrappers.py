@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.selection.plans import plan_for
+from tests.selection.plans import selected_tests
 
 BASE = {
     "pkg/__init__.py": "",
@@ -84,8 +84,7 @@ def repo(git_repo):
 
 def selected(repo, files):
     head = repo.commit_files(files)
-    plan = plan_for(repo.path, repo.base, head)
-    return sorted(s.id.removeprefix("pytest:") for s in plan.suites)
+    return selected_tests(repo.path, repo.base, head)
 
 
 def edit(path, old, new):
