@@ -89,6 +89,8 @@ class SparseConfig:
     warp_spec: bool = False  # Gluon: the warp-specialised kernel (32-slot tiles, num_stages ring stages)
     score_split: bool = False  # warp-specialised: each consumer computes the scores over half the channels
     producers: int = 1  # warp-specialised: producer warpgroups (1 or 2; two take alternate tiles)
+    row_warps: bool = False  # Gluon: nope tiles 0-3 (4-5) copied and dequantised a whole row (two rows) a warp,
+    # so that no two of a warp's shared-memory accesses share a bank
 
 
 def sparse_config(batch: int, heads: int, k: int, cap: tuple[int, int] | None, low: bool = True,
@@ -119,11 +121,13 @@ def sparse_config(batch: int, heads: int, k: int, cap: tuple[int, int] | None, l
     return SparseConfig(bh, bt, n_split, 8, 1, False, lazy=False, xchg=True, l2_prefetch=1)
 
 
-# the Gluon kernel's knobs when it is sm90's default (None: the tl kernel stays the default). H200, round of
-# 2026-12-01 15:47: 36.0 / 45.9 / 63.5 us (tl: 40.1 / 52.7 / 82.3 us), copy 4226 GB/s. Round of 15:03 (copy ceiling 4226 GB/s, dense bf16 matmul 808 TFLOP/s; benchmarks/sparse_mla_sweep.py
-# "g2-l2"): b32 35.6 us, b64 45.7 us, b128 63.2 us (10.8 / 16.8 / 24.3 % of copy) against the tl kernel's
-# 39.8 / 52.2 / 81.9 us in the same run; every Gluon variant within 2.8e-6 gemm_diff of the reference
-GLUON_DEFAULT: dict | None = {"l2_prefetch": 1}
+# the Gluon kernel's knobs when it is sm90's default (None: the tl kernel stays the default): the L2 prefetch a
+# tile ahead, every slot number loaded a trip before its use, the fused combine (the row's last chunk merges)
+# and a bf16 q by cp.async. H200, rounds of 2026-12-01 17:27 / 17:58 / 18:28 (benchmarks/sparse_mla_sweep.py
+# "g2-all", copy 4227 / 4249 / 4229 GB/s): b32 34.1 / 34.0 / 34.6 us, b64 42.5 / 42.5 / 43.0 us, b128 61.3 /
+# 60.6 / 60.6 us (25.3 % of copy at b128), against 35.5 / 35.7 / 35.4, 45.4 / 45.1 / 45.3, 62.8 / 62.5 / 62.6
+# us for the L2 prefetch alone ("g2-l2", the default before) in the same runs; gemm_diff 2.7e-6 in all
+GLUON_DEFAULT: dict | None = {"l2_prefetch": 1, "idx_ahead": True, "fused_combine": True, "q_async": True}
 
 
 @triton.jit
@@ -463,6 +467,33 @@ if HAVE_GLUON:
                                                mask=oks & (c8 >= 0))
 
     @gluon.jit
+    def _g_issue_cf(pool_ptr, pool16_ptr, s0, s1, slot, slots, r0, r1, r2, rr, rw, ROW: gl.constexpr, G0: gl.constexpr,
+                    G1: gl.constexpr, G: gl.constexpr, GS: gl.constexpr, WIDE: gl.constexpr):
+        """:func:`_g_issue` with nope tiles 0-3 copied a whole 256-byte row a warp (``s0`` along G0's rows) and
+        4-5 two 128-byte rows a warp (``s1`` along G1's), so that no two of a warp's copies share a bank."""
+        if WIDE:
+            s0 = s0.to(gl.int64)
+            s1 = s1.to(gl.int64)
+        c256 = gl.expand_dims(gl.arange(0, 256, layout=gl.SliceLayout(0, G0)), 0)
+        c128 = gl.expand_dims(gl.arange(0, 128, layout=gl.SliceLayout(0, G1)), 0)
+        async_copy.async_copy_global_to_shared(r0, pool_ptr + gl.expand_dims(gl.maximum(s0, 0) * ROW, 1) + c256,
+                                               mask=gl.expand_dims(s0 >= 0, 1) & (c256 >= 0))
+        async_copy.async_copy_global_to_shared(r1, pool_ptr + gl.expand_dims(gl.maximum(s1, 0) * ROW, 1) + 256 + c128,
+                                               mask=gl.expand_dims(s1 >= 0, 1) & (c128 >= 0))
+        if WIDE:
+            slot = slot.to(gl.int64)
+            slots = slots.to(gl.int64)
+        ok = gl.expand_dims(slot >= 0, 1)
+        base = gl.expand_dims(gl.maximum(slot, 0) * ROW, 1)
+        c64 = gl.expand_dims(gl.arange(0, 64, layout=gl.SliceLayout(0, G)), 0)
+        async_copy.async_copy_global_to_shared(r2, pool_ptr + base + 384 + c64, mask=ok & (c64 >= 0))
+        async_copy.async_copy_global_to_shared(rr, pool16_ptr + base // 2 + 224 + c64, mask=ok & (c64 >= 0))
+        oks = gl.expand_dims(slots >= 0, 1)
+        c8 = gl.expand_dims(gl.arange(0, 8, layout=gl.SliceLayout(0, GS)), 0)
+        async_copy.async_copy_global_to_shared(rw, pool_ptr + gl.expand_dims(gl.maximum(slots, 0) * ROW, 1) + 576 + c8,
+                                               mask=oks & (c8 >= 0))
+
+    @gluon.jit
     def _g_fetch(pool_ptr, pool16_ptr, idx_ptr, row, K, t0, hi, r0, r1, r2, rr, rw, BT: gl.constexpr,
                  ROW: gl.constexpr, G: gl.constexpr, GS: gl.constexpr, WIDE: gl.constexpr):
         """:func:`_g_issue` for the tile ``t0 .. t0+BT``, its slot numbers loaded here."""
@@ -542,7 +573,7 @@ if HAVE_GLUON:
     def _sparse_decode_gluon(q_ptr, pool_ptr, pool16_ptr, idx_ptr, sink_ptr, o_ptr, lse_ptr, K, H, qk_scale, fo_ptr,
                              cnt_ptr, SPLIT: gl.constexpr, STAGES: gl.constexpr, ROW: gl.constexpr, WIDE: gl.constexpr,
                              L2PF: gl.constexpr, EARLY: gl.constexpr, LSUMW: gl.constexpr, IDXA: gl.constexpr,
-                             FUSED: gl.constexpr, QA: gl.constexpr):
+                             FUSED: gl.constexpr, QA: gl.constexpr, CF: gl.constexpr):
         """:func:`_sparse_decode_kernel`'s online softmax for sm90 with explicit shared memory: the raw bytes of
         the rows ``STAGES - 1`` tiles ahead are gathered by cp.async into a ring while this tile is
         dequantised; the dequantised tile (bf16, wgmma's swizzled layout, one buffer per part of the row so
@@ -570,6 +601,16 @@ if HAVE_GLUON:
         GS: gl.constexpr = gl.BlockedLayout([1, 8], [32, 1], [2, 4], [1, 0])
         PF: gl.constexpr = gl.BlockedLayout([1, 1], [4, 8], [8, 1], [1, 0])  # G's rows: its slots convert freely
         L3: gl.constexpr = gl.BlockedLayout([1, 1, 8], [4, 1, 8], [8, 1, 1], [2, 1, 0])
+        if CF:  # a warp's copies and dequantising loads of nope tiles 0-3 take one row, of 4-5 two rows
+            G0: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [8, 1], [1, 0])
+            G1: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [8, 1], [1, 0])
+            L30: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 4, 8], [8, 1, 1], [2, 1, 0])
+            L31: gl.constexpr = gl.BlockedLayout([1, 1, 8], [2, 2, 8], [8, 1, 1], [2, 1, 0])
+        else:
+            G0: gl.constexpr = G
+            G1: gl.constexpr = G
+            L30: gl.constexpr = L3
+            L31: gl.constexpr = L3
         MG: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [8, 1], [1, 0])
         MMA_SL: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
         RAW: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
@@ -601,12 +642,22 @@ if HAVE_GLUON:
             _g_qpart(q_ptr, row, H, h0, q2, 384, 64, BH, G, QA)
             _g_qpart(q_ptr, row, H, h0, q3, 448, 64, BH, G, QA)
         for i in gl.static_range(STAGES - 1):
-            _g_fetch(pool_ptr, pool16_ptr, idx_ptr, row, K, lo + i * BT, hi, r0.index(i), r1.index(i), r2.index(i),
-                     rr.index(i), rw.index(i), BT, ROW, G, GS, WIDE)
+            if CF:
+                _g_issue_cf(pool_ptr, pool16_ptr, _g_slots(idx_ptr, row, K, lo + i * BT, hi, BT, gl.SliceLayout(1, G0)),
+                            _g_slots(idx_ptr, row, K, lo + i * BT, hi, BT, gl.SliceLayout(1, G1)),
+                            _g_slots(idx_ptr, row, K, lo + i * BT, hi, BT, SG),
+                            _g_slots(idx_ptr, row, K, lo + i * BT, hi, BT, SGS), r0.index(i), r1.index(i), r2.index(i),
+                            rr.index(i), rw.index(i), ROW, G0, G1, G, GS, WIDE)
+            else:
+                _g_fetch(pool_ptr, pool16_ptr, idx_ptr, row, K, lo + i * BT, hi, r0.index(i), r1.index(i), r2.index(i),
+                         rr.index(i), rw.index(i), BT, ROW, G, GS, WIDE)
             async_copy.commit_group()
         if IDXA:  # the slot numbers of the next gather (and of the L2 prefetch a tile beyond it)
             ns = _g_slots(idx_ptr, row, K, lo + (STAGES - 1) * BT, hi, BT, SG)
             nss = _g_slots(idx_ptr, row, K, lo + (STAGES - 1) * BT, hi, BT, SGS)
+            if CF:
+                ns0 = _g_slots(idx_ptr, row, K, lo + (STAGES - 1) * BT, hi, BT, gl.SliceLayout(1, G0))
+                ns1 = _g_slots(idx_ptr, row, K, lo + (STAGES - 1) * BT, hi, BT, gl.SliceLayout(1, G1))
             if L2PF:
                 n2 = _g_slots(idx_ptr, row, K, lo + STAGES * BT, hi, BT, SG)
             mslot = _g_slots(idx_ptr, row, K, lo, hi, BT, SM)
@@ -638,8 +689,14 @@ if HAVE_GLUON:
             nxt = (it + STAGES - 1) % STAGES
             # the gathers STAGES - 1 tiles ahead go out first, then the L2 prefetch one tile further
             if IDXA:
-                _g_issue(pool_ptr, pool16_ptr, ns, nss, r0.index(nxt), r1.index(nxt), r2.index(nxt), rr.index(nxt),
-                         rw.index(nxt), ROW, G, GS, WIDE)
+                if CF:
+                    _g_issue_cf(pool_ptr, pool16_ptr, ns0, ns1, ns, nss, r0.index(nxt), r1.index(nxt), r2.index(nxt),
+                                rr.index(nxt), rw.index(nxt), ROW, G0, G1, G, GS, WIDE)
+                    ns0 = _g_slots(idx_ptr, row, K, t0 + STAGES * BT, hi, BT, gl.SliceLayout(1, G0))
+                    ns1 = _g_slots(idx_ptr, row, K, t0 + STAGES * BT, hi, BT, gl.SliceLayout(1, G1))
+                else:
+                    _g_issue(pool_ptr, pool16_ptr, ns, nss, r0.index(nxt), r1.index(nxt), r2.index(nxt), rr.index(nxt),
+                             rw.index(nxt), ROW, G, GS, WIDE)
                 async_copy.commit_group()
                 nss = _g_slots(idx_ptr, row, K, t0 + STAGES * BT, hi, BT, SGS)
                 if L2PF:
@@ -648,6 +705,17 @@ if HAVE_GLUON:
                     n2 = _g_slots(idx_ptr, row, K, t0 + (STAGES + 1) * BT, hi, BT, SG)
                 else:
                     ns = _g_slots(idx_ptr, row, K, t0 + STAGES * BT, hi, BT, SG)
+            elif CF:
+                t1 = t0 + (STAGES - 1) * BT
+                _g_issue_cf(pool_ptr, pool16_ptr, _g_slots(idx_ptr, row, K, t1, hi, BT, gl.SliceLayout(1, G0)),
+                            _g_slots(idx_ptr, row, K, t1, hi, BT, gl.SliceLayout(1, G1)),
+                            _g_slots(idx_ptr, row, K, t1, hi, BT, SG), _g_slots(idx_ptr, row, K, t1, hi, BT, SGS),
+                            r0.index(nxt), r1.index(nxt), r2.index(nxt), rr.index(nxt), rw.index(nxt), ROW, G0, G1, G, GS,
+                            WIDE)
+                async_copy.commit_group()
+                if L2PF:
+                    _g_prefetch(pool_ptr, _g_slots(idx_ptr, row, K, t0 + STAGES * BT, hi, BT, gl.SliceLayout(1, PF)),
+                                ROW, PF)
             else:
                 _g_fetch(pool_ptr, pool16_ptr, idx_ptr, row, K, t0 + (STAGES - 1) * BT, hi, r0.index(nxt),
                          r1.index(nxt), r2.index(nxt), rr.index(nxt), rw.index(nxt), BT, ROW, G, GS, WIDE)
@@ -661,9 +729,9 @@ if HAVE_GLUON:
             w = rw.index(cur)
             # the first EARLY parts are dequantised while the last tile's value MMAs run (their registers
             # wait for the MMAs to release the kv buffers), the rest after
-            k0 = _g_deq(r0.index(cur), w.slice(0, 4, dim=1), 4, BT, L3)
+            k0 = _g_deq(r0.index(cur), w.slice(0, 4, dim=1), 4, BT, L30)
             if EARLY >= 2:
-                k1 = _g_deq(r1.index(cur), w.slice(4, 2, dim=1), 2, BT, L3)
+                k1 = _g_deq(r1.index(cur), w.slice(4, 2, dim=1), 2, BT, L31)
             if EARLY >= 3:
                 k2 = _g_deq(r2.index(cur), w.slice(6, 1, dim=1), 1, BT, L3)
             if EARLY >= 4:
@@ -672,7 +740,7 @@ if HAVE_GLUON:
             gl.thread_barrier()  # both warpgroups' value MMAs of the last tile are done with the kv and p buffers
             kv0.store(k0)
             if EARLY < 2:
-                k1 = _g_deq(r1.index(cur), w.slice(4, 2, dim=1), 2, BT, L3)
+                k1 = _g_deq(r1.index(cur), w.slice(4, 2, dim=1), 2, BT, L31)
             kv1.store(k1)
             if EARLY < 3:
                 k2 = _g_deq(r2.index(cur), w.slice(6, 1, dim=1), 1, BT, L3)
@@ -1072,7 +1140,7 @@ def sparse_mla_decode(q: torch.Tensor, pool: torch.Tensor, indices: torch.Tensor
         gargs = {"SPLIT": n_split > 1, "STAGES": args["num_stages"], "ROW": TOKEN_BYTES, "WIDE": args["WIDE"],
                  "L2PF": bool(args["L2PF"]), "EARLY": args["EARLY"], "LSUMW": args["LSUMW"], "IDXA": args["IDXA"],
                  "FUSED": args["FUSED"], "QA": args["QA"], "KSPLIT": args["KSPLIT"],
-                 "LAZY": args["LAZY"], "num_warps": 8}
+                 "LAZY": args["LAZY"], "CF": args["CF"], "num_warps": 8}
         kernel = _sparse_decode_gluon
         if args["WS"]:  # 4 warps launched (the first consumer), 8 more in the partitions: 168 registers a thread
             kernel = _sparse_decode_ws
@@ -1163,6 +1231,7 @@ def _plan(b: int, h: int, k: int, dtype: torch.dtype, dev_type: str, dev_index: 
     args["WS"] = cfg.warp_spec
     args["KSPLIT"] = cfg.score_split
     args["NPROD"] = 2 if cfg.producers > 1 else 1
+    args["CF"] = cfg.row_warps
     progs = b * n_split * hb
     n_part, n_lse = (b * n_split * h * 512, b * n_split * h) if n_split > 1 else (0, 0)
     n_p, n_m = (2 * progs * cfg.block_h * bt, 2 * progs * cfg.block_h) if cfg.xchg and not args["GLUON"] else (0, 0)

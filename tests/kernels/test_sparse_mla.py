@@ -249,6 +249,8 @@ def _sm90() -> bool:
     (2, 16, 130, 2, torch.float16, False, {"l2_prefetch": 1}),  # fewer heads than the block; fp16 q
     (4, 64, 640, 4, torch.bfloat16, False, {"early_parts": 2, "wg_sums": True}),  # V4-Flash's row
     (2, 64, 100, 5, torch.bfloat16, True, {"wg_sums": True}),  # more chunks than tiles: capped
+    (3, 72, 330, 2, torch.bfloat16, True, {"row_warps": True, "idx_ahead": True, "l2_prefetch": 1}),  # row a warp
+    (2, 64, 130, 1, torch.float16, False, {"row_warps": True}),  # rows a warp, slot numbers loaded at the gather
     (3, 64, 300, 1, torch.bfloat16, True, {"idx_ahead": True, "l2_prefetch": 1}),  # slot numbers a trip ahead
     (3, 72, 330, 2, torch.bfloat16, True, {"idx_ahead": True}),  # ahead without the L2 prefetch; chunks
     (2, 64, 40, 1, torch.float16, False, {"q_async": True, "idx_ahead": True}),  # fp16 q keeps the register path
