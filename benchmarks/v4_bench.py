@@ -141,8 +141,10 @@ def sec_membound() -> None:
     dq = torch.empty(e, rows, k, dtype=torch.bfloat16, device=DEV)
     _row("mxfp4_dequant", f"{e}x{rows}x{k} -> bf16", w.numel() + s.numel() + dq.numel() * 2,
          bench_ms(lambda: mxfp4.mxfp4_dequant(w, s, torch.bfloat16, out=dq)), "membound")
-    # CSA (window 8) at 4096 entries (100 MB: two waves of programs) and 16384 (400 MB), HCA (window 128)
-    sizes = ((2, 8), (2, 16)) if ARGS.smoke else ((4096, 8), (16384, 8), (1024, 128))
+    # CSA (window 8) at 4096 entries (100 MB: two waves of programs) and 16384 (400 MB), HCA (window 128) at 1024;
+    # then HCA at V4-Flash prefills of 64K and 16K tokens (one entry per 128 tokens: 512 and 128 entries, fewer
+    # programs than the GPU holds, the case split windows are for)
+    sizes = ((2, 8), (2, 16)) if ARGS.smoke else ((4096, 8), (16384, 8), (1024, 128), (512, 128), (128, 128))
     for n_ent, length in sizes:
         ckv = torch.randn(n_ent, length, 512, device=DEV).bfloat16()
         cg = torch.randn(n_ent, length, 512, device=DEV)

@@ -343,7 +343,10 @@ def _split(n: int, length: int, unroll: int, device: torch.device) -> int:
     whole number of steps (1: no split)."""
     if not STREAM_SPLIT or device.type != "cuda" or interpreting():
         return 1
-    target = STREAM_SPLIT_PROGRAMS * _sms(device.index if device.index is not None else torch.cuda.current_device())
+    sms = _sms(device.index if device.index is not None else torch.cuda.current_device())
+    if n >= sms:  # one program per SM already: splitting lost on the H200 (512 x 128 in 2 parts: 63.4 vs 59.6 us)
+        return 1
+    target = STREAM_SPLIT_PROGRAMS * sms
     parts = 1
     while (n * parts * 2 <= target and length % (parts * 2 * unroll) == 0
            and length // (parts * 2) >= STREAM_SPLIT_ROWS):
@@ -364,21 +367,28 @@ COMPRESS_FAST_EXP = True
 STREAM_UNROLL = 4  # the stream kernel: window rows per step (1, 2, 4 or 8; 8 warps: 62.5 / 86.3 / 88.4 %), warps
 STREAM_WARPS = 4
 STREAM_CACHE = ""  # the stream kernel's load cache modifier ("" or ".cg": L2 only; no faster)
+# the stream kernel's L2 hint for CSA-sized windows (each row is read once). H200 (round 3, median of 3 passes):
+# 4096 x 8 / 16384 x 8 at 74.9 / 92.2 % of copy with evict_first, 69.7 / 91.4 % without; HCA 1024 x 128 89.3 % with,
+# 91.3 % without, so HCA windows go without
+STREAM_EVICT = "evict_first"
+STREAM_EVICT_ROWS = 16
 # the stream kernel loads the tail's inputs with the first step's rows (8 rows per step: 72 registers, 7
 # programs per SM, so 1024 HCA entries take two waves: 80.6 % at 1024 x 128)
 STREAM_PRE = True
-# windows of few entries (HCA at 16K-64K-token prefills: fewer entries than program slots) are split into parts
-# pooled by separate programs, then merged: up to this many programs per SM, parts of at least this many rows
-STREAM_SPLIT = False
+# windows of fewer entries than SMs (HCA at a 16K-token prefill: 128 entries) are split into parts pooled by
+# separate programs, then merged: up to this many programs per SM, parts of at least this many rows. H200 (round 3):
+# 128 x 128 in 8 parts 27.8 us (42.8 % of copy, 70.1 % of a same-size copy), one pass 35.4 us (33.6 %)
+STREAM_SPLIT = True
 STREAM_SPLIT_PROGRAMS = 8
 STREAM_SPLIT_ROWS = 16
 
 
 def compress_store(kv, gate, norm_weight, eps, cos, sin, pool, slots, *, impl: str | None = None,
                    block_l: int | None = None, num_warps: int | None = None, entries: int | None = None,
-                   evict: str = "", fast_exp: bool | None = None, parts: int | None = None) -> torch.Tensor:
+                   evict: str | None = None, fast_exp: bool | None = None, parts: int | None = None) -> torch.Tensor:
     """Triton :func:`compress_store_ref`. ``impl``: ``"stream"``, one entry per program, the window ``block_l``
-    rows per step (1, 2, 4 or 8) side by side in each thread (``evict``: the L2 hint of its loads and stores;
+    rows per step (1, 2, 4 or 8) side by side in each thread (``evict``: the L2 hint of its loads and stores,
+    None: :data:`STREAM_EVICT` for windows up to :data:`STREAM_EVICT_ROWS` rows, else none;
     ``parts`` > 1: each window pooled in that many parts by separate programs, then merged; None: by
     :func:`_split`);
     ``"unrolled"``, ``entries`` per program streaming the window ``block_l`` rows per loop trip through an
@@ -407,6 +417,8 @@ def compress_store(kv, gate, norm_weight, eps, cos, sin, pool, slots, *, impl: s
     elif impl == "stream":
         unroll = 1 << (min(block_l or STREAM_UNROLL, 8, length).bit_length() - 1)  # a power of two <= the window
         parts = _split(n, length, unroll, kv.device) if parts is None else parts
+        if evict is None:
+            evict = STREAM_EVICT if length <= STREAM_EVICT_ROWS else ""
         if parts > 1 and length % (parts * unroll):
             raise ValueError(f"compress_store: {parts} parts of {unroll}-row steps do not tile a window of {length}")
         if parts > 1:

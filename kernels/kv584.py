@@ -414,8 +414,9 @@ def _load_rows_kernel(pool64_ptr, slot_ptr, o_ptr, n, ROWS: tl.constexpr, HW_CAS
 
 STORE_IMPL = "tiles"  # the default kernel of kv584_store
 # H200 (round 1 of 2026-12-01 d, ceiling 4228 GB/s), 65536 / 262144 tokens: tiles, 4 tokens x 2 warps, 78.0 / 94.8 % of
-# copy (95.3 / 99.6 % of a same-size copy; 8 x 2: 77.0 / 93.8 %, 16 x 4: 73.8 / 92.6 %); words 73.4 / 89.1 %
-TILES_ROWS = 4  # the tiles kernel: tokens per program, warps
+# copy (95.3 / 99.6 % of a same-size copy; 8 x 2: 77.0 / 93.8 %, 16 x 4: 73.8 / 92.6 %); words 73.4 / 89.1 %. Rounds
+# 2-3: 2 tokens x 2 warps 78.4 / 94.9 % and 79.6 / 95.1 % (4 x 2 in the same runs: 77.6 / 93.8 %, 76.8 / 95.2 %)
+TILES_ROWS = 2  # the tiles kernel: tokens per program, warps
 TILES_WARPS = 2
 STORE_ROWS = 4  # tokens per program of the word-store kernel (4 rows x 2 warps: best of 4..32 x 2..8 on the H200)
 STORE_WARPS = 2
