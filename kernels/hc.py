@@ -788,7 +788,7 @@ def _hc_post_kernel(o_ptr, x_ptr, post_ptr, comb_ptr, y_ptr, D, N: tl.constexpr,
 HC_PRE = {"variant": "split", "split": {"bt": 256, "bt_min": 64, "bk": 64, "s": 8, "parts": 2, "bt2": 16, "ds": 4,
                                         "bd": 128, "warps": 8, "warps2": 4, "rev": True},
           "lag": {"bt": 64, "bk": 64, "s": 16, "ds": 16, "bd": 64, "bt2": 16, "lag": 12, "warps": 4},
-          "groupp": {"bt": 32, "dw": 128, "stages": 3, "fence": True, "leader": False, "lag": 0, "sleep": 32,
+          "groupp": {"bt": 32, "dw": 128, "stages": 3, "fence": True, "leader": False, "lag": 1, "sleep": 32,
                      "xstore": False, "warps": 8, "per_sm": 1},
           "fused": {"bt": 64, "bd": 64, "warps": 8}, "persist": {"bt": 64, "bd": 64, "warps": 8, "per_sm": 2,
                                                                           "overlap": True}}
@@ -897,6 +897,10 @@ def hc_pre(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.T
             bt, dw = 16, max(16, next_pow2(d))
         n_p, n_tb = triton.cdiv(d, dw), triton.cdiv(t, bt)
         # counters and flags 128 bytes apart (32 words): a block's pollers never share a line with another's
+        if p["leader"] and not p["lag"] and not interp:
+            # the pipeliner interleaves the count-in, the leader's sums and the wait of consecutive blocks so
+            # that a leader can read a block before every member's partials are in (wrong on the H200)
+            raise ValueError("hc_pre: groupp's leader mode needs lag 1 on a GPU")
         xstore = bool(p["leader"]) and bool(p["xstore"])
         n_acc = (n_p if xstore else 1) * t * (nmix + 1)
         scratch = torch.zeros(n_acc + 64 * n_tb + 1, dtype=torch.float32, device=x.device)

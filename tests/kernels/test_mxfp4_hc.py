@@ -252,9 +252,13 @@ def test_hc_pre_grouped_one_pass_matches_the_reference(device):
     member is partly masked (under the interpreter a group is one program over every column)."""
     inp = _hc_inputs(37, 4, 200, device, torch.bfloat16)
     ref = hc.hc_pre_ref(**inp)
-    for tune in ({"groups": 3}, {"groups": 1, "stages": 2}, {"leader": True}, {"leader": True, "lag": 1},
+    for tune in ({"groups": 3}, {"groups": 1, "stages": 2}, {"leader": True, "lag": 0}, {"leader": True, "lag": 1},
                  {"leader": True, "xstore": True}):
         if device != "cpu":
+            if tune.get("lag") == 0:  # refused on a GPU: the pipelined loop would let a leader read too early
+                with pytest.raises(ValueError, match="lag 1"):
+                    hc.hc_pre(**inp, variant="groupp", **tune)
+                continue
             tune = {k: v for k, v in tune.items() if k != "groups"} | {"bt": 16}
         col, post, comb = hc.hc_pre(**inp, variant="groupp", **tune)
         if device != "cpu":
