@@ -783,8 +783,8 @@ def _hc_post_kernel(o_ptr, x_ptr, post_ptr, comb_ptr, y_ptr, D, N: tl.constexpr,
 
 #: hc_pre launch choices; the benchmark round picks them (``variant``: groupp | lag | fused | persist | split | v1 |
 #: auto). H200 8192x4x4096: split bt 256 / 8 K slices / 8 warps / reversed collapse 198 us (bt 64 / 4 slices / 4
-#: warps: 223 us), with fn in two bf16 parts instead of three 185 us (1024 tokens, bt 64 by the fill rule: 64 us vs
-#: 88 us); lag 292-1715 us; groupp 991-1345 us
+#: warps: 223 us), with fn in two bf16 parts instead of three 182-185 us vs 193-196 us (1024 tokens, bt 64 by the
+#: fill rule: 64 us vs 88 us); lag 292-1715 us; groupp 990-1345 us (about as slow with its waits skipped)
 HC_PRE = {"variant": "split", "split": {"bt": 256, "bt_min": 64, "bk": 64, "s": 8, "parts": 2, "bt2": 16, "ds": 4,
                                         "bd": 128, "warps": 8, "warps2": 4, "rev": True},
           "lag": {"bt": 64, "bk": 64, "s": 16, "ds": 16, "bd": 64, "bt2": 16, "lag": 12, "warps": 4},
