@@ -126,8 +126,11 @@ def sparse_config(batch: int, heads: int, k: int, cap: tuple[int, int] | None, l
 # and a bf16 q by cp.async. H200, rounds of 2026-12-01 17:27 / 17:58 / 18:28 (benchmarks/sparse_mla_sweep.py
 # "g2-all", copy 4227 / 4249 / 4229 GB/s): b32 34.1 / 34.0 / 34.6 us, b64 42.5 / 42.5 / 43.0 us, b128 61.3 /
 # 60.6 / 60.6 us (25.3 % of copy at b128), against 35.5 / 35.7 / 35.4, 45.4 / 45.1 / 45.3, 62.8 / 62.5 / 62.6
-# us for the L2 prefetch alone ("g2-l2", the default before) in the same runs; gemm_diff 2.7e-6 in all
-GLUON_DEFAULT: dict | None = {"l2_prefetch": 1, "idx_ahead": True, "fused_combine": True, "q_async": True}
+# us for the L2 prefetch alone ("g2-l2", the default before) in the same runs; gemm_diff 2.7e-6 in all. Plus
+# nope tiles a row a warp and 2 parts dequantised early ("g2-cf-e2"): rounds of 18:28 / 18:48 (copy 4229 / 4252
+# GB/s) 34.4 / 33.8, 42.5 / 42.0, 58.1 / 59.4 us (g2-all 61.6, g2-l2 63.2 us at b128 in the 18:48 run)
+GLUON_DEFAULT: dict | None = {"l2_prefetch": 1, "idx_ahead": True, "fused_combine": True, "q_async": True,
+                               "row_warps": True, "early_parts": 2}
 
 
 @triton.jit
