@@ -377,8 +377,10 @@ STREAM_EVICT_ROWS = 16
 STREAM_PRE = True
 # windows of fewer entries than SMs (HCA at a 16K-token prefill: 128 entries) are split into parts pooled by
 # separate programs, then merged: up to this many programs per SM, parts of at least this many rows. H200 (round 3):
-# 128 x 128 in 8 parts 27.8 us (42.8 % of copy, 70.1 % of a same-size copy), one pass 35.4 us (33.6 %)
-STREAM_SPLIT = True
+# 128 x 128 in 8 parts 27.8 us (42.8 % of copy, 70.1 % of a same-size copy), one pass 35.4 us (33.6 %); round 4:
+# 91.8 us split vs 60.3 us one pass (both launches and the workspace cost host time at this size). Off until it wins
+# every round.
+STREAM_SPLIT = False
 STREAM_SPLIT_PROGRAMS = 8
 STREAM_SPLIT_ROWS = 16
 
