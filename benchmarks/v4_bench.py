@@ -29,7 +29,7 @@ import traceback
 ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 ap.add_argument("--out", default=os.environ.get("OUT", "."), help="folder for v4_bench.{json,txt}")
 ap.add_argument("--smoke", action="store_true", help="tiny sizes on CPU under the Triton interpreter")
-ap.add_argument("--sections", default="ceiling,membound,sparse,engine,decode")
+ap.add_argument("--sections", default="ceiling,membound,sparse,engine,decode,compress_parts")
 ap.add_argument("--budget", type=float, default=400.0, help="seconds; later sections are skipped past it")
 ARGS = ap.parse_args()
 os.environ["TRITON_INTERPRET"] = "1" if ARGS.smoke else "0"
@@ -208,7 +208,9 @@ def sec_sparse() -> None:
     pool = kv584.new_pool(pages, 64, DEV)
     n = pages * 64
     kv584.kv584_store(torch.randn(n, 512, device=DEV), pool, torch.arange(n, device=DEV))
-    for b in ((2,) if ARGS.smoke else (32, 64, 128)):
+    # b256 / b512 read 96 / 191 MB of rows: sizes where a plain copy nears the ceiling (the same-size copy
+    # printed beside each row is what is attainable at that size)
+    for b in ((2,) if ARGS.smoke else (32, 64, 128, 256, 512)):
         idx = torch.randint(0, n, (b, k), device=DEV, dtype=torch.int32)
         q = torch.randn(b, heads, 512, device=DEV).bfloat16()
         sinks = torch.zeros(heads, device=DEV)
@@ -216,7 +218,31 @@ def sec_sparse() -> None:
         nbytes = b * k * KV_BYTES_PER_TOKEN["kv584"] + 2 * q.numel() * 2 + idx.numel() * 4
         _row("sparse_mla_decode", f"b{b} h{heads} k{k}", nbytes,
              lambda q=q, idx=idx, sinks=sinks, out=out: sparse_mla.sparse_mla_decode(q, pool, idx, sinks, 512 ** -0.5,
-                                                                                       out=out), "sparse")
+                                                                                       out=out), "sparse",
+             same_copy_ms=_copy_ms(nbytes))
+
+
+def sec_compress_parts() -> None:
+    """compress_store for HCA windows at fewer entries than SMs, one pass against windows split into parts
+    (pooled by separate programs, then merged): the choice :func:`kernels.compressor._split` makes."""
+    say("\ncompress_store, HCA windows of 128 rows pooled in one pass or in parts (parts=None: the default)")
+    sizes = ((2, 16),) if ARGS.smoke else ((128, 128), (256, 128), (512, 128))
+    for n_ent, length in sizes:
+        ckv = torch.randn(n_ent, length, 512, device=DEV).bfloat16()
+        cg = torch.randn(n_ent, length, 512, device=DEV)
+        cw = torch.ones(512, device=DEV)
+        cos, sin = torch.ones(n_ent, 32, device=DEV), torch.zeros(n_ent, 32, device=DEV)
+        cpool = kv584.new_pool(-(-n_ent // 64), 64, DEV)
+        cslots = torch.arange(n_ent, device=DEV)
+        nb = n_ent * (length * 512 * 6 + kv584.TOKEN_BYTES)
+        copy = _copy_ms(nb)
+        for parts in (None, 1, 2, 4, 8, 16):
+            if parts and (length % (parts * 4) or length // parts < 4):
+                continue
+            _row("compress_store", f"{n_ent}x{length} parts={parts}", nb,
+                 lambda a=(ckv, cg, cw, 1e-6, cos, sin, cpool, cslots), p=parts: compressor.compress_store(
+                     *a, parts=p), "membound", same_copy_ms=copy)
+        del ckv, cg
 
 
 _CKPTS: dict = {}
@@ -321,7 +347,7 @@ def sec_decode() -> None:
 
 
 SECTIONS = {"ceiling": sec_ceiling, "membound": sec_membound, "sparse": sec_sparse, "engine": sec_engine,
-            "decode": sec_decode}
+            "decode": sec_decode, "compress_parts": sec_compress_parts}
 
 
 def main() -> int:

@@ -142,7 +142,9 @@ def test_constants_and_gates_nested_past_pythons_depth_are_findings_not_crashes(
     chain = "".join(f"C{i} = C{i + 1} + 1\n" for i in range(3000)) + "C3000 = 1\n"
     facts = {"py": rows(py, ("c.py", f"RANK = {deep}\nROPE = 64\n" + chain))}
     found = run("derived", facts, expr="RANK == ROPE")
-    assert len(found) == 1 and "cannot read expression" in found[0].message and len(found[0].message) < 400
+    # Python 3.11's parser refuses 5000 nested operators; 3.12's parses them and the evaluator stops instead
+    assert len(found) == 1 and len(found[0].message) < 400, found
+    assert "cannot read expression" in found[0].message or "'RANK' is nested too deeply" in found[0].message
     found = run("derived", facts, expr="C0 == 3001")  # 3000 names deep: past the recursion limit
     assert len(found) == 1 and "nested too deeply" in found[0].message
     gate = Fact("g", "python", ["*.py"], query="(if_statement condition: (_) @key)")
