@@ -1,4 +1,4 @@
-"""Small launch helpers shared by the row-wise kernels."""
+"""Small launch helpers shared by the kernels' wrappers."""
 
 from __future__ import annotations
 
@@ -35,3 +35,38 @@ def out_rows(out: torch.Tensor | None, shape: torch.Size, dtype: torch.dtype, de
         raise ValueError(f"{name} needs a unit last-dim stride, got strides {out.stride()}")
     view = out if out.dim() == 2 else out.view(-1, shape[-1]) if len(shape) else out
     return out, view
+
+
+#: launch options that are not kernel arguments
+OPTIONS = ("num_warps", "num_stages", "maxnreg")
+
+
+def launch(fn, key, grid, pos: tuple, args: dict, cache: dict, **more) -> None:
+    """``fn[grid](*pos, **args, **more)``. With a ``key``, later launches under the same key go to the
+    compiled kernel directly, skipping Triton's per-call binding and specialisation, which costs more host
+    time than a small kernel runs. The key must hold everything specialisation depends on: the launch plan,
+    the kernel, the tensors' dtypes and 16-byte alignment, and which integer arguments are 1 or multiples of
+    16. Every argument after ``pos`` must be given (defaults included): the direct call takes them all."""
+    if key:
+        hit = cache.get(key)
+        if hit is not None:
+            hit[0][grid](*pos, *hit[1])
+            return
+    kw = {n: v for n, v in args.items() if n in fn.arg_names or n in OPTIONS}  # the plan's other keys: not fn's
+    kw.update(more)
+    compiled = fn[grid](*pos, **kw)
+    if key and compiled is not None and hasattr(compiled, "__getitem__"):
+        cache[key] = (compiled, tuple(kw[n] for n in fn.arg_names[len(pos):]))
+
+
+def int_spec(*values: int) -> tuple:
+    """What Triton specialises an integer argument on: equal to 1, divisible by 16."""
+    return tuple((v == 1, v % 16 == 0) for v in values)
+
+
+def aligned(*tensors) -> bool:
+    """Every tensor's data 16-byte aligned (what Triton specialises a pointer on)."""
+    bits = 0
+    for t in tensors:
+        bits |= t.data_ptr()
+    return bits & 15 == 0

@@ -15,6 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels._launch import launch
 from kernels._tl import cast_rne, e4m3_to_f32
 from kernels.arch import capability, fp8_hw_cast, interpreting
 from kernels.harness import Case, Check, ParitySpec
@@ -1182,7 +1183,6 @@ def sparse_mla_decode(q: torch.Tensor, pool: torch.Tensor, indices: torch.Tensor
 
 
 _COMPILED: dict[tuple, tuple] = {}
-_OPTIONS = ("num_warps", "num_stages", "maxnreg")
 # the warp-specialised kernel's registers a thread, by its producer count: at launch (12 or 16 warps in one
 # 64K register file), then each consumer warpgroup's and the second producer's (the first producer gets the
 # rest: warpgroups x launch count - the others)
@@ -1190,20 +1190,8 @@ WS_REGS = {1: (168, 208, 0), 2: (128, 208, 48)}
 
 
 def _launch(fn, key, grid, pos: tuple, args: dict, **more) -> None:
-    """``fn[grid](*pos, **args, **more)``. With a ``key``, later launches under the same key go to the
-    compiled kernel directly, skipping Triton's per-call binding and specialisation (the key holds
-    everything that specialisation depends on: the launch plan, which kernel, the tensors' alignment)."""
-    if key:
-        hit = _COMPILED.get(key)
-        if hit is not None:
-            hit[0][grid](*pos, *hit[1])
-            return
-    kw = {n: v for n, v in args.items() if n in fn.arg_names or n in _OPTIONS}  # the plan's other keys: not fn's
-    kw.update(more)
-    compiled = fn[grid](*pos, **kw)
-    if key and compiled is not None and hasattr(compiled, "__getitem__"):
-        consts = tuple(kw[n] for n in fn.arg_names[len(pos):])
-        _COMPILED[key] = (compiled, consts)
+    """:func:`kernels._launch.launch` with this module's cache of compiled kernels."""
+    launch(fn, key, grid, pos, args, _COMPILED, **more)
 
 
 @functools.lru_cache(maxsize=256)
