@@ -100,8 +100,12 @@ def condition_set(text: str, lo: int, hi: int) -> Intervals:
     except GateError:
         raise
     except (SyntaxError, ValueError, RecursionError, MemoryError):  # a null byte; nesting past the parser's depth
-        shown = text if len(text) <= 200 else text[:200] + "…"
-        raise GateError(f"cannot read condition '{shown}'") from None
+        raise GateError(f"cannot read condition '{_shown(text)}'") from None
+
+
+def _shown(text: str) -> str:
+    """A condition as a finding quotes it: a head controls its length."""
+    return text if len(text) <= 200 else text[:200] + "…"
 
 
 def _num(node: ast.expr) -> int | None:
@@ -155,10 +159,10 @@ def _eval(node: ast.expr, lo: int, hi: int, text: str) -> Intervals:
             elif rn is None and ln is not None:
                 acc = _intersect(acc, _cmp(op, ln, lo, hi, flipped=True))
             else:
-                raise GateError(f"condition '{text}' must compare one variable with a number")
+                raise GateError(f"condition '{_shown(text)}' must compare one variable with a number")
             left = right
         return acc
-    raise GateError(f"condition '{text}' is not a comparison")
+    raise GateError(f"condition '{_shown(text)}' is not a comparison")
 
 
 def _fmt(a: int, b: int) -> str:
