@@ -58,15 +58,3 @@ def launch(fn, key, grid, pos: tuple, args: dict, cache: dict, **more) -> None:
     if key and compiled is not None and hasattr(compiled, "__getitem__"):
         cache[key] = (compiled, tuple(kw[n] for n in fn.arg_names[len(pos):]))
 
-
-def int_spec(*values: int) -> tuple:
-    """What Triton specialises an integer argument on: equal to 1, divisible by 16."""
-    return tuple((v == 1, v % 16 == 0) for v in values)
-
-
-def aligned(*tensors) -> bool:
-    """Every tensor's data 16-byte aligned (what Triton specialises a pointer on)."""
-    bits = 0
-    for t in tensors:
-        bits |= t.data_ptr()
-    return bits & 15 == 0

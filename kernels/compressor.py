@@ -14,7 +14,6 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._launch import aligned, launch
 from kernels.arch import capability, fp8_hw_cast, interpreting
 from kernels.harness import Case, Check, ParitySpec
 from kernels.kv584 import (
@@ -381,15 +380,13 @@ STREAM_PRE = True
 # STREAM_SPLIT_MIN_ENTRIES entries (a decode step's few entries keep the one pass). H200, graphed device time
 # (v4_bench compress_parts, two passes): 128 x 128 one pass 32.1 us, 2 / 4 / 8 / 16 parts 25.4 / 21.9-22.2 /
 # 22.8-23.1 / 25.3-25.7 us; 256 x 128 one pass 39.2-39.6 us, 2 parts 36.2-36.7 us; 512 x 128 one pass 58.2 us, 2 parts
-# 60.1 us. Eager, Triton's per-call binding of two launches made the split slower (31-77 us) until FAST_LAUNCH.
+# 60.1 us. Timed eagerly (events around each call, the GPU idle before it) the split's two launches and workspace
+# cost more host time than the one pass's launch: 27-77 us against 34-41 us at 128 x 128, varying run to run. In a
+# prefill the host runs ahead of the GPU's GEMMs, so the device time is what the split saves.
 STREAM_SPLIT = True
 STREAM_SPLIT_PROGRAMS = 4
 STREAM_SPLIT_ROWS = 16
 STREAM_SPLIT_MIN_ENTRIES = 64
-#: the stream and split kernels launch their compiled kernels directly after the first call of a shape (Triton's
-#: per-call binding takes about as long as a small window's kernel runs)
-FAST_LAUNCH = True
-_COMPILED: dict[tuple, tuple] = {}
 
 
 def compress_store(kv, gate, norm_weight, eps, cos, sin, pool, slots, *, impl: str | None = None,
@@ -430,26 +427,17 @@ def compress_store(kv, gate, norm_weight, eps, cos, sin, pool, slots, *, impl: s
             evict = STREAM_EVICT if length <= STREAM_EVICT_ROWS else ""
         if parts > 1 and length % (parts * unroll):
             raise ValueError(f"compress_store: {parts} parts of {unroll}-row steps do not tile a window of {length}")
-        # a key for the compiled kernels (see kernels._launch.launch): everything they specialise on
-        key = (kv.device.index, kv.dtype, length, parts, unroll, hw, evict, fast, num_warps,
-               aligned(*args, flat)) if FAST_LAUNCH and kv.is_cuda and not exact else None
-        warps = num_warps or STREAM_WARPS
         if parts > 1:
             part = torch.empty(n, parts, 3, HEAD_DIM, dtype=torch.float32, device=kv.device)
-            chunk = length // parts
-            launch(_compress_part_kernel, key and ("part", *key, chunk % 16 == 0, chunk == 1), (n, parts),
-                   (args[0], args[1], part, length, chunk),
-                   {"UNROLL": unroll, "EVICT": evict, "FAST": fast, "CACHE": STREAM_CACHE, "num_warps": warps},
-                   _COMPILED)
-            launch(_compress_merge_kernel, key and ("merge", *key), (n,),
-                   (part, *args[2:], flat, flat.view(torch.int32), words, float(eps)),
-                   {"S": parts, "HW_CAST": hw, "EXACT": exact, "EVICT": evict, "NT": N_TILES, "num_warps": 4},
-                   _COMPILED)
+            _compress_part_kernel[(n, parts)](args[0], args[1], part, length, length // parts, UNROLL=unroll,
+                                              EVICT=evict, FAST=fast, CACHE=STREAM_CACHE,
+                                              num_warps=num_warps or STREAM_WARPS)
+            _compress_merge_kernel[(n,)](part, *args[2:], flat, flat.view(torch.int32), words, float(eps), S=parts,
+                                         HW_CAST=hw, EXACT=exact, EVICT=evict, num_warps=4)
         else:
-            launch(_compress_stream_kernel, key and ("stream", *key), (n,),
-                   (*args, flat, flat.view(torch.int32), words, length, float(eps)),
-                   {"UNROLL": unroll, "HW_CAST": hw, "EXACT": exact, "EVICT": evict, "FAST": fast,
-                    "CACHE": STREAM_CACHE, "PRE": STREAM_PRE, "NT": N_TILES, "num_warps": warps}, _COMPILED)
+            _compress_stream_kernel[(n,)](*args, flat, flat.view(torch.int32), words, length, float(eps),
+                                          UNROLL=unroll, HW_CAST=hw, EXACT=exact, EVICT=evict, FAST=fast,
+                                          CACHE=STREAM_CACHE, PRE=STREAM_PRE, num_warps=num_warps or STREAM_WARPS)
     else:
         ent = entries or COMPRESS_ENTRIES
         _compress_unrolled_kernel[(triton.cdiv(n, ent),)](*args, words, n, length, float(eps), ENTRIES=ent,

@@ -22,7 +22,6 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._launch import aligned, int_spec, launch
 from kernels._tl import cast_rne, e4m3_bits, e4m3_to_f32
 from kernels.arch import capability, fp8_hw_cast, interpreting
 from kernels.harness import Case, Check, ParitySpec
@@ -413,11 +412,6 @@ def _load_rows_kernel(pool64_ptr, slot_ptr, o_ptr, n, ROWS: tl.constexpr, HW_CAS
     tl.store(orow[:, None, None] + NOPE + j[None, :, None] * 4 + h[None, None, :], rope, mask=live[:, None, None])
 
 
-#: the default store and load kernels launch their compiled kernels directly after the first call of a shape
-#: (Triton's per-call binding costs host time comparable to a decode step's kernel)
-FAST_LAUNCH = True
-_COMPILED: dict[tuple, tuple] = {}
-
 STORE_IMPL = "tiles"  # the default kernel of kv584_store
 # H200 (round 1 of 2026-12-01 d, ceiling 4228 GB/s), 65536 / 262144 tokens: tiles, 4 tokens x 2 warps, 78.0 / 94.8 % of
 # copy (95.3 / 99.6 % of a same-size copy; 8 x 2: 77.0 / 93.8 %, 16 x 4: 73.8 / 92.6 %); words 73.4 / 89.1 %. Rounds
@@ -461,13 +455,9 @@ def kv584_store(kv: torch.Tensor, pool: torch.Tensor, slots: torch.Tensor, *, im
         r = rows or TILES_ROWS
         bf16 = kv.dtype == torch.bfloat16 and kv.stride(0) % 2 == 0 and kv.data_ptr() % 4 == 0
         kv32 = kv.view(torch.int32) if bf16 else kv  # bf16 pairs as int32 words
-        exact = interpreting()
-        key = (kv.device.index, kv.dtype, bf16, int_spec(n, kv.stride(0)), r, hw, evict, num_warps,
-               aligned(kv, sl, flat)) if FAST_LAUNCH and kv.is_cuda and not exact else None
-        launch(_store_tiles_kernel, key and ("tiles", *key), (triton.cdiv(n, r),),
-               (kv, kv32, sl, flat, flat.view(torch.int32), n, kv.stride(0)),
-               {"ROWS": r, "HW_CAST": hw, "EXACT": exact, "BF16": bf16, "EVICT": evict, "NT": N_TILES,
-                "ROW": TOKEN_BYTES, "SOFF": SCALE_OFFSET, "num_warps": num_warps or TILES_WARPS}, _COMPILED)
+        _store_tiles_kernel[(triton.cdiv(n, r),)](kv, kv32, sl, flat, flat.view(torch.int32), n, kv.stride(0), ROWS=r,
+                                                  HW_CAST=hw, EXACT=interpreting(), BF16=bf16, EVICT=evict,
+                                                  num_warps=num_warps or TILES_WARPS)
     elif words is None:
         _store_kernel[(n,)](kv, sl, flat, flat.view(torch.int16), kv.stride(0), HW_CAST=hw, EXACT=interpreting(),
                             num_warps=num_warps or 2)
@@ -507,10 +497,7 @@ def kv584_load(pool: torch.Tensor, slots: torch.Tensor, *, out: torch.Tensor | N
     sl = slots.to(torch.int64).contiguous()
     words = _words(flat) if impl == "words" else None
     if words is None:
-        key = (pool.device.index, o.dtype, hw, num_warps, aligned(flat, sl, o)) \
-            if FAST_LAUNCH and pool.is_cuda and not interpreting() else None
-        launch(_load_kernel, key and ("load", *key), (n,), (flat, flat.view(torch.int16), sl, o),
-               {"HW_CAST": hw, "ROW": TOKEN_BYTES, "num_warps": num_warps or 2}, _COMPILED)
+        _load_kernel[(n,)](flat, flat.view(torch.int16), sl, o, HW_CAST=hw, num_warps=num_warps or 2)
     else:
         r = rows or LOAD_ROWS
         _load_rows_kernel[(triton.cdiv(n, r),)](words, sl, o, n, ROWS=r, HW_CAST=hw,

@@ -180,26 +180,6 @@ def test_tiles_store_reads_strided_bf16_rows(offset, device):
     assert torch.equal(pool.view(-1, kv584.TOKEN_BYTES)[:5].cpu(), kv584.pack_ref(kv))
 
 
-def test_cached_store_and_load_launches_match_the_reference_at_each_specialisation(device, monkeypatch):
-    """Token counts of 1, 16 and 17 (what Triton specialises an integer on), each stored and loaded twice (the
-    second time by the compiled kernel directly, on a GPU), and rows at a 4-byte offset after aligned ones."""
-    monkeypatch.setattr(kv584, "_COMPILED", {})
-    gen = torch.Generator().manual_seed(4)
-    for n in (1, 16, 17, 16, 1, 17):
-        kv = kv584._rows(n, gen, "cpu", torch.bfloat16)
-        pool = kv584.new_pool(1, 32, device)
-        slots = torch.randperm(32, generator=gen)[:n]
-        kv584.kv584_store(kv.to(device), pool, slots.to(device))
-        assert torch.equal(pool.view(-1, kv584.TOKEN_BYTES)[slots].cpu(), kv584.pack_ref(kv)), n
-        assert torch.equal(kv584.kv584_load(pool, slots.to(device)).cpu(), kv584.kv584_load_ref(pool, slots.to(device)).cpu())
-    wide = torch.zeros(3, 2 * kv584.HEAD_DIM, dtype=torch.bfloat16)
-    wide[:, 2:2 + kv584.HEAD_DIM] = kv584._rows(3, gen, "cpu", torch.bfloat16)
-    pool = kv584.new_pool(1, 8, device)
-    kv584.kv584_store(wide.to(device)[:, 2:2 + kv584.HEAD_DIM], pool, torch.arange(3, device=device))
-    assert torch.equal(pool.view(-1, kv584.TOKEN_BYTES)[:3].cpu(), kv584.pack_ref(wide[:, 2:2 + kv584.HEAD_DIM]))
-    assert len(kv584._COMPILED) == (0 if device == "cpu" else 5)  # stores: 3 token counts, the offset rows; a load
-
-
 def test_word_store_on_a_pool_not_8_byte_aligned_falls_back(device):
     """A pool viewed at a 2-byte offset cannot take int64 words: the byte-store kernel writes it instead."""
     buf = torch.zeros(2 + 6 * kv584.TOKEN_BYTES, dtype=torch.uint8, device=device)
@@ -285,32 +265,6 @@ def test_split_windows_only_for_prefill_sized_entry_counts_below_the_sm_count(mo
     assert compressor._split(128, 128, 4, torch.device("cpu")) == 1
     monkeypatch.setattr(compressor, "STREAM_SPLIT", False)
     assert compressor._split(128, 128, 4, gpu) == 1
-
-
-@pytest.mark.parametrize("device", DEVICES)
-def test_cached_launches_write_what_the_first_launch_writes(device, monkeypatch):
-    """The second call of a shape goes to the compiled kernel directly (on a GPU): the same bytes, one pass and
-    split; a gate whose data is not 16-byte aligned is another key (a kernel specialised on aligned pointers
-    must not get it). Under the interpreter nothing is cached."""
-    monkeypatch.setattr(compressor, "_COMPILED", {})
-    case = compressor.Case("hca", {"shape": (4, 32, 2)}, dtype=torch.bfloat16)
-    inp = compressor._inputs(case, torch.device(device), torch.Generator(device=device).manual_seed(9))
-    want = kv584._flat(compressor.compress_store_ref(**dict(inp, pool=inp["pool"].clone())))
-    written = {}
-    for parts in (1, 4):
-        first = compressor.compress_store(**dict(inp, pool=inp["pool"].clone()), parts=parts)
-        written[parts] = compressor.compress_store(**dict(inp, pool=inp["pool"].clone()), parts=parts)
-        assert torch.equal(first, written[parts])
-        rows = inp["slots"]
-        assert torch.equal(kv584._flat(first)[rows][:, kv584.SCALE_OFFSET:], want[rows][:, kv584.SCALE_OFFSET:])
-    cached = len(compressor._COMPILED)
-    assert cached == (0 if device == "cpu" else 3)  # stream; part + merge
-    buf = torch.empty(inp["gate"].numel() + 1, device=device)
-    odd = buf[1:].view_as(inp["gate"]).copy_(inp["gate"])  # 4 bytes past an aligned allocation
-    assert odd.data_ptr() % 16
-    got = compressor.compress_store(**dict(inp, gate=odd, pool=inp["pool"].clone()), parts=1)
-    assert torch.equal(got, written[1])
-    assert len(compressor._COMPILED) == (0 if device == "cpu" else cached + 1)
 
 
 def test_hc_reference_matches_hf_hyper_connection():
