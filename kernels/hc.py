@@ -202,9 +202,9 @@ def _hc_post_kernel(o_ptr, x_ptr, post_ptr, comb_ptr, y_ptr, D, N: tl.constexpr,
 #: hc_pre launch choices: a logits pass over K slices, then a collapse pass that re-reads x (from L2 when it
 #: fits). H200 8192x4x4096: bt 256 / 8 K slices / 8 warps / reversed collapse 198 us (bt 64 / 4 slices / 4
 #: warps: 223 us); fn in two bf16 parts instead of three 182-185 us vs 193-196 us (1024 tokens, bt 64 by the
-#: fill rule: 64 us vs 88 us). One-pass designs measured slower there and were dropped: programs waiting on a
-#: lagged collapse 292-1715 us, a grouped one-pass design with its slab in shared memory 990-1345 us (about as
-#: slow with its waits skipped), a persistent fused design 1.5-3x the split time.
+#: fill rule: 64 us vs 88 us). The one-pass designs, whose programs wait on each other, were dropped: a lagged
+#: collapse ran 292-1715 us and a grouped design with its slab in shared memory 990-1345 us (about as slow with its
+#: waits skipped); the fused and persistent ones had never beaten split either.
 HC_PRE = {"bt": 256, "bt_min": 64, "bk": 64, "s": 8, "parts": 2, "bt2": 16, "ds": 4, "bd": 128, "warps": 8,
           "warps2": 4, "rev": True}
 
