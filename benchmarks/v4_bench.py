@@ -186,17 +186,20 @@ def sec_membound() -> None:
     # programs than the GPU holds, the case split windows are for)
     sizes = ((2, 8), (2, 16)) if ARGS.smoke else ((4096, 8), (16384, 8), (1024, 128), (512, 128), (128, 128))
     for n_ent, length in sizes:
-        ckv = torch.randn(n_ent, length, 512, device=DEV).bfloat16()
-        cg = torch.randn(n_ent, length, 512, device=DEV)
-        cw = torch.ones(512, device=DEV)
-        cos, sin = torch.ones(n_ent, 32, device=DEV), torch.zeros(n_ent, 32, device=DEV)
-        cpool = kv584.new_pool(-(-n_ent // 64), 64, DEV)
-        cslots = torch.arange(n_ent, device=DEV)
-        nb = n_ent * (length * 512 * 6 + kv584.TOKEN_BYTES)
-        _row("compress_store", f"{n_ent} entries x {length}", nb,
-             lambda a=(ckv, cg, cw, 1e-6, cos, sin, cpool, cslots): compressor.compress_store(*a),
+        a, nb = _compress_inputs(n_ent, length)
+        _row("compress_store", f"{n_ent} entries x {length}", nb, lambda a=a: compressor.compress_store(*a),
              "membound", same_copy_ms=_copy_ms(nb))
-        del ckv, cg
+        del a
+
+
+def _compress_inputs(n_ent: int, length: int) -> tuple[tuple, int]:
+    """compress_store's arguments for ``n_ent`` windows of ``length`` rows, and the bytes it moves."""
+    ckv = torch.randn(n_ent, length, 512, device=DEV).bfloat16()
+    cg = torch.randn(n_ent, length, 512, device=DEV)
+    cos, sin = torch.ones(n_ent, 32, device=DEV), torch.zeros(n_ent, 32, device=DEV)
+    pool = kv584.new_pool(-(-n_ent // 64), 64, DEV)
+    args = (ckv, cg, torch.ones(512, device=DEV), 1e-6, cos, sin, pool, torch.arange(n_ent, device=DEV))
+    return args, n_ent * (length * 512 * 6 + kv584.TOKEN_BYTES)
 
 
 def sec_sparse() -> None:
@@ -228,21 +231,14 @@ def sec_compress_parts() -> None:
     say("\ncompress_store, HCA windows of 128 rows pooled in one pass or in parts (parts=None: the default)")
     sizes = ((2, 16),) if ARGS.smoke else ((128, 128), (256, 128), (512, 128))
     for n_ent, length in sizes:
-        ckv = torch.randn(n_ent, length, 512, device=DEV).bfloat16()
-        cg = torch.randn(n_ent, length, 512, device=DEV)
-        cw = torch.ones(512, device=DEV)
-        cos, sin = torch.ones(n_ent, 32, device=DEV), torch.zeros(n_ent, 32, device=DEV)
-        cpool = kv584.new_pool(-(-n_ent // 64), 64, DEV)
-        cslots = torch.arange(n_ent, device=DEV)
-        nb = n_ent * (length * 512 * 6 + kv584.TOKEN_BYTES)
+        a, nb = _compress_inputs(n_ent, length)
         copy = _copy_ms(nb)
         for parts in (None, 1, 2, 4, 8, 16):
             if parts and (length % (parts * 4) or length // parts < 4):
                 continue
             _row("compress_store", f"{n_ent}x{length} parts={parts}", nb,
-                 lambda a=(ckv, cg, cw, 1e-6, cos, sin, cpool, cslots), p=parts: compressor.compress_store(
-                     *a, parts=p), "membound", same_copy_ms=copy)
-        del ckv, cg
+                 lambda a=a, p=parts: compressor.compress_store(*a, parts=p), "membound", same_copy_ms=copy)
+        del a
 
 
 _CKPTS: dict = {}

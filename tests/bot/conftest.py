@@ -14,6 +14,8 @@ import httpx
 import pytest
 
 from bot.security import signature_of
+from checks.model import Results, SuiteResult
+from runner.actions import artifact_name, run_title
 from tests.ghstub.fixtures import ghstub  # noqa: F401  (fixture)
 from tests.gitrepo import commit, git, init_repo
 from tests.webhooks import FIXTURES
@@ -44,6 +46,23 @@ def signed_results(repo: str, label: str, results) -> dict[str, str | bytes]:
     body = to_json(results).encode()
     dispatch = signing.Dispatch(repo, results.audit_id, label, results.head_sha)
     return {"results.json": body, signing.SIG_FILE: signing.sign(body, signing.repo_key(RESULTS_KEY, repo), dispatch)}
+
+
+def answer_dispatches(state, outcome: str = "failed") -> list[dict]:
+    """Each dispatch gets a workflow run whose signed results say ``outcome`` for the sm90 loader suite; the
+    test delivers its ``workflow_run`` event. Returns the runs, in dispatch order."""
+    runs: list[dict] = []
+
+    def on_dispatch(st, record):
+        inputs = record["inputs"]
+        run = st.add_run(REPO, head_sha=inputs["head_sha"], display_title=run_title(inputs["audit_id"], inputs["label"]))
+        results = Results(inputs["audit_id"], inputs["head_sha"], [SuiteResult("parity-loader", "sm90", outcome)])
+        st.add_artifact(run["id"], artifact_name(inputs["audit_id"], inputs["label"]),
+                        signed_results(REPO, inputs["label"], results))
+        runs.append(run)
+
+    state.on_dispatch = on_dispatch
+    return runs
 
 
 def installation_lite(installation_id: int = 1) -> dict:

@@ -8,6 +8,7 @@ from checks.model import Results, SuiteResult
 from runner.actions import artifact_name, run_title
 from tests.bot.conftest import (
     REPO,
+    answer_dispatches,
     fixture_payload,
     installation_lite,
     pr_payload,
@@ -118,29 +119,13 @@ def test_an_infrastructure_failure_cancels_the_check_and_rerunning_the_suite_aud
     assert state.check_runs[run["id"]]["conclusion"] == "success"
 
 
-def _gpu_runs(state, outcome: str = "failed") -> list[dict]:
-    """Each dispatch gets a workflow run whose signed results say ``outcome``; delivered by the test."""
-    runs: list[dict] = []
-
-    def on_dispatch(st, record):
-        inputs = record["inputs"]
-        run = st.add_run(REPO, head_sha=inputs["head_sha"], display_title=run_title(inputs["audit_id"], inputs["label"]))
-        results = Results(inputs["audit_id"], inputs["head_sha"], [SuiteResult("parity-loader", "sm90", outcome)])
-        st.add_artifact(run["id"], artifact_name(inputs["audit_id"], inputs["label"]),
-                        signed_results(REPO, inputs["label"], results))
-        runs.append(run)
-
-    state.on_dispatch = on_dispatch
-    return runs
-
-
 def test_an_old_heads_gpu_results_never_overwrite_the_new_heads_comment(bot_factory, gpu_repo):
     make, state = bot_factory
     repo_path, base, head = gpu_repo
     state.add_repo(REPO, str(repo_path))
     state.add_pull(REPO, 63, head_sha=head, base_sha=base)
     state.add_workflow(REPO)
-    runs = _gpu_runs(state)
+    runs = answer_dispatches(state)
     bot = make(workers=2)
     bot.deliver("pull_request", pr_payload("opened", number=63, head=head, base=base))
     bot.settle()
@@ -167,7 +152,7 @@ def test_an_old_heads_gpu_results_never_overwrite_the_new_heads_comment(bot_fact
 def test_gpu_results_of_a_head_pushed_away_and_back_still_count(bot_factory, gpu_repo):
     make, state = bot_factory
     repo_path, base, head = _fork_pr(state, gpu_repo, 64)
-    runs = _gpu_runs(state)
+    runs = answer_dispatches(state)
     bot = make()
     bot.deliver("pull_request", _opened(64, head, base))
     bot.settle()

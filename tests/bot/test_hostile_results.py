@@ -10,7 +10,7 @@ from bot.publish import COMMENT_MARKER, reply_marker
 from bot.security import Redactor
 from checks.model import Results, SuiteResult
 from runner.actions import artifact_name, run_title
-from tests.bot.conftest import GPU_CONFIG, REPO, pr_payload, signed_results, workflow_run_payload
+from tests.bot.conftest import GPU_CONFIG, REPO, answer_dispatches, pr_payload, signed_results, workflow_run_payload
 from tests.bot.test_bot_flows import _comment_payload, _marked
 from tests.gitrepo import commit
 
@@ -22,18 +22,7 @@ def _gpu_pr_that_fails(state, gpu_repo, number: int, outcome: str = "failed") ->
     state.add_pull(REPO, number, head_sha=head, base_sha=base)
     state.add_workflow(REPO)
     state.set_permission(REPO, "maintainer", "write")
-    runs: list[dict] = []
-
-    def on_dispatch(st, record):
-        inputs = record["inputs"]
-        run = st.add_run(REPO, head_sha=inputs["head_sha"], display_title=run_title(inputs["audit_id"], inputs["label"]))
-        results = Results(inputs["audit_id"], inputs["head_sha"], [SuiteResult("parity-loader", "sm90", outcome)])
-        st.add_artifact(run["id"], artifact_name(inputs["audit_id"], inputs["label"]),
-                        signed_results(REPO, inputs["label"], results))
-        runs.append(run)
-
-    state.on_dispatch = on_dispatch
-    return head, runs
+    return head, answer_dispatches(state, outcome)
 
 
 def _failed_head(bot_factory, gpu_repo, number: int):
