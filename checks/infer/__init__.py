@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from checks.config import Config, Fact, Pillar, Rule
+from checks.infer.entry_points import entry_point_rule, entry_points, manifests
 from checks.infer.families import VERSION, BlobCache, source_files, tree_members
 from checks.infer.mine import build_families, counted_families, mine, mine_counts, named_constants, self_named
 from checks.infer.numbers import indexed_rule, indexed_tables, mine_sizes, size_families, size_rule
@@ -81,7 +82,7 @@ def infer(
     """Inferred facts and rules for one tree (a checks.workspace.Tree), strongest first."""
     pillars = pillars or []
     t0 = time.perf_counter()
-    files = source_files(tree)
+    files = source_files(tree) + manifests(tree)
     key = hashlib.sha1(
         json.dumps([VERSION, code_digest(), min_support, severity, verify, [p.id for p in pillars],
                     files]).encode()
@@ -109,6 +110,7 @@ def infer(
     registrars = sibling_imports(members, tree.paths(), min_support)
     sizes = mine_sizes(size_families(members))
     indexed = indexed_tables(members, families)
+    scripts = entry_points(tree)
     t2 = time.perf_counter()
     out = Inferred()
     for inv in invariants:
@@ -150,6 +152,9 @@ def infer(
         _add(out, *sibling_rule(si, pillars, severity),
              f"the modules {si.path} (or another module of {si.directory or '.'}/) imports",
              f"the modules of {si.directory or '.'}/")
+    for ep in scripts:
+        _add(out, *entry_point_rule(ep, pillars, severity), f"the entry points {ep.path} declares",
+             "the module-level names of " + ", ".join(f"{ep.root}{p}" for p in ep.packages))
     if verify and out.rules:
         _keep_holding(out, tree, pillars)
     t3 = time.perf_counter()

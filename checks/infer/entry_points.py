@@ -1,0 +1,148 @@
+"""Entry points: the console scripts and plugin entry points a package declares name objects its modules define.
+
+``setup.cfg`` (``[options.entry_points]``), ``pyproject.toml`` (``[project.scripts]``, ``[project.gui-scripts]``,
+``[project.entry-points.*]``, ``[tool.poetry.scripts]``) and ``setup.py`` (``entry_points={...}``) write them as
+``name = package.module:object``. Each one whose module is a file of the tree at base and defines that object there
+(a function, a class, an assignment or an import at module level) is believed: a PR that renames or drops the
+object, or declares a script whose function is not there, deviates. Targets in a module outside the tree (an
+installed dependency, a compiled extension) are left out. The declarations are read only where they name one of
+the tree's own top-level packages, so another tool's ``"ignore:text"`` setting is no entry point.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from checks.config import Fact, Pillar, Rule
+from checks.infer.rules import pillar_of
+from checks.infer.sources import _digest, _slug
+
+MANIFESTS = ("setup.cfg", "pyproject.toml", "setup.py")
+_TARGET = re.compile(r"=\s*[\"']?(?P<module>[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*):(?P<obj>[A-Za-z_]\w*)")
+_ROOTS = ("", "src/", "python/")  # where a package's top directory sits
+
+# module-level names: defs and classes (decorated or not), assignments and imports, also inside a top-level if/try
+_BINDERS = [
+    "(function_definition name: (identifier) @key)",
+    "(decorated_definition definition: (function_definition name: (identifier) @key))",
+    "(class_definition name: (identifier) @key)",
+    "(decorated_definition definition: (class_definition name: (identifier) @key))",
+    "(expression_statement (assignment left: (identifier) @key))",
+    "(import_from_statement name: (dotted_name . (identifier) @key .))",
+    "(import_from_statement name: (aliased_import alias: (identifier) @key))",
+]
+DEFINED_QUERY = "\n".join(
+    [f"(module {b})" for b in _BINDERS]
+    + [f"(module ({s} (block {b})))" for s in ("if_statement", "try_statement") for b in _BINDERS]
+)
+
+
+@dataclass
+class EntryPoints:
+    path: str  # the manifest
+    packages: tuple[str, ...]  # the top-level packages its targets live in
+    root: str  # where those packages sit ("", "src/", ...)
+    targets: dict[str, int] = field(default_factory=dict)  # "pkg.mod:obj" → line
+
+
+def manifests(tree) -> list[tuple[str, str, str]]:
+    """(path, "manifest", blob) of the files entry points are declared in: part of inference's cache key."""
+    out = []
+    for path in tree.paths():
+        if path.rsplit("/", 1)[-1] in MANIFESTS:
+            blob = tree.blob_sha(path)
+            if blob:
+                out.append((path, "manifest", blob))
+    return out
+
+
+def entry_points(tree) -> list[EntryPoints]:
+    """The manifests at the tree's top whose entry points all name objects the tree's modules define."""
+    paths = set(tree.paths())
+    out = []
+    for name in MANIFESTS:
+        data = tree.read(name) if name in paths else None
+        if not data:
+            continue
+        text = data.decode("utf-8", "replace")
+        found: dict[str, tuple[str, int]] = {}
+        for m in _TARGET.finditer(text):
+            found.setdefault(f"{m['module']}:{m['obj']}", (m["module"], text.count("\n", 0, m.start()) + 1))
+        by_root: dict[str, EntryPoints] = {}
+        holds = True
+        for target, (module, line) in found.items():
+            hit = _module_file(module, paths)
+            if hit is None:
+                continue  # not a module of this tree: a dependency's, or not an entry point at all
+            root, file = hit
+            if target.split(":", 1)[1] not in _defined(tree.read(file) or b""):
+                holds = False  # one target the tree does not define at base: the manifest holds no belief
+                break
+            ep = by_root.setdefault(root, EntryPoints(name, (), root))
+            ep.targets[target] = line
+            ep.packages = tuple(sorted({*ep.packages, module.split(".", 1)[0]}))
+        if holds:
+            out += [ep for ep in by_root.values() if ep.targets]
+    return out
+
+
+def _module_file(module: str, paths: set[str]) -> tuple[str, str] | None:
+    rel = module.replace(".", "/")
+    for root in _ROOTS:
+        for cand in (f"{root}{rel}.py", f"{root}{rel}/__init__.py"):
+            if cand in paths:
+                return root, cand
+    return None
+
+
+# at the top level or one block in (a top-level if/try); a class's methods pass too, which the rule's own query,
+# run on the base before the rule is kept, tells apart
+_DEF = re.compile(r"^[ \t]{0,4}(?:(?:async\s+def|def|class)\s+(\w+)|(\w+)\s*(?::[^=\n]*)?=(?!=)"
+                  r"|from\s+\S+\s+import\s+(.+))", re.MULTILINE)
+
+
+def _defined(source: bytes) -> set[str]:
+    """Names bound at a module's top level (a quick read at base; the rule's own fact is a tree-sitter query, and
+    the rule is kept only where that query agrees)."""
+    names: set[str] = set()
+    for m in _DEF.finditer(source.decode("utf-8", "replace")):
+        if m[1] or m[2]:
+            names.add(m[1] or m[2])
+        else:
+            for part in m[3].strip("()\\ ").split(","):
+                bits = part.split()
+                if bits:
+                    names.add(bits[-1])
+    return names
+
+
+def entry_point_rule(ep: EntryPoints, pillars: list[Pillar], severity: str = "warning") -> tuple[list[Fact], Rule, str]:
+    """Facts and a same-set rule: every entry point ``ep.path`` declares (into its packages) names an object its
+    module defines at module level (the modules may define more)."""
+    pkgs = "|".join(re.escape(p) for p in ep.packages)
+    declared = Fact(id=f"entry-points@{ep.path}", lang="regex", files=[ep.path],
+                    regex=rf"=\s*[\"']?(?P<key>(?:{pkgs})(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*)")
+    # a key is the module's dotted path from the tree's top: under src/ that path starts "src."
+    strip = {"normalize": [f"strip-prefix:{ep.root.replace('/', '.')}"]} if ep.root else {}
+    defined = Fact(id=f"module-names:{ep.root}{'+'.join(ep.packages)}", lang="python",
+                   files=[f"{ep.root}{p}/**/*.py" for p in ep.packages] + [f"{ep.root}{p}.py" for p in ep.packages],
+                   query=DEFINED_QUERY, options={"key": "{module}:{key}", **strip})
+    n = len(ep.targets)
+    first = min(ep.targets.values())
+    examples = [f"e.g. {t} ({ep.path}:{line})" for t, line in list(ep.targets.items())[:3]]
+    rule = Rule(
+        id=f"inferred-entry-points-{_slug(ep.path)}-{_digest(declared.id, defined.id)}",
+        kind="same-set",
+        facts=[declared.id, defined.id],
+        pillar=pillar_of(ep.path, pillars),
+        severity=severity,
+        message=f"inferred at base (support {n}): every entry point {ep.path} declares names an object its module "
+                "defines",
+        options={"extra_ok": [defined.id]},
+        source="inferred",
+        evidence=[f"support {n}: each of the {n} entry points of {ep.path} ({ep.path}:{first}) names a module-level "
+                  "object of the tree", *examples],
+    )
+    line = f"{rule.id}: every entry point {ep.path} declares names an object its module defines ({n} entry points)"
+    return [declared, defined], rule, line

@@ -1,0 +1,96 @@
+"""Entry points a manifest declares name objects the package's modules define: a script whose function is gone,
+or a new script naming a function that is not there, is caught; other settings of the form ``a:b`` are not."""
+
+from __future__ import annotations
+
+from tests.gitrepo import GitRepo
+from tests.infer.audits import audit, inferred
+
+SETUP_CFG = """[metadata]
+name = tool
+
+[options.entry_points]
+console_scripts =
+    tool = tool.__main__:run
+    tool-eval = tool.__main__:run_eval
+    tool-serve = tool.serve:main
+
+[flake8]
+per-file-ignores = tests/*:E501
+"""
+
+MAIN = """import sys
+
+from tool.serve import main as serve_main
+
+
+def run():
+    return 0
+
+
+def run_eval():
+    return run()
+"""
+
+SERVE = """def main():
+    return 0
+"""
+
+
+def test_a_script_whose_function_is_gone_is_caught(tmp_path):
+    r = GitRepo(tmp_path / "tool")
+    base = r.commit_files({"setup.cfg": SETUP_CFG, "tool/__init__.py": "", "tool/__main__.py": MAIN,
+                           "tool/serve.py": SERVE}, "tool")
+    head = r.commit_files({"tool/__main__.py": MAIN.replace("def run_eval():\n    return run()\n", "")},
+                          "drop run_eval")
+    new = inferred(audit(r.path, base, head))
+    assert len(new) == 1, [f.message for f in new]
+    assert "tool.__main__:run_eval" in new[0].message and "setup.cfg" in new[0].message, new[0].message
+    # renamed in both places, or kept by an alias: nothing to say
+    renamed = r.commit_files({"tool/__main__.py": MAIN.replace("run_eval", "evaluate"),
+                              "setup.cfg": SETUP_CFG.replace("run_eval", "evaluate")}, "rename")
+    assert inferred(audit(r.path, base, renamed)) == []
+    alias = r.commit_files({"tool/__main__.py": MAIN.replace("def run_eval():\n    return run()\n", "run_eval = run\n"),
+                            "setup.cfg": SETUP_CFG}, "alias")
+    assert inferred(audit(r.path, base, alias)) == []
+
+
+def test_a_new_script_naming_no_function_and_other_settings(tmp_path):
+    r = GitRepo(tmp_path / "tool")
+    base = r.commit_files({"setup.cfg": SETUP_CFG, "tool/__init__.py": "", "tool/__main__.py": MAIN,
+                           "tool/serve.py": SERVE}, "tool")
+    added = SETUP_CFG.replace("    tool-serve", "    tool-bench = tool.bench:main\n    tool-serve")
+    head = r.commit_files({"setup.cfg": added, "tool/bench.py": "def run_bench():\n    return 0\n"}, "bench")
+    new = inferred(audit(r.path, base, head))
+    assert len(new) == 1 and "tool.bench:main" in new[0].message, [f.message for f in new]
+    # another tool's "a:b" setting and an entry point into an installed package are no drift
+    other = SETUP_CFG + "\n[tool:pytest]\nfilterwarnings = ignore:deprecated\nplugins = othertool.plugin:hook\n"
+    quiet = r.commit_files({"setup.cfg": other}, "settings")
+    assert inferred(audit(r.path, base, quiet)) == []
+
+
+PYPROJECT = """[project]
+name = "tool"
+
+[project.scripts]
+tool = "tool.cli:main"
+
+[project.entry-points."tool.plugins"]
+fast = "tool.plugins:FastPlugin"
+"""
+
+
+def test_pyproject_scripts_under_src_and_a_manifest_that_does_not_hold(tmp_path):
+    r = GitRepo(tmp_path / "tool")
+    files = {"pyproject.toml": PYPROJECT, "src/tool/__init__.py": "", "src/tool/cli.py": "def main():\n    pass\n",
+             "src/tool/plugins.py": "try:\n    from tool._fast import FastPlugin\nexcept ImportError:\n"
+                                    "    class FastPlugin:\n        pass\n"}
+    base = r.commit_files(files, "tool")
+    head = r.commit_files({"src/tool/cli.py": "def cli():\n    pass\n"}, "rename main")
+    new = inferred(audit(r.path, base, head))
+    assert len(new) == 1 and "tool.cli:main" in new[0].message, [f.message for f in new]
+    # a manifest with one entry point its tree does not define at base holds no belief
+    r2 = GitRepo(tmp_path / "broken")
+    base2 = r2.commit_files({**files, "src/tool/cli.py": "def cli():\n    pass\n"}, "tool")
+    head2 = r2.commit_files({"src/tool/plugins.py": "X = 1\n"}, "drop the plugin")
+    assert inferred(audit(r2.path, base2, head2)) == []
