@@ -153,7 +153,7 @@ def infer(
              f"the modules {si.path} (or another module of {si.directory or '.'}/) imports",
              f"the modules of {si.directory or '.'}/")
     for ep in scripts:
-        _add(out, *entry_point_rule(ep, pillars, severity), f"the entry points {ep.path} declares",
+        _add(out, *entry_point_rule(ep, pillars, severity), f"the entry points of {ep.path}",
              "the module-level names of " + ", ".join(f"{ep.root}{p}" for p in ep.packages))
     if verify and out.rules:
         _keep_holding(out, tree, pillars)

@@ -15,12 +15,13 @@ import re
 from dataclasses import dataclass, field
 
 from checks.config import Fact, Pillar, Rule
+from checks.infer.families import _vendored
 from checks.infer.rules import pillar_of
 from checks.infer.sources import _digest, _slug
 
 MANIFESTS = ("setup.cfg", "pyproject.toml", "setup.py")
 _TARGET = re.compile(r"=\s*[\"']?(?P<module>[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*):(?P<obj>[A-Za-z_]\w*)")
-_ROOTS = ("", "src/", "python/")  # where a package's top directory sits
+_ROOTS = ("", "src/", "python/")  # where a package's top directory sits, from its manifest's directory
 
 # module-level names: defs and classes (decorated or not), assignments and imports, also inside a top-level if/try
 _BINDERS = [
@@ -58,13 +59,18 @@ def manifests(tree) -> list[tuple[str, str, str]]:
 
 
 def entry_points(tree) -> list[EntryPoints]:
-    """The manifests at the tree's top whose entry points all name objects the tree's modules define."""
+    """The manifests (at the top or a sub-project's, e.g. ``server/pyproject.toml``) whose entry points into the
+    tree's own packages all name objects their modules define at base."""
     paths = set(tree.paths())
     out = []
-    for name in MANIFESTS:
-        data = tree.read(name) if name in paths else None
+    for path in sorted(paths):
+        name = path.rsplit("/", 1)[-1]
+        if name not in MANIFESTS or _vendored(path):
+            continue
+        data = tree.read(path)
         if not data:
             continue
+        here = path[: -len(name)]  # the manifest's directory, "" or "server/"
         text = data.decode("utf-8", "replace")
         found: dict[str, tuple[str, int]] = {}
         for m in _TARGET.finditer(text):
@@ -72,14 +78,14 @@ def entry_points(tree) -> list[EntryPoints]:
         by_root: dict[str, EntryPoints] = {}
         holds = True
         for target, (module, line) in found.items():
-            hit = _module_file(module, paths)
+            hit = _module_file(module, here, paths)
             if hit is None:
                 continue  # not a module of this tree: a dependency's, or not an entry point at all
             root, file = hit
             if target.split(":", 1)[1] not in _defined(tree.read(file) or b""):
                 holds = False  # one target the tree does not define at base: the manifest holds no belief
                 break
-            ep = by_root.setdefault(root, EntryPoints(name, (), root))
+            ep = by_root.setdefault(root, EntryPoints(path, (), root))
             ep.targets[target] = line
             ep.packages = tuple(sorted({*ep.packages, module.split(".", 1)[0]}))
         if holds:
@@ -87,17 +93,15 @@ def entry_points(tree) -> list[EntryPoints]:
     return out
 
 
-def _module_file(module: str, paths: set[str]) -> tuple[str, str] | None:
+def _module_file(module: str, here: str, paths: set[str]) -> tuple[str, str] | None:
     rel = module.replace(".", "/")
     for root in _ROOTS:
-        for cand in (f"{root}{rel}.py", f"{root}{rel}/__init__.py"):
+        for cand in (f"{here}{root}{rel}.py", f"{here}{root}{rel}/__init__.py"):
             if cand in paths:
-                return root, cand
+                return here + root, cand
     return None
 
 
-# at the top level or one block in (a top-level if/try); a class's methods pass too, which the rule's own query,
-# run on the base before the rule is kept, tells apart
 _DEF = re.compile(r"^[ \t]{0,4}(?:(?:async\s+def|def|class)\s+(\w+)|(\w+)\s*(?::[^=\n]*)?=(?!=)"
                   r"|from\s+\S+\s+import\s+(.+))", re.MULTILINE)
 

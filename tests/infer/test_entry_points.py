@@ -45,7 +45,8 @@ def test_a_script_whose_function_is_gone_is_caught(tmp_path):
                           "drop run_eval")
     new = inferred(audit(r.path, base, head))
     assert len(new) == 1, [f.message for f in new]
-    assert "tool.__main__:run_eval" in new[0].message and "setup.cfg" in new[0].message, new[0].message
+    assert new[0].message.startswith("`tool.__main__:run_eval` is one of the entry points of setup.cfg (setup.cfg:7), "
+                                     "but tool/__main__.py defines no `run_eval` at module level."), new[0].message
     # renamed in both places, or kept by an alias: nothing to say
     renamed = r.commit_files({"tool/__main__.py": MAIN.replace("run_eval", "evaluate"),
                               "setup.cfg": SETUP_CFG.replace("run_eval", "evaluate")}, "rename")
@@ -62,7 +63,7 @@ def test_a_new_script_naming_no_function_and_other_settings(tmp_path):
     added = SETUP_CFG.replace("    tool-serve", "    tool-bench = tool.bench:main\n    tool-serve")
     head = r.commit_files({"setup.cfg": added, "tool/bench.py": "def run_bench():\n    return 0\n"}, "bench")
     new = inferred(audit(r.path, base, head))
-    assert len(new) == 1 and "tool.bench:main" in new[0].message, [f.message for f in new]
+    assert len(new) == 1 and "tool/bench.py defines no `main`" in new[0].message, [f.message for f in new]
     # another tool's "a:b" setting and an entry point into an installed package are no drift
     other = SETUP_CFG + "\n[tool:pytest]\nfilterwarnings = ignore:deprecated\nplugins = othertool.plugin:hook\n"
     quiet = r.commit_files({"setup.cfg": other}, "settings")
@@ -88,9 +89,24 @@ def test_pyproject_scripts_under_src_and_a_manifest_that_does_not_hold(tmp_path)
     base = r.commit_files(files, "tool")
     head = r.commit_files({"src/tool/cli.py": "def cli():\n    pass\n"}, "rename main")
     new = inferred(audit(r.path, base, head))
-    assert len(new) == 1 and "tool.cli:main" in new[0].message, [f.message for f in new]
+    assert len(new) == 1 and "src/tool/cli.py defines no `main`" in new[0].message, [f.message for f in new]
     # a manifest with one entry point its tree does not define at base holds no belief
     r2 = GitRepo(tmp_path / "broken")
     base2 = r2.commit_files({**files, "src/tool/cli.py": "def cli():\n    pass\n"}, "tool")
     head2 = r2.commit_files({"src/tool/plugins.py": "X = 1\n"}, "drop the plugin")
     assert inferred(audit(r2.path, base2, head2)) == []
+
+
+def test_a_sub_projects_manifest_names_its_own_modules(tmp_path):
+    """``server/pyproject.toml`` declares scripts into ``server/app_server/``: its module paths start there."""
+    r = GitRepo(tmp_path / "engine")
+    manifest = '[tool.poetry.scripts]\napp-server = "app_server.cli:app"\n'
+    base = r.commit_files({"server/pyproject.toml": manifest, "server/app_server/__init__.py": "",
+                           "server/app_server/cli.py": "import typer\n\napp = typer.Typer()\n",
+                           "engine/__init__.py": ""}, "server")
+    head = r.commit_files({"server/app_server/cli.py": "import typer\n\ncli = typer.Typer()\n"}, "rename")
+    new = inferred(audit(r.path, base, head))
+    assert len(new) == 1 and "server/app_server/cli.py defines no `app`" in new[0].message, [f.message for f in new]
+    assert new[0].locations[0].path == "server/pyproject.toml"
+    fixed = r.commit_files({"server/pyproject.toml": manifest.replace(":app", ":cli")}, "follow the rename")
+    assert inferred(audit(r.path, base, fixed)) == []
