@@ -11,6 +11,7 @@ the tree's own top-level packages, so another tool's ``"ignore:text"`` setting i
 
 from __future__ import annotations
 
+import ast
 import re
 from dataclasses import dataclass, field
 
@@ -32,11 +33,13 @@ _BINDERS = [
     "(expression_statement (assignment left: (identifier) @key))",
     "(import_from_statement name: (dotted_name . (identifier) @key .))",
     "(import_from_statement name: (aliased_import alias: (identifier) @key))",
+    "(import_statement name: (dotted_name . (identifier) @key))",
+    "(import_statement name: (aliased_import alias: (identifier) @key))",
 ]
-DEFINED_QUERY = "\n".join(
-    [f"(module {b})" for b in _BINDERS]
-    + [f"(module ({s} (block {b})))" for s in ("if_statement", "try_statement") for b in _BINDERS]
-)
+_BLOCKS = ("(if_statement (block {}))", "(if_statement (else_clause (block {})))", "(try_statement (block {}))",
+           "(try_statement (except_clause (block {})))", "(try_statement (else_clause (block {})))")
+DEFINED_QUERY = "\n".join([f"(module {b})" for b in _BINDERS] + [f"(module {k.format(b)})" for k in _BLOCKS
+                                                                   for b in _BINDERS])
 
 
 @dataclass
@@ -102,22 +105,29 @@ def _module_file(module: str, here: str, paths: set[str]) -> tuple[str, str] | N
     return None
 
 
-_DEF = re.compile(r"^[ \t]{0,4}(?:(?:async\s+def|def|class)\s+(\w+)|(\w+)\s*(?::[^=\n]*)?=(?!=)"
-                  r"|from\s+\S+\s+import\s+(.+))", re.MULTILINE)
-
-
 def _defined(source: bytes) -> set[str]:
-    """Names bound at a module's top level (a quick read at base; the rule's own fact is a tree-sitter query, and
-    the rule is kept only where that query agrees)."""
+    """Names bound at a module's top level, or one block into a top-level if/try (a read of the base; the rule's
+    own fact is a tree-sitter query, and the rule is kept only where that query agrees). Unreadable: none."""
+    try:
+        body = ast.parse(source).body
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return set()
     names: set[str] = set()
-    for m in _DEF.finditer(source.decode("utf-8", "replace")):
-        if m[1] or m[2]:
-            names.add(m[1] or m[2])
-        else:
-            for part in m[3].strip("()\\ ").split(","):
-                bits = part.split()
-                if bits:
-                    names.add(bits[-1])
+    for node in body:
+        inner: list[ast.stmt] = [node]
+        if isinstance(node, ast.If | ast.Try):
+            inner += node.body + node.orelse
+            if isinstance(node, ast.Try):
+                inner += [st for h in node.handlers for st in h.body]
+        for st in inner:
+            if isinstance(st, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                names.add(st.name)
+            elif isinstance(st, ast.Assign):
+                names.update(t.id for t in st.targets if isinstance(t, ast.Name))
+            elif isinstance(st, ast.AnnAssign) and isinstance(st.target, ast.Name):
+                names.add(st.target.id)
+            elif isinstance(st, ast.ImportFrom | ast.Import):
+                names.update((al.asname or al.name).split(".")[0] for al in st.names)
     return names
 
 
