@@ -1,11 +1,13 @@
 """Manifold-constrained hyper-connections (mHC): the pre mix (weights + Sinkhorn + collapse), the post mix,
 and the hyper head that collapses the streams before the final norm.
 
-``hc_pre`` reads the ``n_hc`` residual streams ``x[T, N, D]`` once: an unweighted RMSNorm over the
-flattened ``N·D`` row, one small projection to ``(2+N)·N`` mixing logits, sigmoid pre/post weights, a
-softmax comb matrix projected onto the doubly stochastic matrices by Sinkhorn-Knopp, and the collapse
-``Σ_j pre_j x_j``. ``hc_post`` writes ``post_i · out + Σ_j comb[j, i] · x_j``. Both are memory bound: the
-kernels read each stream row once and keep the ``N×N`` matrices in registers.
+``hc_pre`` mixes the ``n_hc`` residual streams ``x[T, N, D]``: an unweighted RMSNorm over the flattened
+``N·D`` row, one small projection to ``(2+N)·N`` mixing logits, sigmoid pre/post weights, a softmax comb
+matrix projected onto the doubly stochastic matrices by Sinkhorn-Knopp, and the collapse ``Σ_j pre_j x_j``.
+Its kernels take two passes over x (the logits over K slices, then the collapse once the weights are known),
+since every one-pass design needs programs to wait on each other. ``hc_post`` writes
+``post_i · out + Σ_j comb[j, i] · x_j`` reading each stream row once. Both are memory bound and keep the ``N×N``
+matrices in registers.
 """
 
 from __future__ import annotations
