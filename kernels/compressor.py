@@ -216,6 +216,31 @@ def _pool_rows(g, x, m, lsum, acc, FAST: tl.constexpr):
 
 
 @triton.jit
+def _tail_inputs(w_ptr, cos_ptr, sin_ptr, slot_ptr, e, off, tile, is_rope):
+    """What an entry's tail reads besides its pooled state: the norm weight, the rope angles (tile 7 only) and
+    the pool slot ``[1]``."""
+    w = tl.load(w_ptr + off)
+    pidx = e * 32 + (tile[:, None] * 0 + tl.arange(0, 32)[None, :])  # [8, 32]: pair index
+    cs = tl.load(cos_ptr + pidx, mask=is_rope, other=1.0)
+    sn = tl.load(sin_ptr + pidx, mask=is_rope, other=0.0)
+    slot = tl.load(slot_ptr + e + tl.arange(0, 1))
+    return w, cs, sn, slot
+
+
+@triton.jit
+def _finish(acc, lsum, w, cs, sn, slot, is_rope, eps, pool8_ptr, pool32_ptr, pool64_ptr, HW_CAST: tl.constexpr,
+            EXACT: tl.constexpr, EVICT: tl.constexpr):
+    """An entry's tail from its pooled state ``acc / lsum`` ``[tile 8, 64]``: RMSNorm, rope on tile 7
+    (interleaved pairs, each pair inside one thread), pack and store."""
+    pooled = acc / lsum
+    ss = tl.sum(tl.sum(pooled * pooled, axis=1), axis=0)
+    y = pooled * (1.0 / tl.sqrt_rn(ss / 512 + eps)) * w
+    ye, yo = tl.split(tl.reshape(y, [8, 32, 2]))
+    rope = tl.reshape(tl.join(ye * cs - yo * sn, ye * sn + yo * cs), [8, 64])
+    store_tiles(tl.where(is_rope, rope, y), slot, pool8_ptr, pool32_ptr, pool64_ptr, HW_CAST, EXACT, EVICT)
+
+
+@triton.jit
 def _compress_stream_kernel(kv_ptr, gate_ptr, w_ptr, cos_ptr, sin_ptr, slot_ptr, pool8_ptr, pool32_ptr, pool64_ptr,
                             L, eps, UNROLL: tl.constexpr, HW_CAST: tl.constexpr, EXACT: tl.constexpr,
                             EVICT: tl.constexpr, FAST: tl.constexpr = False, CACHE: tl.constexpr = "",
@@ -242,11 +267,7 @@ def _compress_stream_kernel(kv_ptr, gate_ptr, w_ptr, cos_ptr, sin_ptr, slot_ptr,
     start = 0
     if PRE:  # the first step's rows go out, then the tail's inputs; that step waits on all of them
         g0, x0 = _rows(gp, kvp, off, UNROLL, EVICT, CACHE)
-        w = tl.load(w_ptr + off)
-        pidx = e * 32 + (tile[:, None] * 0 + tl.arange(0, 32)[None, :])  # [8, 32]: pair index
-        cs = tl.load(cos_ptr + pidx, mask=is_rope, other=1.0)
-        sn = tl.load(sin_ptr + pidx, mask=is_rope, other=0.0)
-        slot = tl.load(slot_ptr + e + tl.arange(0, 1))  # [1]
+        w, cs, sn, slot = _tail_inputs(w_ptr, cos_ptr, sin_ptr, slot_ptr, e, off, tile, is_rope)
         zero = (w + slot.to(tl.float32)[:, None] + tl.sum(tl.sum(cs + sn, axis=1), axis=0)) * 0.0
         m, lsum, acc = _pool_rows(g0, x0, m, zero, acc, FAST)
         start = UNROLL
@@ -258,18 +279,8 @@ def _compress_stream_kernel(kv_ptr, gate_ptr, w_ptr, cos_ptr, sin_ptr, slot_ptr,
         g1, x1 = _rows(gp, kvp, lr * 512 + off, 1, EVICT, CACHE)
         m, lsum, acc = _pool_rows(g1, x1, m, lsum, acc, FAST)
     if not PRE:
-        w = tl.load(w_ptr + off)
-        pidx = e * 32 + (tile[:, None] * 0 + tl.arange(0, 32)[None, :])  # [8, 32]: pair index
-        cs = tl.load(cos_ptr + pidx, mask=is_rope, other=1.0)
-        sn = tl.load(sin_ptr + pidx, mask=is_rope, other=0.0)
-        slot = tl.load(slot_ptr + e + tl.arange(0, 1))  # [1]
-    pooled = acc / lsum
-    ss = tl.sum(tl.sum(pooled * pooled, axis=1), axis=0)
-    y = pooled * (1.0 / tl.sqrt_rn(ss / 512 + eps)) * w
-    # rope on tile 7: interleaved pairs, each pair inside one thread
-    ye, yo = tl.split(tl.reshape(y, [8, 32, 2]))
-    rope = tl.reshape(tl.join(ye * cs - yo * sn, ye * sn + yo * cs), [8, 64])
-    store_tiles(tl.where(is_rope, rope, y), slot, pool8_ptr, pool32_ptr, pool64_ptr, HW_CAST, EXACT, EVICT)
+        w, cs, sn, slot = _tail_inputs(w_ptr, cos_ptr, sin_ptr, slot_ptr, e, off, tile, is_rope)
+    _finish(acc, lsum, w, cs, sn, slot, is_rope, eps, pool8_ptr, pool32_ptr, pool64_ptr, HW_CAST, EXACT, EVICT)
 
 
 @triton.jit
@@ -306,11 +317,7 @@ def _compress_merge_kernel(part_ptr, w_ptr, cos_ptr, sin_ptr, slot_ptr, pool8_pt
     tile = tl.arange(0, 8)
     off = tile[:, None] * 64 + tl.arange(0, 64)[None, :]
     is_rope = (tile == NT)[:, None]
-    w = tl.load(w_ptr + off)
-    pidx = e * 32 + (tile[:, None] * 0 + tl.arange(0, 32)[None, :])  # [8, 32]: pair index
-    cs = tl.load(cos_ptr + pidx, mask=is_rope, other=1.0)
-    sn = tl.load(sin_ptr + pidx, mask=is_rope, other=0.0)
-    slot = tl.load(slot_ptr + e + tl.arange(0, 1))  # [1]
+    w, cs, sn, slot = _tail_inputs(w_ptr, cos_ptr, sin_ptr, slot_ptr, e, off, tile, is_rope)
     mm = tl.full([8, 64], float("-inf"), tl.float32)
     lsum = tl.zeros([8, 64], dtype=tl.float32)
     acc = tl.zeros([8, 64], dtype=tl.float32)
@@ -324,12 +331,7 @@ def _compress_merge_kernel(part_ptr, w_ptr, cos_ptr, sin_ptr, slot_ptr, pool8_pt
         lsum = lsum * c0 + tl.load(base + 512 + off) * c1
         acc = acc * c0 + tl.load(base + 1024 + off) * c1
         mm = mx
-    pooled = acc / lsum
-    ss = tl.sum(tl.sum(pooled * pooled, axis=1), axis=0)
-    y = pooled * (1.0 / tl.sqrt_rn(ss / 512 + eps)) * w
-    ye, yo = tl.split(tl.reshape(y, [8, 32, 2]))
-    rope = tl.reshape(tl.join(ye * cs - yo * sn, ye * sn + yo * cs), [8, 64])
-    store_tiles(tl.where(is_rope, rope, y), slot, pool8_ptr, pool32_ptr, pool64_ptr, HW_CAST, EXACT, EVICT)
+    _finish(acc, lsum, w, cs, sn, slot, is_rope, eps, pool8_ptr, pool32_ptr, pool64_ptr, HW_CAST, EXACT, EVICT)
 
 
 @functools.cache
