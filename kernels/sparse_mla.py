@@ -574,6 +574,18 @@ if HAVE_GLUON:
                      out.to(o_ptr.dtype.element_ty), mask=m2)
 
     @gluon.jit
+    def _g_count_in(cnt_ptr, part_ptr, lse_ptr, sink_ptr, o_ptr, row, h0, H, nsp, BH: gl.constexpr, MG: gl.constexpr):
+        """The fused combine's hand-off: every thread's partial is stored before one thread counts this chunk
+        in (release); the chunk that counts last (acquire) merges the row's partials while they are in L2
+        (:func:`_g_merge`) and resets the counter."""
+        gl.thread_barrier()
+        cnt = cnt_ptr + row * gl.num_programs(2) + gl.program_id(2)
+        done = gl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
+        if done == nsp - 1:
+            _g_merge(part_ptr, lse_ptr, sink_ptr, o_ptr, row, h0, H, nsp, BH, MG)
+            gl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")
+
+    @gluon.jit
     def _sparse_decode_gluon(q_ptr, pool_ptr, pool16_ptr, idx_ptr, sink_ptr, o_ptr, lse_ptr, K, H, qk_scale, fo_ptr,
                              cnt_ptr, SPLIT: gl.constexpr, STAGES: gl.constexpr, ROW: gl.constexpr, WIDE: gl.constexpr,
                              L2PF: gl.constexpr, EARLY: gl.constexpr, LSUMW: gl.constexpr, IDXA: gl.constexpr,
@@ -809,14 +821,7 @@ if HAVE_GLUON:
         _g_store(o_ptr, base, h0 + gl.arange(0, BH, layout=gl.SliceLayout(1, O2)), H, a2, inv, 384, 64, O2)
         _g_store(o_ptr, base, h0 + gl.arange(0, BH, layout=gl.SliceLayout(1, O2)), H, a3, inv, 448, 64, O2)
         if SPLIT and FUSED:
-            # every thread's partial is stored before one thread counts this chunk in (release); the chunk
-            # that counts last (acquire) merges the row's partials while they are in L2, and resets the counter
-            gl.thread_barrier()
-            cnt = cnt_ptr + row * gl.num_programs(2) + gl.program_id(2)
-            done = gl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
-            if done == nsp - 1:
-                _g_merge(o_ptr, lse_ptr, sink_ptr, fo_ptr, row, h0, H, nsp, BH, MG)
-                gl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")
+            _g_count_in(cnt_ptr, o_ptr, lse_ptr, sink_ptr, fo_ptr, row, h0, H, nsp, BH, MG)
 
     # --- warp-specialised (sm90): a producer warpgroup gathers and dequantises, two consumer warpgroups
     # run the MMAs and the softmax, double-buffered on mbarriers ---------------------------------------
@@ -1092,15 +1097,8 @@ if HAVE_GLUON:
                 (_ws_consumer, (q_ptr, q_s, q_ready, p_s, kv, kv_ready, kv_empty, xs, x_ready, idx_ptr, sink_ptr, o_ptr,
                                 lse_ptr, row, sp, nsp, h0, K, H, lo, hi, qk_scale, 1, SPLIT, BT, KSPLIT, LAZY, QA)),
             ], [4, 4], [CREGS, CREGS])
-        if SPLIT and FUSED:
-            # every partition's partial is stored (the partitions have joined) before one thread counts this
-            # chunk in (release); the chunk that counts last (acquire) merges the row and resets the counter
-            gl.thread_barrier()
-            cnt = cnt_ptr + row * gl.num_programs(2) + gl.program_id(2)
-            done = gl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
-            if done == nsp - 1:
-                _g_merge(o_ptr, lse_ptr, sink_ptr, fo_ptr, row, h0, H, nsp, BH, MG)
-                gl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")
+        if SPLIT and FUSED:  # the partitions have joined: every partial is stored
+            _g_count_in(cnt_ptr, o_ptr, lse_ptr, sink_ptr, fo_ptr, row, h0, H, nsp, BH, MG)
 
 
 def sparse_mla_decode(q: torch.Tensor, pool: torch.Tensor, indices: torch.Tensor, sinks: torch.Tensor, scale: float,
