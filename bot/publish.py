@@ -152,10 +152,8 @@ class Publisher:
         return run
 
     def find_check(self, head_sha: str, external_id: str):
-        for candidate in self.repo.get_commit(head_sha).get_check_runs(check_name=self.check_name, filter="all"):
-            if candidate.external_id == external_id and made_by(candidate, self.app_id):
-                return candidate
-        return None
+        return next((c for c in own_runs(self.repo, head_sha, self.check_name, self.app_id)
+                     if c.external_id == external_id), None)
 
     def finish_check(
         self, run, report: Report, *, overflow: str = "", complete: bool = True, conclusion: str | None = None
@@ -187,6 +185,13 @@ class Publisher:
 
     def conclude(self, run, conclusion: str, title: str, summary: str) -> None:
         run.edit(status="completed", conclusion=conclusion, output={"title": cap(title, 1000), "summary": cap(summary)})
+
+
+def own_runs(repo: Any, head_sha: str, check_name: str, app_id: int | None):
+    """This app's check runs named ``check_name`` on a commit, every one of them (``filter="all"``: GitHub's
+    default lists only the latest of each name, which hides an older run of ours behind a newer one)."""
+    return (c for c in repo.get_commit(head_sha).get_check_runs(check_name=check_name, filter="all")
+            if made_by(c, app_id))
 
 
 def made_by(run: Any, app_id: int | None) -> bool:

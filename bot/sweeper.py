@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from bot.publish import cap, made_by
+from bot.publish import cap, own_runs
 from bot.queue import DONE, SUPERSEDED, JobRow, JobStore
 from runner.report.safe import code
 
@@ -82,10 +82,8 @@ class Sweeper:
             return repo.get_check_run(row.check_run_id)
         if not row.head_sha or not row.external_id:
             return None
-        for candidate in repo.get_commit(row.head_sha).get_check_runs(check_name=self.check_name, filter="all"):
-            if candidate.external_id == row.external_id and made_by(candidate, self.app_id):
-                return candidate
-        return None
+        return next((c for c in own_runs(repo, row.head_sha, self.check_name, self.app_id)
+                     if c.external_id == row.external_id), None)
 
     def _verdict(self, row: JobRow) -> tuple[str, str, str]:
         if row.status == SUPERSEDED:

@@ -40,7 +40,7 @@ from bot.gpu import GpuDispatch, actions_module, failed_suites, merge_results
 from bot.jobs import AuditJob, CollectJob, CommandJob, InstallationJob, Job, RerunJob
 from bot.mirror import Mirrors
 from bot.payloads import Fields
-from bot.publish import COMMENT_MARKER, Publisher, made_by, reply_marker, split_comment
+from bot.publish import COMMENT_MARKER, Publisher, own_runs, reply_marker, split_comment
 from bot.queue import DONE, FAILED, SUPERSEDED, AuditRecord, JobRow, JobStore
 from bot.security import Gate, RedactingFilter, Redactor, details_url, gpu_gate, is_writer
 from bot.settings import BotSettings
@@ -451,8 +451,8 @@ class Service:
         newest run of a check, so a ``neutral`` here (which passes) would turn a failed head green on a typo
         (``/audit run no-such-suite``): the conclusion of this app's latest other run on the commit stands, and
         with none, ``cancelled`` (nothing was audited)."""
-        earlier = [c for c in pub.repo.get_commit(head_sha).get_check_runs(check_name=pub.check_name, filter="all")
-                   if c.id != run_id and c.status == "completed" and made_by(c, pub.app_id)]
+        earlier = [c for c in own_runs(pub.repo, head_sha, pub.check_name, pub.app_id)
+                   if c.id != run_id and c.status == "completed"]
         latest = max(earlier, key=lambda c: c.id, default=None)
         why = code(message[:3000])
         if latest is None or not latest.conclusion:

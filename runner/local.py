@@ -27,6 +27,7 @@ from typing import Any
 
 from runner import device, metrics, runnable
 from runner.compat import model
+from runner.signing import PYTEST
 
 TAIL_LINES = 60
 TAIL_CHARS = 4000
@@ -35,7 +36,6 @@ NOT_RUNNABLE_TAIL_LINES = 6
 NOT_RUNNABLE_TAIL_CHARS = 600
 KILL_GRACE_S = 5.0
 
-_PYTEST = re.compile(r"(?:^|[\s;&|(])(?:\S*/)?(?:pytest|py\.test)(?:\s|$)|python[\d.]*\s+-m\s+pytest\b")
 _CUDA_ERROR = re.compile(
     r"CUDA error|cudaError\w*|CUDA_ERROR_\w+|illegal memory access|device-side assert triggered"
     r"|unspecified launch failure|misaligned address|CUDA out of memory|OutOfMemoryError: CUDA"
@@ -52,7 +52,7 @@ Progress = Callable[[str], Any]
 
 
 def is_pytest(command: str) -> bool:
-    return bool(_PYTEST.search(command))
+    return bool(PYTEST.search(command))
 
 
 def run_plan(

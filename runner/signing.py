@@ -40,8 +40,8 @@ ENV_KEY = "DRIFT_AUDIT_RESULTS_KEY"
 SIG_FILE = "results.sig"
 VERSION = 1
 FAILED = {"failed", "error", "timeout", "segfault", "abort", "cuda-error"}
-# runner.local's test for a pytest command (this module is standard library only, so it is repeated here)
-_PYTEST = re.compile(r"(?:^|[\s;&|(])(?:\S*/)?(?:pytest|py\.test)(?:\s|$)|python[\d.]*\s+-m\s+pytest\b")
+# a command that runs pytest (runner.local asks it too; this module is standard library only, so it holds it)
+PYTEST = re.compile(r"(?:^|[\s;&|(])(?:\S*/)?(?:pytest|py\.test)(?:\s|$)|python[\d.]*\s+-m\s+pytest\b")
 
 
 class SignatureError(ValueError):
@@ -142,7 +142,7 @@ def checked_results(raw: bytes | None, plan: dict, dispatch: Dispatch, suites_ou
                     if isinstance(s, dict)}
         silent = sorted(str(s.get("suite")) for s in suites if isinstance(s, dict) and s.get("outcome") == "passed"
                         and not s.get("cases")
-                        and _PYTEST.search(commands.get((str(s.get("suite")), str(s.get("runner"))), "")))
+                        and PYTEST.search(commands.get((str(s.get("suite")), str(s.get("runner"))), "")))
         if silent:  # pytest always reports its cases: none means it never wrote its report (os._exit(0) in a
             # conftest.py of the head: the process "succeeds" having run nothing)
             problems.append(f"pytest suite(s) {', '.join(silent)} passed without reporting a single test case")

@@ -144,3 +144,19 @@ def test_forks_and_first_timers_are_untrusted():
     assert job_for("pull_request", fork).untrusted
     first = pr_payload("opened", number=1, head="1" * 40, base="2" * 40, association="FIRST_TIME_CONTRIBUTOR")
     assert job_for("pull_request", first).untrusted
+
+
+def test_a_title_edit_is_ignored_before_the_schema_runs_and_a_new_base_is_validated():
+    """``pull_request.edited`` is acted on only for a new base: the common edit (title, body) is turned away at
+    the cheap filter, so even a body the schema would refuse is ignored; a retarget is validated like any PR."""
+    from bot.payloads import PayloadError
+
+    junk = {"action": "edited", "changes": {"title": {"from": "old"}}, "pull_request": "not an object"}
+    assert isinstance(read_delivery("pull_request", json.dumps(junk).encode()), Ignored)
+    retarget = dict(junk, changes={"base": {"ref": {"from": "dev"}, "sha": {"from": "0" * 40}}})
+    try:
+        read_delivery("pull_request", json.dumps(retarget).encode())
+    except PayloadError:
+        pass
+    else:
+        raise AssertionError("a retarget with a malformed pull_request was not validated")
