@@ -319,7 +319,7 @@ class Service:
             return
         if late and self.store.has_newer(row.id):
             return
-        text = self.redact(error or row.error or row.result or "no reason was recorded")
+        text = self.redact(error or row.error or row.result or "")  # _gave_up_comment says when none was recorded
         self._publisher(repo).upsert_comment(pr, _gave_up_comment(conclusion, title, head, text,
                                                                   self._details_url(row.id)))
 

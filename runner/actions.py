@@ -64,8 +64,8 @@ def run_of_event(payload: dict) -> tuple[int, str, str] | None:
     run = payload.get("workflow_run") or {}
     found = parse_run_title(run.get("display_title"))
     path = str(run.get("path", ""))
-    # the file itself, not any name ending like it (``.github/workflows/not-drift-audit-gpu.yml``)
-    if found is None or path.rsplit("/", 1)[-1] != WORKFLOW_FILE or not run.get("id"):
+    # the file itself at its one place, not a name ending like it or the same name in another folder
+    if found is None or path != f".github/workflows/{WORKFLOW_FILE}" or not run.get("id"):
         return None
     return int(run["id"]), found[0], found[1]
 

@@ -186,5 +186,5 @@ def test_only_the_gpu_workflow_file_itself_reports_results():
 
     assert run_of_event(run(".github/workflows/drift-audit-gpu.yml")) == (7, "da-abc", "sm90")
     for other in (".github/workflows/not-drift-audit-gpu.yml", ".github/workflows/drift-audit-gpu.yml.bak",
-                  ".github/workflows/x/../evil-drift-audit-gpu.yml"):
+                  "sub/.github/workflows/drift-audit-gpu.yml", ".github/workflows/x/drift-audit-gpu.yml"):
         assert run_of_event(run(other)) is None, other  # a writer's other workflow titled like ours

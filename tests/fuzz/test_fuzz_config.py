@@ -118,7 +118,6 @@ def test_mutated_configs_parse_or_say_where_and_why():
         outcomes["with line"] += bool(re.match(rf"{re.escape(SOURCE)}:\d+: ", message))
     assert outcomes["ok"] > 5 and outcomes["error"] > MUTANTS // 2, outcomes
     assert outcomes["with line"] > outcomes["error"] * 0.8, outcomes  # almost every error points at a line
-    print(f"config mutants: {MUTANTS}, {outcomes}")
 
 
 def test_text_damage_is_a_config_error_with_the_line():

@@ -196,5 +196,7 @@ def test_a_deep_expression_in_the_head_does_not_crash_the_review(tmp_path):
     r.commit("base")
     r.write("engine/a.py", "def f():\n    return " + "+".join(["1"] * 30000) + "\n")  # valid Python, 30k deep
     r.commit("head")
-    code, _, err = _review(r.path, "--format", "json")
+    code, out, err = _review(r.path, "--format", "json")
     assert code in (0, 1), err
+    (change,) = [f for f in json.loads(out)["changes"]["files"] if f["path"] == "engine/a.py"]
+    assert len(change["hunks"]) == 1  # reviewed, not dropped

@@ -168,8 +168,6 @@ def test_schema_valid_forgeries_are_answered_and_never_poison_the_queue(tmp_path
         assert load_job(row.kind, 2, dump_job(row.job)) == row.job  # round-trips
         store.finish(row.id, "fuzz")
     assert store.jobs(DEAD) == []
-    print(f"forged: {len(EVENTS) * PER_EVENT} payloads, {valid} schema-valid, answers {dict(answers)}, "
-          f"{len(store.jobs())} jobs, 0 dead")
 
 
 def _carries_what_the_payload_said(event: str, payload: dict, job: Any) -> None:
