@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from checks.config import Config, Fact, Pillar, Rule
-from checks.infer.entry_points import entry_point_rule, entry_points, manifests
+from checks.infer.entry_points import entry_point_rule, manifest_entry_points, manifests
 from checks.infer.families import VERSION, BlobCache, source_files, tree_members
 from checks.infer.mine import build_families, counted_families, mine, mine_counts, named_constants, self_named
 from checks.infer.numbers import indexed_rule, indexed_tables, mine_sizes, size_families, size_rule
@@ -82,7 +82,8 @@ def infer(
     """Inferred facts and rules for one tree (a checks.workspace.Tree), strongest first."""
     pillars = pillars or []
     t0 = time.perf_counter()
-    files = source_files(tree) + manifests(tree)
+    declared = manifests(tree)
+    files = source_files(tree) + declared
     key = hashlib.sha1(
         json.dumps([VERSION, code_digest(), min_support, severity, verify, [p.id for p in pillars],
                     files]).encode()
@@ -110,7 +111,7 @@ def infer(
     registrars = sibling_imports(members, tree.paths(), min_support)
     sizes = mine_sizes(size_families(members))
     indexed = indexed_tables(members, families)
-    scripts = entry_points(tree)
+    scripts = manifest_entry_points(tree, declared)
     t2 = time.perf_counter()
     out = Inferred()
     for inv in invariants:

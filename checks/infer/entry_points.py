@@ -11,7 +11,6 @@ the tree's own top-level packages, so another tool's ``"ignore:text"`` setting i
 
 from __future__ import annotations
 
-import ast
 import re
 from dataclasses import dataclass, field
 
@@ -42,93 +41,65 @@ DEFINED_QUERY = "\n".join([f"(module {b})" for b in _BINDERS] + [f"(module {k.fo
                                                                    for b in _BINDERS])
 
 
+#: the key of a module's names: ``pkg.mod:name`` (checks/infer/explain.py words a missing one as its module's)
+MODULE_NAME = "{module}:{key}"
+
+
 @dataclass
 class EntryPoints:
     path: str  # the manifest
-    packages: tuple[str, ...]  # the top-level packages its targets live in
-    root: str  # where those packages sit ("", "src/", ...)
+    root: str  # where its targets' packages sit ("", "src/", "server/", ...)
     targets: dict[str, int] = field(default_factory=dict)  # "pkg.mod:obj" → line
+
+    @property
+    def packages(self) -> tuple[str, ...]:
+        """The top-level packages the targets live in."""
+        return tuple(sorted({t.split(".", 1)[0].split(":", 1)[0] for t in self.targets}))
 
 
 def manifests(tree) -> list[tuple[str, str, str]]:
-    """(path, "manifest", blob) of the files entry points are declared in: part of inference's cache key."""
+    """(path, "manifest", blob) of the files entry points are declared in (vendored trees left out): part of
+    inference's cache key, and what :func:`manifest_entry_points` reads."""
     out = []
     for path in tree.paths():
-        if path.rsplit("/", 1)[-1] in MANIFESTS:
+        if path.rsplit("/", 1)[-1] in MANIFESTS and not _vendored(path):
             blob = tree.blob_sha(path)
             if blob:
                 out.append((path, "manifest", blob))
     return out
 
 
-def entry_points(tree) -> list[EntryPoints]:
-    """The manifests (at the top or a sub-project's, e.g. ``server/pyproject.toml``) whose entry points into the
-    tree's own packages all name objects their modules define at base."""
+def manifest_entry_points(tree, files: list[tuple[str, str, str]]) -> list[EntryPoints]:
+    """The entry points into the tree's own packages that the manifests ``files`` (from :func:`manifests`: at
+    the top or a sub-project's, e.g. ``server/pyproject.toml``) declare, one candidate per manifest and package
+    root. Whether each target is defined is the rule's own question: inference keeps a rule only where it holds
+    at base, so a manifest naming one object its module lacks holds no belief."""
     paths = set(tree.paths())
-    out = []
-    for path in sorted(paths):
-        name = path.rsplit("/", 1)[-1]
-        if name not in MANIFESTS or _vendored(path):
-            continue
+    out: list[EntryPoints] = []
+    for path, _, _ in files:
         data = tree.read(path)
         if not data:
             continue
-        here = path[: -len(name)]  # the manifest's directory, "" or "server/"
+        here = path[: len(path) - len(path.rsplit("/", 1)[-1])]  # the manifest's directory, "" or "server/"
         text = data.decode("utf-8", "replace")
-        found: dict[str, tuple[str, int]] = {}
-        for m in _TARGET.finditer(text):
-            found.setdefault(f"{m['module']}:{m['obj']}", (m["module"], text.count("\n", 0, m.start()) + 1))
         by_root: dict[str, EntryPoints] = {}
-        holds = True
-        for target, (module, line) in found.items():
-            hit = _module_file(module, here, paths)
-            if hit is None:
+        for m in _TARGET.finditer(text):
+            root = _module_root(m["module"], here, paths)
+            if root is None:
                 continue  # not a module of this tree: a dependency's, or not an entry point at all
-            root, file = hit
-            if target.split(":", 1)[1] not in _defined(tree.read(file) or b""):
-                holds = False  # one target the tree does not define at base: the manifest holds no belief
-                break
-            ep = by_root.setdefault(root, EntryPoints(path, (), root))
-            ep.targets[target] = line
-            ep.packages = tuple(sorted({*ep.packages, module.split(".", 1)[0]}))
-        if holds:
-            out += [ep for ep in by_root.values() if ep.targets]
+            ep = by_root.setdefault(root, EntryPoints(path, root))
+            ep.targets.setdefault(f"{m['module']}:{m['obj']}", text.count("\n", 0, m.start()) + 1)
+        out += by_root.values()
     return out
 
 
-def _module_file(module: str, here: str, paths: set[str]) -> tuple[str, str] | None:
+def _module_root(module: str, here: str, paths: set[str]) -> str | None:
+    """Where ``module``'s package sits, from the manifest's directory (None: no file of the tree is it)."""
     rel = module.replace(".", "/")
     for root in _ROOTS:
-        for cand in (f"{here}{root}{rel}.py", f"{here}{root}{rel}/__init__.py"):
-            if cand in paths:
-                return here + root, cand
+        if f"{here}{root}{rel}.py" in paths or f"{here}{root}{rel}/__init__.py" in paths:
+            return here + root
     return None
-
-
-def _defined(source: bytes) -> set[str]:
-    """Names bound at a module's top level, or one block into a top-level if/try (a read of the base; the rule's
-    own fact is a tree-sitter query, and the rule is kept only where that query agrees). Unreadable: none."""
-    try:
-        body = ast.parse(source).body
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return set()
-    names: set[str] = set()
-    for node in body:
-        inner: list[ast.stmt] = [node]
-        if isinstance(node, ast.If | ast.Try):
-            inner += node.body + node.orelse
-            if isinstance(node, ast.Try):
-                inner += [st for h in node.handlers for st in h.body]
-        for st in inner:
-            if isinstance(st, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-                names.add(st.name)
-            elif isinstance(st, ast.Assign):
-                names.update(t.id for t in st.targets if isinstance(t, ast.Name))
-            elif isinstance(st, ast.AnnAssign) and isinstance(st.target, ast.Name):
-                names.add(st.target.id)
-            elif isinstance(st, ast.ImportFrom | ast.Import):
-                names.update((al.asname or al.name).split(".")[0] for al in st.names)
-    return names
 
 
 def entry_point_rule(ep: EntryPoints, pillars: list[Pillar], severity: str = "warning") -> tuple[list[Fact], Rule, str]:
@@ -141,7 +112,7 @@ def entry_point_rule(ep: EntryPoints, pillars: list[Pillar], severity: str = "wa
     strip = {"normalize": [f"strip-prefix:{ep.root.replace('/', '.')}"]} if ep.root else {}
     defined = Fact(id=f"module-names:{ep.root}{'+'.join(ep.packages)}", lang="python",
                    files=[f"{ep.root}{p}/**/*.py" for p in ep.packages] + [f"{ep.root}{p}.py" for p in ep.packages],
-                   query=DEFINED_QUERY, options={"key": "{module}:{key}", **strip})
+                   query=DEFINED_QUERY, options={"key": MODULE_NAME, **strip})
     n = len(ep.targets)
     first = min(ep.targets.values())
     examples = [f"e.g. {t} ({ep.path}:{line})" for t, line in list(ep.targets.items())[:3]]

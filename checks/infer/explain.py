@@ -12,12 +12,12 @@ untouched, so fingerprints and new / pre-existing / fixed states do not move.
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import replace
 from typing import Any
 
 from checks.config import Fact, Rule
+from checks.infer.entry_points import MODULE_NAME
 from checks.model import Finding, Location
 
 _TOKEN = re.compile(r'"(?:[^"\\\n]|\\.)*"|\'(?:[^\'\\\n]|\\.)*\'|[A-Za-z_][\w]*(?:(?:::|\.)[A-Za-z_]\w*)*')
@@ -138,25 +138,12 @@ class Explainer:
             hit = self.rows[(fid, side)] = _rows(self.facts.get(fid), self.trees[side])
         return hit
 
-    def where(self, fid: str, side: str, near: str = "") -> str:
+    def where(self, fid: str, side: str) -> str:
         rows = self.fact_rows(fid, side)
         if not rows:
             return ""
-        paths = {r.path for r in rows}
-        best = self.nearest(fid, side, near)
-        return _span(rows, best) if len(paths) == 1 else f"{len(paths)} files, e.g. {_span(rows, best)}"
-
-    def nearest(self, fid: str, side: str, near: str = "") -> str:
-        """Of the files a fact's rows are in, the one whose keys share the longest start with ``near`` (the
-        missing name: ``pkg.mod:run`` is looked for beside ``pkg.mod:main``, in pkg/mod.py); else the first."""
-        rows = self.fact_rows(fid, side)
         paths = sorted({r.path for r in rows})
-        if not near or len(paths) < 2:
-            return paths[0] if paths else ""
-        shared = dict.fromkeys(paths, 0)
-        for r in rows:
-            shared[r.path] = max(shared[r.path], len(os.path.commonprefix([r.key, near])))
-        return max(paths, key=lambda p: (shared[p], -paths.index(p)))
+        return _span(rows, paths[0]) if len(paths) == 1 else f"{len(paths)} files, e.g. {_span(rows, paths[0])}"
 
     def _path(self, fid: str, side: str) -> str:
         rows = self.fact_rows(fid, side)
@@ -247,22 +234,21 @@ class Explainer:
             name = _quote(raw or m.group("written") or key)
             if all(x.endswith("#count") for x in have + lack) and key.isdigit():
                 return self.indexed(rule, key, have[0], lack[0], side)
-            missing = []
-            for fid in lack:
-                w = self.where(fid, side, key)
-                missing.append(self.label(fid) + (f" ({w})" if w else ""))
-            if len(lack) == 1 and lack[0].startswith("module-names:") and ":" in key:
+            keyed = getattr(self.facts.get(lack[0]), "options", {}).get("key") if len(lack) == 1 else None
+            if keyed == MODULE_NAME and ":" in key:  # a name a module must define: say which module lacks it
                 modname, obj = key.rsplit(":", 1)
-                module = self.nearest(lack[0], side, key)
-                rel = modname.replace(".", "/")
+                module = next((r.path for r in self.fact_rows(lack[0], side) if r.key.rsplit(":", 1)[0] == modname), "")
                 support = _support(rule)
-                defines = (f"{module} defines no `{obj}` at module level"
-                           if module.endswith((f"{rel}.py", f"{rel}/__init__.py"))
+                defines = (f"{module} defines no `{obj}` at module level" if module
                            else f"the tree has no module {modname} that defines `{obj}`")
                 return (f"{name} is one of {_join(sides)}, but {defines}. Fix: define it there (or import it), or "
                         f"point the entry point at the object's new name. At the base each of the "
                         f"{support + ' ' if support else ''}entry points named an object its module defines. "
                         f"{_fix(rule)}")
+            missing = []
+            for fid in lack:
+                w = self.where(fid, side)
+                missing.append(self.label(fid) + (f" ({w})" if w else ""))
             files = [x for x in lack if getattr(self.facts.get(x), "lang", "") == "path"]
             if files:  # a list names a file the tree lacks: the fix is the entry (or the file), not the tree
                 support = _support(rule)

@@ -3,6 +3,8 @@ or a new script naming a function that is not there, is caught; other settings o
 
 from __future__ import annotations
 
+from checks.infer import infer
+from checks.workspace import Tree
 from tests.gitrepo import GitRepo
 from tests.infer.audits import audit, inferred
 
@@ -17,6 +19,10 @@ console_scripts =
 
 [flake8]
 per-file-ignores = tests/*:E501
+
+[tool:pytest]
+filterwarnings = ignore:deprecated
+plugins = othertool.plugin:hook
 """
 
 MAIN = """import sys
@@ -64,9 +70,10 @@ def test_a_new_script_naming_no_function_and_other_settings(tmp_path):
     head = r.commit_files({"setup.cfg": added, "tool/bench.py": "def run_bench():\n    return 0\n"}, "bench")
     new = inferred(audit(r.path, base, head))
     assert len(new) == 1 and "tool/bench.py defines no `main`" in new[0].message, [f.message for f in new]
-    # another tool's "a:b" setting and an entry point into an installed package are no drift
-    other = SETUP_CFG + "\n[tool:pytest]\nfilterwarnings = ignore:deprecated\nplugins = othertool.plugin:hook\n"
-    quiet = r.commit_files({"setup.cfg": other}, "settings")
+    # the base's other "a:b" settings (pytest's filterwarnings, a plugin of an installed package) are no entry
+    # points: the manifest still holds a belief, and adding more such settings is no drift
+    more = SETUP_CFG + "\n[coverage:run]\nplugins = covtool.plugin:setup\n"
+    quiet = r.commit_files({"setup.cfg": more}, "settings")
     assert inferred(audit(r.path, base, quiet)) == []
 
 
@@ -93,6 +100,8 @@ def test_pyproject_scripts_under_src_and_a_manifest_that_does_not_hold(tmp_path)
     # a manifest with one entry point its tree does not define at base holds no belief
     r2 = GitRepo(tmp_path / "broken")
     base2 = r2.commit_files({**files, "src/tool/cli.py": "def cli():\n    pass\n"}, "tool")
+    assert [x for x in infer(Tree(str(r2.path), base2)).rules if "entry-points" in x.id] == []
+    assert [x for x in infer(Tree(str(r.path), base)).rules if "entry-points" in x.id]  # the sound one holds one
     head2 = r2.commit_files({"src/tool/plugins.py": "X = 1\n"}, "drop the plugin")
     assert inferred(audit(r2.path, base2, head2)) == []
 

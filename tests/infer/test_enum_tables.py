@@ -29,7 +29,7 @@ def test_an_enum_member_its_complete_table_lacks_is_caught(tmp_path):
 
 def test_a_partial_table_or_keys_of_several_classes_hold_no_belief(tmp_path):
     r = GitRepo(tmp_path / "quant")
-    mixed = table(METHODS[:2]).replace("CONFIGS = {\n", "CONFIGS = {\n    torch.float16: HalfConfig,\n")
+    mixed = table(METHODS).replace("CONFIGS = {\n", "CONFIGS = {\n    torch.float16: HalfConfig,\n")
     base = r.commit_files({"quant/types.py": enum(METHODS), "quant/registry.py": table(METHODS[:4]),
                            "quant/mixed.py": mixed}, "a partial table")
     head = r.commit_files({"quant/types.py": enum([*METHODS, "NVFP4"])}, "nvfp4")
