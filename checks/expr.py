@@ -46,13 +46,21 @@ class Operand:
             return None
 
 
+#: what ``ast.parse`` raises on text a head controls: a null byte (ValueError), nesting past the parser's depth
+PARSE_ERRORS = (SyntaxError, ValueError, RecursionError, MemoryError)
+
+
+def clip(text: str, limit: int = 200) -> str:
+    """Text a head controls, as a finding quotes it: at most ``limit`` characters."""
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
 def parse_operand(text: str) -> Operand:
     """Read ``text``; raise OperandError naming the fix."""
     try:
         node = ast.parse(text.strip(), mode="eval").body
-    except (SyntaxError, ValueError, RecursionError, MemoryError):  # a null byte; nesting past the parser's depth
-        shown = text if len(text) <= 200 else text[:200] + "…"
-        raise OperandError(f"'{shown}' is not FACT.FIELD or an arithmetic expression over them") from None
+    except PARSE_ERRORS:
+        raise OperandError(f"'{clip(text)}' is not FACT.FIELD or an arithmetic expression over them") from None
     refs: list[tuple[str, str]] = []
     for n in ast.walk(node):
         if isinstance(n, ast.Attribute):

@@ -21,6 +21,7 @@ import operator
 import re
 
 from checks.config import Rule
+from checks.expr import PARSE_ERRORS, clip
 from checks.facts import Row
 from checks.model import Finding
 from checks.rules.base import (
@@ -60,9 +61,8 @@ def _to_python(text: str) -> str:
 def _parse(text: str) -> ast.expr:
     try:
         return ast.parse(_to_python(text), mode="eval").body
-    except (SyntaxError, ValueError, RecursionError, MemoryError):  # a null byte; nesting past the parser's depth
-        shown = text if len(text) <= 200 else text[:200] + "…"
-        raise EvalError(f"cannot read expression '{shown}'") from None
+    except PARSE_ERRORS:
+        raise EvalError(f"cannot read expression '{clip(text)}'") from None
 
 
 AGGREGATES = ("max", "min", "sum", "count")

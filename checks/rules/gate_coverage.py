@@ -26,6 +26,7 @@ import ast
 import re
 
 from checks.config import Rule
+from checks.expr import PARSE_ERRORS, clip
 from checks.facts import Row
 from checks.model import Finding
 from checks.rules.base import (
@@ -99,13 +100,8 @@ def condition_set(text: str, lo: int, hi: int) -> Intervals:
         return _eval(node, lo, hi, text)
     except GateError:
         raise
-    except (SyntaxError, ValueError, RecursionError, MemoryError):  # a null byte; nesting past the parser's depth
-        raise GateError(f"cannot read condition '{_shown(text)}'") from None
-
-
-def _shown(text: str) -> str:
-    """A condition as a finding quotes it: a head controls its length."""
-    return text if len(text) <= 200 else text[:200] + "…"
+    except PARSE_ERRORS:
+        raise GateError(f"cannot read condition '{clip(text)}'") from None
 
 
 def _num(node: ast.expr) -> int | None:
@@ -159,10 +155,10 @@ def _eval(node: ast.expr, lo: int, hi: int, text: str) -> Intervals:
             elif rn is None and ln is not None:
                 acc = _intersect(acc, _cmp(op, ln, lo, hi, flipped=True))
             else:
-                raise GateError(f"condition '{_shown(text)}' must compare one variable with a number")
+                raise GateError(f"condition '{clip(text)}' must compare one variable with a number")
             left = right
         return acc
-    raise GateError(f"condition '{_shown(text)}' is not a comparison")
+    raise GateError(f"condition '{clip(text)}' is not a comparison")
 
 
 def _fmt(a: int, b: int) -> str:
