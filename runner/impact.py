@@ -328,10 +328,10 @@ def _block_heads(stmts: list[Stmt]) -> list[Stmt]:
     for st in stmts:
         inner = []
         for prev in reversed(out):
-            if prev.start < st.start or prev.end > st.end or prev is st:
+            if prev.start < st.start or prev.end > st.end:
                 break
             inner.append(prev)
-        if inner and not st.imports and not st.registers and st.start <= inner[-1].start:
+        if inner and not st.imports and not st.registers:
             effect = any(i.effect for i in inner)
             registers = frozenset().union(*(i.registers for i in inner))
             by_call = frozenset().union(*(i.registered_by_call for i in inner))
@@ -359,15 +359,11 @@ def _registering(path: str, stmts: list[Stmt], bindings: list[Binding]) -> list[
             # was handed changes with them, so the statement binds them; nothing else of the module changes
             st = dataclasses.replace(st, names=st.names | st.call_args, effect=False)
         library = st.registers - own
-        if library and st.string_keys and not library & own:
-            # a library registers it under names spelled as strings (``torch.library.impl("ns::op")``): code
-            # spelling one reaches it (Impact.string_keys); the module's other names do not change
-            kept = st.registers & own
-            st = dataclasses.replace(st, registers=kept, registered_by_call=st.registered_by_call & kept,
-                                     keys=st.keys if kept else frozenset(), effect=False)
-        elif library and not any(_REGISTERING.search(d) for d in st.decorated_by):
-            # a library's decorator named like no registration (``@can_return_tuple``, ``@cuda_required``,
-            # ``@torch.compile``): it wraps the definition, which changes alone
+        if library and (st.string_keys or not any(_REGISTERING.search(d) for d in st.decorated_by)):
+            # a library registers it under names spelled as strings (``torch.library.impl("ns::op")``: code
+            # spelling one reaches it, Impact.string_keys), or a library's decorator named like no registration
+            # (``@can_return_tuple``, ``@cuda_required``, ``@torch.compile``) wraps the definition: the
+            # definition changes alone, not the module's other names
             kept = st.registers & own
             st = dataclasses.replace(st, registers=kept, registered_by_call=st.registered_by_call & kept,
                                      keys=st.keys if kept else frozenset(), effect=False)

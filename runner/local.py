@@ -162,7 +162,8 @@ def run_suite(suite, repo_dir: str):
 
         cases: list[metrics.Case] = []
         notes: list[str] = []
-        if os.path.exists(junit):
+        report = os.path.exists(junit)
+        if report:
             try:
                 cases = metrics.read_junit(junit)
             except metrics.JUnitError as exc:
@@ -173,7 +174,7 @@ def run_suite(suite, repo_dir: str):
             notes.append(f"{bad} malformed line(s) in $DRIFT_AUDIT_METRICS ignored")
 
         outcome, reason = classify(
-            rc, timed_out, suite.timeout, tail, cases, is_pytest(suite.command), report=os.path.exists(junit)
+            rc, timed_out, suite.timeout, tail, cases, is_pytest(suite.command), report=report
         )
         if outcome in ("failed", "error", "cuda-error") and _signal_of(rc) is None:
             unrunnable = runnable.not_runnable(

@@ -22,11 +22,12 @@ import shlex
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache, lru_cache
 
 import pathspec
 
 from checks.config import CONFIG_PATH, Config, Suite
+from checks.expr import PARSE_ERRORS
 from checks.model import AuditOptions, ChangeSet, Findings, PillarMap, PlannedSuite, TestPlan
 from runner.impact import (
     ALL,
@@ -43,7 +44,7 @@ from runner.impact import (
     static_bindings,
     without_wrappers,
 )
-from runner.imports import ImportGraph, gpu_need
+from runner.imports import PROJECT_FILES, ImportGraph, gpu_need
 from runner.outline import Outline, touches_kept_definition
 from runner.runnable import extension_names
 
@@ -328,7 +329,6 @@ KERNEL_REACH_BUDGET = 300
 # with no narrower path to changed compiled code, a package imported by more test files than this (a compiler, a
 # runtime every test loads) is stood for by the PR's own tests; a smaller one runs all its importers
 OWN_TESTS_ABOVE = 20
-PROJECT_FILES = ("setup.py", "pyproject.toml")
 CUDA_SOURCES = (".cu", ".cuh")
 KERNEL_SOURCES = (".cu", ".cuh", ".cpp", ".cc", ".cxx", ".c", ".h", ".hpp", ".hh", ".inl")
 
@@ -474,13 +474,22 @@ def _native_functions(path: str, data: bytes, blob: str | None) -> list[tuple[in
         lang = "cpp"  # a .h is parsed as C++: headers of C++ trees are the common case
     tree = syntax.parse(lang, data, key=blob)
     out = []
-    query = ts.Query(syntax.language(lang), "(function_definition) @d")
-    for node in ts.QueryCursor(query).captures(tree.root_node).get("d", []):
+    for node in ts.QueryCursor(_native_query(lang, "(function_definition) @d")).captures(tree.root_node).get("d", []):
         name = _declarator_name(node.child_by_field_name("declarator"))
         if name:
             name = name.split("<", 1)[0].rsplit("::", 1)[-1].strip()
             out.append((node.start_point[0] + 1, node.end_point[0] + 1, name))
     return out
+
+
+@cache
+def _native_query(lang: str, text: str):
+    """A compiled query (7-11 ms to compile, and a review may read thousands of native files)."""
+    import tree_sitter as ts
+
+    from checks import syntax
+
+    return ts.Query(syntax.language(lang), text)
 
 
 def _native_declarations(path: str, data: bytes, blob: str | None) -> list[tuple[int, int, str]]:
@@ -493,7 +502,7 @@ def _native_declarations(path: str, data: bytes, blob: str | None) -> list[tuple
     lang = "cuda" if path.endswith(".cuh") else "cpp"
     tree = syntax.parse(lang, data, key=blob)
     out = []
-    query = ts.Query(syntax.language(lang), "(declaration declarator: (function_declarator) @f) @d")
+    query = _native_query(lang, "(declaration declarator: (function_declarator) @f) @d")
     for match in ts.QueryCursor(query).matches(tree.root_node):
         caps = match[1]
         decl, fn = caps.get("d", [None])[0], caps.get("f", [None])[0]
@@ -787,7 +796,7 @@ def _import_graph(config: Config, reach: _Reach, head, head_paths: set[str], pic
                     {**{p: ALL for p in gone}, **changed})
     impact.run([t for t in test_files if t not in changed_py], users)
     impact_keys = impact.string_keys()
-    spelled = {p: n for p, n in _spelling_string_keys(impact, users, test_files, graph).items()
+    spelled = {p: n for p, n in _spelling_string_keys(impact, impact_keys, users, test_files, graph).items()
                if p not in changed_py}
     if spelled:  # ops a library registered under a name: the code spelling the name (torch.ops.ns.op) runs them
         changed = {**spelled, **changed}
@@ -898,9 +907,10 @@ def _class_members_at(data: bytes, lines: list[int]) -> dict[str, set[str] | Non
         return {}
     try:
         tree = ast.parse(data)
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
+    except PARSE_ERRORS:
         return {}
     out: dict[str, set[str] | None] = {}
+    rows = data.split(b"\n")
     for node in tree.body:
         if not isinstance(node, ast.ClassDef):
             continue
@@ -919,7 +929,6 @@ def _class_members_at(data: bytes, lines: list[int]) -> dict[str, set[str] | Non
                     if isinstance(t, ast.Name):
                         spans.append((t.id, first, st.end_lineno or st.lineno, st))
         touched: set[str] | None = set()
-        rows = data.split(b"\n")
         for n in inside:
             if 0 < n <= len(rows) and (not rows[n - 1].strip() or rows[n - 1].lstrip().startswith(b"#")):
                 continue
@@ -1017,11 +1026,11 @@ def _without_classes(data: bytes, classes: set[str]) -> bytes:
     return b"\n".join(rows)
 
 
-def _spelling_string_keys(impact: Impact, users: dict[str, list[str]], test_files: list[str],
+def _spelling_string_keys(impact: Impact, keys: frozenset[str], users: dict[str, list[str]], test_files: list[str],
                           graph: ImportGraph) -> dict[str, Changed]:
-    """{module: its names that spell an op name a changed definition is registered under}, among the modules
-    the tests reach and the tests themselves (nothing else changed in them: not already in ``impact.state``)."""
-    keys = impact.string_keys()
+    """{module: its names that spell an op name (``keys``, ``impact.string_keys()``) a changed definition is
+    registered under}, among the modules the tests reach and the tests themselves (nothing else changed in
+    them: not already in ``impact.state``)."""
     if not keys:
         return {}
     pattern = _spelled(keys)

@@ -48,3 +48,22 @@ def test_a_method_nobody_else_calls_reaches_only_its_speller(repo):
 def test_a_constructor_change_keeps_the_whole_class(repo):
     assert selected(repo, "self.n = 1", "self.n = 2") == ["tests/test_gen.py", "tests/test_run.py",
                                                             "tests/test_tok.py"]
+
+
+def test_forward_is_called_by_the_framework_so_its_change_keeps_the_whole_class(git_repo):
+    files = {**BASE, "pkg/pipe.py": BASE["pkg/pipe.py"].replace(
+        "    def tokenize", "    def forward(self, x):\n        return x\n\n    def tokenize")}
+    base = git_repo.commit_files(files, "base")  # nobody spells forward: nn.Module.__call__ calls it
+    head = git_repo.commit_files({"pkg/pipe.py": files["pkg/pipe.py"].replace("return x\n", "return x * 1\n")})
+    assert selected_tests(git_repo.path, base, head) == ["tests/test_gen.py", "tests/test_run.py",
+                                                          "tests/test_tok.py"]
+
+
+def test_a_module_calling_members_by_name_reaches_every_member(git_repo):
+    files = {**BASE, "pkg/hooks.py": "def call(obj, name):\n    return getattr(obj, name)()\n",
+             "tests/test_hook.py": "from pkg.hooks import call\nfrom pkg.pipe import Pipeline\n\n\ndef test_h():\n"
+                                   "    assert call(Pipeline(), '_sam' + 'ple') == 1\n"}
+    base = git_repo.commit_files(files, "base")  # test_hook spells no member; its helper calls one by name
+    head = git_repo.commit_files({"pkg/pipe.py": BASE["pkg/pipe.py"].replace("return self.n", "return self.n * 1")})
+    assert selected_tests(git_repo.path, base, head) == ["tests/test_gen.py", "tests/test_hook.py",
+                                                          "tests/test_run.py"]
