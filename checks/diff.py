@@ -12,6 +12,7 @@ import subprocess
 from dataclasses import dataclass
 from typing import Any
 
+from git.diff import decode_path
 from unidiff import PatchSet
 from unidiff.errors import UnidiffParseError
 
@@ -73,26 +74,11 @@ def _parse_raw(out: bytes) -> list[_Raw]:
     return rows
 
 
-_ESCAPES = {"a": 7, "b": 8, "t": 9, "n": 10, "v": 11, "f": 12, "r": 13, '"': 34, "\\": 92}
-
-
 def _unquote(name: str) -> str:
-    """A path as git C-quotes it in patch headers (``"b/engine/tab\\there.py"``, octal UTF-8 bytes) made plain."""
-    if len(name) < 2 or name[0] != '"' or name[-1] != '"':
-        return name
-    out, body, i = bytearray(), name[1:-1], 0
-    while i < len(body):
-        if body[i] == "\\" and i + 1 < len(body):
-            if body[i + 1] in "01234567":
-                out.append(int(body[i + 1:i + 4], 8) & 0xFF)
-                i += 4
-                continue
-            out.append(_ESCAPES.get(body[i + 1], ord(body[i + 1]) & 0xFF))
-            i += 2
-            continue
-        out += body[i].encode()
-        i += 1
-    return out.decode("utf-8", "replace")
+    """A path as git C-quotes it in patch headers (``"b/engine/tab\\there.py"``, octal UTF-8 bytes) made plain
+    (GitPython's reading of git's quoting; the a/ b/ prefix is stripped by the caller)."""
+    raw = decode_path(name.encode("utf-8", "surrogateescape"), has_ab_prefix=False)
+    return (raw or b"").decode("utf-8", "replace")
 
 
 def _strip_prefix(name: str | None) -> str | None:
