@@ -57,9 +57,12 @@ def test_a_function_handed_out_as_a_value_keeps_the_package_wide_answer(git_repo
     assert sorted(got) == ["tests/test_other.py", "tests/test_scale.py"]
 
 
+SUBK = {**REPO, "sub/setup.py": "from setuptools import setup\nsetup(name='subk', packages=['subk'])\n",
+        "sub/subk/__init__.py": ""}  # a sub-project whose build file names one package
+
+
 def test_a_sub_projects_sources_run_through_its_own_package(git_repo):
-    tree = {**REPO, "sub/setup.py": "from setuptools import setup\nsetup(name='subk', packages=['subk'])\n",
-            "sub/subk/__init__.py": "", "sub/subk/ffi.py": "def run(x):\n    return x\n",
+    tree = {**SUBK, "sub/subk/ffi.py": "def run(x):\n    return x\n",
             "sub/csrc/moe.cu": "void moe(float* x) {\n  x[0] = 1;\n}\n",
             "sub/test/test_moe.py": "import subk.ffi as ffi\n\n\ndef test_m():\n    assert ffi.run(1)\n"}
     got = selected(git_repo, {"sub/csrc/moe.cu": "void moe(float* x) {\n  x[0] = 2;\n}\n"}, tree)
@@ -73,8 +76,7 @@ def test_a_comment_in_compiled_sources_runs_nothing(git_repo):
 
 
 def test_a_sub_project_brings_only_the_packages_its_build_files_name(git_repo):
-    tree = {**REPO, "sub/setup.py": "from setuptools import setup\nsetup(name='subk', packages=['subk'])\n",
-            "sub/subk/__init__.py": "", "sub/utils/__init__.py": "def run(x):\n    return x\n",
+    tree = {**SUBK, "sub/utils/__init__.py": "def run(x):\n    return x\n",
             "tools/utils.py": "def run(x):\n    return x\n",
             "tools/test_tool.py": "import utils\n\n\ndef test_t():\n    assert utils.run(1)\n"}
     got = selected(git_repo, {"sub/utils/__init__.py": "def run(x):\n    return x + 1\n"}, tree)
