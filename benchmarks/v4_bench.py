@@ -10,7 +10,7 @@ tok/s (torch and Triton paths) against HF transformers' DeepseekV4ForCausalLM.
 Bytes counted are the fewest an op must move (each input read once, each output written once); the
 pool's bytes per token come from the profile table below. kv584_store, kv584_load and compress_store also print
 their time against a copy of the same bytes (the ceiling at that size), hc_pre its % of the two-pass bound (x read
-twice). Each kernel row also prints its graphed device time (CUDA graph replay behind an L2 flush, the flush
+twice), sparse decode its dots' TFLOP/s against a bf16 GEMM's in the same run. Each kernel row also prints its graphed device time (CUDA graph replay behind an L2 flush, the flush
 subtracted), which leaves out the host's launch cost that events around an eager call count at small shapes.
 Exits non-zero if any section raised.
 """
@@ -202,6 +202,32 @@ def _compress_inputs(n_ent: int, length: int) -> tuple[tuple, int]:
     return args, n_ent * (length * 512 * 6 + kv584.TOKEN_BYTES)
 
 
+def _gemm_peak() -> float:
+    """bf16 tensor-core throughput a large square GEMM reaches here, in TFLOP/s: the MMA side of the roofline
+    (the score and value dots are 224 flops per pool byte at 64 heads, past the H200's ridge)."""
+    m = 64 if ARGS.smoke else 8192
+    a = torch.randn(m, m, device=DEV).bfloat16()
+    b = torch.randn(m, m, device=DEV).bfloat16()
+    ms = bench_ms(lambda: a @ b)
+    peak = 2 * m ** 3 / ms / 1e9
+    RESULTS["gemm_peak_tflops"] = peak
+    say(f"bf16 GEMM {m}^3: {peak:.0f} TFLOP/s")
+    return peak
+
+
+def _mma_floor(rec: dict, nbytes: float, flops: float, peak: float) -> None:
+    """What the 70 % bar asks of the MMAs: the TFLOP/s that the row's dots must run at to move its bytes at
+    70 % of the copy ceiling, against the GEMM peak; and the row's time against the roofline bound (the longer
+    of its bytes at the ceiling and its flops at the peak)."""
+    ceil = RESULTS["ceiling_gbs"] or float("nan")
+    need = flops / (nbytes / (0.7 * ceil * 1e6)) / 1e9
+    bound_ms = max(nbytes / (ceil * 1e6), flops / (peak * 1e9))
+    rec.update(tflops=flops / rec["ms"] / 1e9, tflops_for_70=need, of_roofline=bound_ms / rec["ms"])
+    say(f"{'':<18} {'':<26} {flops / 1e9:7.1f} GFLOP: runs at {rec['tflops']:.0f} TFLOP/s; 70 % of copy needs "
+        f"{need:.0f} TFLOP/s = {100 * need / peak:.0f} % of the GEMM peak; {100 * rec['of_roofline']:.1f} % of the "
+        f"roofline bound ({bound_ms * 1e3:.1f} us)")
+
+
 def sec_sparse() -> None:
     say("\nsparse MLA decode over the 584-byte pool (window 128 + top-512 entries per row; bytes: the pool rows "
         "read, q and out)")
@@ -211,6 +237,7 @@ def sec_sparse() -> None:
     pool = kv584.new_pool(pages, 64, DEV)
     n = pages * 64
     kv584.kv584_store(torch.randn(n, 512, device=DEV), pool, torch.arange(n, device=DEV))
+    peak = _gemm_peak()
     # b256 / b512 read 96 / 191 MB of rows: sizes where a plain copy nears the ceiling (the same-size copy
     # printed beside each row is what is attainable at that size)
     for b in ((2,) if ARGS.smoke else (32, 64, 128, 256, 512)):
@@ -223,6 +250,7 @@ def sec_sparse() -> None:
              lambda q=q, idx=idx, sinks=sinks, out=out: sparse_mla.sparse_mla_decode(q, pool, idx, sinks, 512 ** -0.5,
                                                                                        out=out), "sparse",
              same_copy_ms=_copy_ms(nbytes))
+        _mma_floor(RESULTS["sparse"][-1], nbytes, flops=b * heads * k * 512 * 2 * 2, peak=peak)
 
 
 def sec_compress_parts() -> None:

@@ -206,7 +206,10 @@ def _hc_post_kernel(o_ptr, x_ptr, post_ptr, comb_ptr, y_ptr, D, N: tl.constexpr,
 #: warps: 223 us); fn in two bf16 parts instead of three 182-185 us vs 193-196 us (1024 tokens, bt 64 by the
 #: fill rule: 64 us vs 88 us). The one-pass designs, whose programs wait on each other, were dropped: a lagged
 #: collapse ran 292-1715 us and a grouped design with its slab in shared memory 990-1345 us (about as slow with its
-#: waits skipped); the fused and persistent ones had never beaten split either.
+#: waits skipped); the fused and persistent ones had never beaten split either. Both passes run over chunks of
+#: tokens in turn, so the collapse re-reads a chunk from L2, were slower at every chunk (8192 tokens graphed: one
+#: pair 180 us; chunks of 4096 204 us, 2048 248 us, 1024 439 us): a chunk's logits grid no longer fills the GPU
+#: at bt 256, and smaller token blocks re-read fn as often as x.
 HC_PRE = {"bt": 256, "bt_min": 64, "bk": 64, "s": 8, "parts": 2, "bt2": 16, "ds": 4, "bd": 128, "warps": 8,
           "warps2": 4, "rev": True}
 
