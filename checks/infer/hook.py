@@ -15,6 +15,7 @@ from dataclasses import replace
 from typing import Any
 
 from checks.config import COCHANGE_RULE, Config
+from checks.infer.calls import RULE_ID as CALL_RULE
 from checks.model import ChangeSet, Checkout, Findings, Unchecked
 
 RunChecks = Callable[[Checkout, Config, ChangeSet], Findings]
@@ -96,6 +97,8 @@ def with_inference(run: RunChecks) -> RunChecks:
         found.inferred += _gone(inferred, ran, changes)
         if infer_on and not any(p.entry.startswith("inference") for p in problems):
             found.inference = base_sha  # the report can tell "nothing inferred" from "inference off"
+        if infer_on and changes is not None and changes.files and CALL_RULE not in s.disable:
+            found.findings += _calls(checkout, config, changes, base_sha, found)
         if cochange_on and changes is not None and changes.files:
             found.findings += _cochange(checkout, config, changes, base_sha, cache_dir, found)
         return found
@@ -129,6 +132,19 @@ def _gone(inferred: Any, ran: set[str], changes: ChangeSet | None) -> list[str]:
             rid, _, what = line.partition(": ")  # the reason first: the comment clips long lines
             out.append(f"{rid}: not checked (this PR {' and '.join(why)}, which held one of its lists): {what}")
     return out
+
+
+def _calls(checkout: Checkout, config: Config, changes: ChangeSet, base_sha: str, found: Findings) -> list:
+    from checks.infer import calls
+    from checks.infer.rules import pillar_of
+
+    try:
+        return calls.findings(checkout.repo, changes, base_sha, checkout.head_sha,
+                              pillar_of=lambda p: pillar_of(p, config.pillars),
+                              severity=getattr(config.settings, "infer_severity", "warning"))
+    except Exception as exc:  # a bonus like the rest of inference: its failure is reported, not fatal
+        found.unchecked.append(Unchecked("call fit (checks/infer/calls.py)", f"failed: {type(exc).__name__}: {exc}"))
+        return []
 
 
 def _cochange(checkout: Checkout, config: Config, changes: ChangeSet, base_sha: str, cache_dir: Any,
