@@ -40,7 +40,10 @@ JUDGED = ROOT / "benchmarks" / "inference_commits_judged.toml"
 MIRRORS = Path("/work/.mirror")
 MORE = ["AutoGPTQ/AutoGPTQ", "ModelCloud/GPTQModel", "ModelTC/lightllm", "deepseek-ai/DeepGEMM", "GeeeekExplorer/nano-vllm",
         "fla-org/flash-linear-attention", "huggingface/optimum-quanto", "intel/auto-round", "linkedin/Liger-Kernel",
-        "mit-han-lab/nunchaku", "pytorch/ao", "tile-ai/tilelang", "turboderp-org/exllamav2", "InternLM/lmdeploy"]
+        "mit-han-lab/nunchaku", "pytorch/ao", "tile-ai/tilelang", "turboderp-org/exllamav2", "InternLM/lmdeploy",
+        "bitsandbytes-foundation/bitsandbytes", "deepspeedai/DeepSpeed", "vllm-project/llm-compressor",
+        "turboderp-org/exllamav3", "ROCm/aiter", "huggingface/text-generation-inference", "NVIDIA/TransformerEngine",
+        "kvcache-ai/ktransformers"]
 
 
 def git(repo: Path, *args: str) -> str:
