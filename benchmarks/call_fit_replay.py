@@ -3,6 +3,7 @@
 signature, findings on ordinary commits with their judged verdicts, and its cost against the diff stage.
 
     python benchmarks/call_fit_replay.py [--commits 300] [--out FILE]     # the fetched mirrors
+    python benchmarks/call_fit_replay.py --only --repo OWNER/NAME ...      # other repos, forward only
     python benchmarks/call_fit_replay.py --smoke                           # a synthetic repo, seconds
 
 - recall: each fix of benchmarks/inference_commits_calls.toml as the reverse PR (base = the fix, head = its
@@ -75,8 +76,9 @@ def run(repo: Path, base: str, head: str) -> tuple[list, float, float, list[str]
 def report(recall: list, forward: list, judged: dict, n_commits: int) -> list[str]:
     lines = [f"# Call check replay, {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC", ""]
     caught = sum(1 for r in recall if r["caught"])
-    lines += [f"## Recall on fixes of calls left on an old signature: **{caught}/{len(recall)}**", "",
-              "| repo | fix | subject | caught | first finding |", "|---|---|---|---|---|"]
+    if recall:
+        lines += [f"## Recall on fixes of calls left on an old signature: **{caught}/{len(recall)}**", "",
+                  "| repo | fix | subject | caught | first finding |", "|---|---|---|---|---|"]
     for r in recall:
         lines.append(f"| {r['repo']} | {r['sha'][:10]} | {r['subject'][:60]} | {'yes' if r['caught'] else 'no'} | "
                      f"{r['first'][:160]} |")
@@ -175,14 +177,15 @@ def main() -> int:
     ap.add_argument("--repos", default="/tmp/call-fit-replay", help="where to clone the fetched mirrors")
     ap.add_argument("--commits", type=int, default=300, help="ordinary commits per repo, forward")
     ap.add_argument("--repo", action="append", default=[], metavar="OWNER/NAME", help="another repo, forward only")
+    ap.add_argument("--only", action="store_true", help="replay the --repo repos alone, forward (no recall section)")
     ap.add_argument("--out", help="write the markdown here (default benchmarks/results/call_fit_replay_DATE.md)")
     args = ap.parse_args()
     if args.smoke:
         return smoke(Path(args.out) if args.out else None)
     data = tomllib.loads(FIXES.read_text())
     judged = {(j["sha"][:12], j["fingerprint"]): j for j in tomllib.loads(JUDGED.read_text()).get("judged", [])}
-    names = list(dict.fromkeys([*data.get("noise_repos", []), *MORE, *args.repo]))
-    recall, forward = replay(Path(args.repos), names, data["fix"], args.commits)
+    names = args.repo if args.only else list(dict.fromkeys([*data.get("noise_repos", []), *MORE, *args.repo]))
+    recall, forward = replay(Path(args.repos), names, [] if args.only else data["fix"], args.commits)
     text = "\n".join(report(recall, forward, judged, args.commits))
     out = Path(args.out) if args.out else ROOT / "benchmarks" / "results" / f"call_fit_replay_{dt.date.today()}.md"
     out.write_text(text)

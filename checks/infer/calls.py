@@ -405,6 +405,17 @@ class Resolver:
         else:
             parts = importer.split("/")[:-1]
             roots = [""] + ["/".join(parts[:i]) + "/" for i in range(1, len(parts) + 1)]
+            # a module importing its own package: the root that package sits in comes first (a sub-project's
+            # copy of a package, KT-SFT/ktransformers beside ktransformers, means its own)
+            top = rel.split("/", 1)[0]
+            own = [i for i in range(len(parts)) if parts[i] == top]
+            if own:
+                root = "/".join(parts[:own[-1]]) + "/" if own[-1] else ""
+                roots = [root] + [r for r in roots if r != root]
+            elif parts and "/".join(parts) + "/__init__.py" not in self.paths:
+                # a script's directory (no package): Python puts it first on the path
+                here = "/".join(parts) + "/"
+                roots = [here] + [r for r in roots if r != here]
         for root in roots:
             stem = (root + rel).rstrip("/")
             for cand in (stem + ".py", stem + "/__init__.py") if stem else ("__init__.py",):
@@ -496,13 +507,15 @@ class Resolver:
         return None
 
     def _base_class(self, mod: Module, fn: ts.Node) -> tuple[str, str] | None:
-        """``super().__init__`` in a method of a class with one plain base: that base, as a call names it."""
+        """``super().__init__`` in the undecorated ``__init__`` of a class with one plain base: that base, as a call
+        names it. (In a classmethod, ``super().__init__`` is the unbound function and takes ``self`` itself.)"""
         method = fn.parent
         while method is not None and method.type != "function_definition":
             method = method.parent
+        name = method.child_by_field_name("name") if method is not None else None
+        if name is None or syntax.text(name) != "__init__":
+            return None
         body = method.parent if method is not None else None
-        if body is not None and body.type == "decorated_definition":
-            body = body.parent
         cls = body.parent if body is not None and body.type == "block" else None
         if cls is None or cls.type != "class_definition":
             return None
@@ -612,9 +625,12 @@ def _scope(node: ts.Node) -> str:
 
 
 def _is_super(node: ts.Node) -> bool:
-    """``super()`` or ``super(Cls, self)``."""
+    """``super()`` with no arguments. ``super(Cls, self)`` starts the lookup after ``Cls``, which may skip the base
+    (a subclass calling past its parent's ``__init__``): not read."""
     f = node.child_by_field_name("function") if node.type == "call" else None
-    return f is not None and f.type == "identifier" and syntax.text(f) == "super"
+    args = node.child_by_field_name("arguments") if node.type == "call" else None
+    return (f is not None and f.type == "identifier" and syntax.text(f) == "super" and args is not None
+            and not [a for a in args.named_children if a.type != "comment"])
 
 
 def _misfit(res: Resolver, target: tuple[str, str], call: Call) -> tuple[Sig, str] | None:
@@ -640,6 +656,20 @@ def _fits(res: Resolver, mod: Module, call: Call, fn: ts.Node) -> bool:
     target = res.resolve_call(mod, fn)
     got = res.callee(*target) if target is not None else None
     return got is not None and _misfit(res, (got[1], got[0].name), call) is None
+
+
+def _copied_misfit(base: Resolver, path: str, call: Call, most: int = 20) -> bool:
+    """A file of the same name at base holds the same call, and it did not fit there either (a backend copied
+    whole, its unused classes with it)."""
+    name = posixpath.basename(path)
+    for other in sorted(p for p in base.paths if posixpath.basename(p) == name and p != path)[:most]:
+        mod = base.module(other)
+        if mod is None:
+            continue
+        for c, f in calls_in(mod, names={call.func.rsplit(".", 1)[-1]}):
+            if c.key == call.key and not _fits(base, mod, c, f):
+                return True
+    return False
 
 
 def _git_grep(repo, sha: str, names: list[str]) -> list[str]:
@@ -724,6 +754,8 @@ def findings(repo_path: str, changes: ChangeSet, base_sha: str, head_sha: str, *
                 if c.func == call.func and _scope(f) == _scope(fn)]
             if before and bmod is not None and not any(_fits(base, bmod, c, f) for c, f in before):
                 continue  # it did not fit at base either (or meant something else there): not this PR's
+            if caller not in old_path and _copied_misfit(base, caller, call):
+                continue  # a new file copies one of the base's, with this call and its misfit
             ident = hashlib.sha1("\0".join([RULE_ID, sig.path, sig.label, caller, call.text]).encode()).hexdigest()[:20]
             if ident in seen:
                 continue

@@ -210,6 +210,18 @@ def test_a_misfit_the_base_already_had_is_not_this_prs(tmp_path):
     assert calls_found(audit(r.path, base, head2)) == []
 
 
+def test_a_copied_file_brings_its_own_misfits_without_a_finding(tmp_path):
+    """A new backend that copies a module whole keeps the misfit calls the original had: not this PR's drift;
+    a misfit the copy adds is."""
+    r, base = _repo(tmp_path)
+    old = LAYERS + "\n\ndef unused(x):\n    return rms_norm(x)\n"
+    base = r.commit_files({"engine/layers.py": old}, "an unused misfit")
+    head = r.commit_files({"backends/hpu/engine/layers.py": old + "\n\ndef more(x):\n    return fused_add(x)\n"},
+                          "copy the layers for a backend")
+    got = [(f.locations[0].path, f.locations[0].line) for f in calls_found(audit(r.path, base, head))]
+    assert got == [("backends/hpu/engine/layers.py", 20)], got
+
+
 def test_disable_turns_the_check_off(tmp_path):
     r, base = _repo(tmp_path)
     head = r.commit_files({"engine/ops.py": OPS.replace("weight, eps", "weight, bias, eps")}, "bias")
@@ -291,3 +303,22 @@ def test_hostile_sources_are_skipped_not_fatal(tmp_path):
     assert not [u for u in found.unchecked if "call fit" in u.entry], found.unchecked
     got = [(f.locations[0].path, f.locations[0].line) for f in calls_found(found)]
     assert ("engine/latin1.py", 3) in got and not any(p == "engine/nul.py" for p, _ in got), got
+
+
+def test_imports_resolve_as_python_would_for_scripts_and_sub_projects(tmp_path):
+    """A script's ``from utils import`` means the utils beside it; a sub-project's copy of a package importing
+    itself means its own copy, not the top-level package of the same name."""
+    from checks.infer.calls import Resolver
+    from checks.workspace import Tree
+
+    r = GitRepo(tmp_path / "m")
+    sha = r.commit_files({"utils.py": "", "tools/bench/utils.py": "", "tools/bench/run.py": "from utils import f\n",
+                          "pkg/__init__.py": "", "pkg/ops.py": "", "sft/pkg/__init__.py": "", "sft/pkg/ops.py": "",
+                          "sft/pkg/layer.py": "", "pkg/layer.py": "", "lib/__init__.py": "", "lib/a.py": ""}, "tree")
+    res = Resolver(Tree(str(r.path), sha))
+    assert res.module_file("tools/bench/run.py", "utils") == "tools/bench/utils.py"
+    assert res.module_file("lib/a.py", "utils") == "utils.py"  # inside a package: the absolute import
+    assert res.module_file("sft/pkg/layer.py", "pkg.ops") == "sft/pkg/ops.py"
+    assert res.module_file("pkg/layer.py", "pkg.ops") == "pkg/ops.py"
+    assert res.module_file("pkg/layer.py", ".ops") == "pkg/ops.py"
+    assert res.module_file("pkg/layer.py", "torch.nn") is None
