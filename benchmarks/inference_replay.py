@@ -434,7 +434,7 @@ def anchor_lines(anchor: Anchor, replays: list[Replay], forwards: list[Forward],
     lines = [f"## Before / after (anchor = this product at {anchor.rev}, replayed inside this run)", "",
              "| measure | anchor | this tree | ratio |", "|---|---:|---:|---:|",
              f"| zero-config recall | {then}/{n} = {then / n:.0%} | {now}/{n} = {now / n:.0%} | "
-             (f"{now / then:.2f}x |" if then else "— (anchor caught none) |"),
+             + (f"{now / then:.2f}x |" if then else "— (anchor caught none) |"),
              f"| new inferred findings / 100 ordinary commits | {100 * anchor.found / (anchor.commits or 1):.1f} | "
              f"{100 * found / total:.1f} | — |",
              f"| judged false / 100 ordinary commits | {100 * anchor.noise / (anchor.commits or 1):.1f} | "
