@@ -322,3 +322,16 @@ def test_imports_resolve_as_python_would_for_scripts_and_sub_projects(tmp_path):
     assert res.module_file("pkg/layer.py", "pkg.ops") == "pkg/ops.py"
     assert res.module_file("pkg/layer.py", ".ops") == "pkg/ops.py"
     assert res.module_file("pkg/layer.py", "torch.nn") is None
+
+
+def test_the_review_comment_shows_the_call_and_the_callee(tmp_path, capsys):
+    from bot.cli import main
+
+    r, base = _repo(tmp_path)
+    r.commit_files({"engine/ops.py": OPS.replace("weight, eps", "weight, bias, eps")}, "bias")
+    main(["review", str(r.path), "--base", base, "--head", "HEAD"])
+    out = capsys.readouterr().out
+    assert "**inferred-call-fit**" in out and "`engine/layers.py:7` — the call" in out, out
+    assert "`engine/ops.py:4` — the callee" in out
+    assert "Evidence (the callee's parameters)" in out
+    assert "engine/ops.py:4 def rms\\_norm\\(x, weight, bias, eps=1e-6\\)" in out
