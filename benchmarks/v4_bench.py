@@ -10,8 +10,9 @@ tok/s (torch and Triton paths) against HF transformers' DeepseekV4ForCausalLM.
 Bytes counted are the fewest an op must move (each input read once, each output written once); the
 pool's bytes per token come from the profile table below. kv584_store, kv584_load and compress_store also print
 their time against a copy of the same bytes (the ceiling at that size), hc_pre its % of the two-pass bound (x read
-twice), sparse decode its dots' TFLOP/s against a bf16 GEMM's in the same run. Each kernel row also prints its graphed device time (CUDA graph replay behind an L2 flush, the flush
-subtracted), which leaves out the host's launch cost that events around an eager call count at small shapes.
+twice), sparse decode its dots' TFLOP/s against a bf16 GEMM's in the same run. Each kernel row also prints its
+graphed device time (CUDA graph replay behind an L2 flush, the flush subtracted), which leaves out the host's
+launch cost that events around an eager call count at small shapes.
 Exits non-zero if any section raised.
 """
 

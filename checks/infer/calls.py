@@ -33,11 +33,11 @@ from dataclasses import dataclass, field
 import tree_sitter as ts
 
 from checks import syntax
-from checks.infer.families import _vendored
+from checks.expr import clip
+from checks.infer.families import MAX_BYTES, _vendored
 from checks.model import ChangeSet, Finding, Location
 
 RULE_ID = "inferred-call-fit"
-MAX_FILE_BYTES = 1 << 20
 MAX_CALLERS = 2000  # files read for the callers of the signatures a PR changes
 MAX_CHANGED = 500  # changed signatures followed per audit
 
@@ -271,8 +271,8 @@ def _bindings(node: ts.Node, mod: Module, classes: dict[str, dict[str, Sig] | No
             left = ch.child_by_field_name("left")
             for name in _targets(left) if left is not None else ():
                 mod.bound[name] = mod.bound.get(name, 0) + 1
-        elif t in ("import_statement", "import_from_statement", "future_import_statement"):
-            for name in _import_names(ch):
+        elif t in ("import_statement", "import_from_statement"):
+            for name, _, _ in _imported(ch):
                 mod.bound[name] = mod.bound.get(name, 0) + 1
         elif t == "for_statement":
             left = ch.child_by_field_name("left")
@@ -283,19 +283,26 @@ def _bindings(node: ts.Node, mod: Module, classes: dict[str, dict[str, Sig] | No
             _bindings(ch, mod, classes)
 
 
-def _import_names(node: ts.Node) -> Iterator[str]:
-    if node.type == "import_statement":
-        for n in node.children_by_field_name("name"):
-            if n.type == "aliased_import":
-                a = n.child_by_field_name("alias")
-                if a is not None:
-                    yield syntax.text(a)
+def _imported(node: ts.Node) -> Iterator[tuple[str, tuple[str, str] | None, str | None]]:
+    """What an import statement binds: (local name, (module text, name) for ``from … import``, the dotted module
+    for ``import a.b [as m]``). ``import a.b`` binds ``a``, through which ``a.b.f`` is reached."""
+    if node.type == "import_from_statement":
+        m = node.child_by_field_name("module_name")
+        for nm in node.children_by_field_name("name"):
+            orig = nm.child_by_field_name("name") if nm.type == "aliased_import" else nm
+            alias = nm.child_by_field_name("alias") if nm.type == "aliased_import" else None
+            if orig is not None and m is not None:
+                local = syntax.text(alias) if alias is not None else syntax.text(orig).rsplit(".", 1)[-1]
+                yield local, (syntax.text(m), syntax.text(orig)), None
+    elif node.type == "import_statement":
+        for nm in node.children_by_field_name("name"):
+            if nm.type == "aliased_import":
+                orig, alias = nm.child_by_field_name("name"), nm.child_by_field_name("alias")
+                if orig is not None and alias is not None:
+                    yield syntax.text(alias), None, syntax.text(orig)
             else:
-                yield syntax.text(n).split(".", 1)[0]
-    elif node.type == "import_from_statement":
-        for n in node.children_by_field_name("name"):
-            a = n.child_by_field_name("alias") if n.type == "aliased_import" else None
-            yield syntax.text(a) if a is not None else syntax.text(n).rsplit(".", 1)[-1]
+                top = syntax.text(nm).split(".", 1)[0]
+                yield top, None, top
 
 
 _QUERIES: dict[str, ts.Query] = {}
@@ -320,7 +327,7 @@ def _walk(node: ts.Node) -> Iterator[ts.Node]:
 
 
 def read_module(path: str, data: bytes | None, blob: str | None = None) -> Module | None:
-    if data is None or len(data) > MAX_FILE_BYTES or b"\0" in data[:8192]:
+    if data is None or len(data) > MAX_BYTES or b"\0" in data[:8192]:
         return None
     mod = Module(path)
     root = syntax.parse("python", data, blob).root_node  # by blob: the trees other stages parsed are shared
@@ -337,28 +344,10 @@ def read_module(path: str, data: bytes | None, blob: str | None = None) -> Modul
             if "__new__" in sigs:  # a class call must fit both
                 mod.callables[name + ".__new__"] = sigs["__new__"]
     for n in _captured(root, "[(import_from_statement) (import_statement)]"):  # function-level ones included
-        if n.type == "import_from_statement":
-            m = n.child_by_field_name("module_name")
-            if m is None:
-                continue
-            src = syntax.text(m)
-            for nm in n.children_by_field_name("name"):
-                orig = nm.child_by_field_name("name") if nm.type == "aliased_import" else nm
-                alias = nm.child_by_field_name("alias") if nm.type == "aliased_import" else None
-                if orig is None:
-                    continue
-                local = syntax.text(alias) if alias is not None else syntax.text(orig)
-                target = (src, syntax.text(orig))
+        for local, target, dotted in _imported(n):
+            if target is not None:
                 mod.imports[local] = target if mod.imports.get(local, target) == target else None
-        elif n.type == "import_statement":
-            for nm in n.children_by_field_name("name"):
-                if nm.type == "aliased_import":
-                    orig, alias = nm.child_by_field_name("name"), nm.child_by_field_name("alias")
-                    if orig is None or alias is None:
-                        continue
-                    local, dotted = syntax.text(alias), syntax.text(orig)
-                else:  # "import a.b" binds a, through which a.b.f is reached
-                    local = dotted = syntax.text(nm).split(".", 1)[0]
+            else:
                 mod.modules[local] = dotted if mod.modules.get(local, dotted) == dotted else None
     return mod
 
@@ -423,19 +412,20 @@ class Resolver:
                     return cand
         return None
 
-    def locate(self, path: str, name: str, hops: int = 3) -> tuple[str, str] | None:
+    def locate(self, path: str, name: str, hops: int = 3, caller: bool = True) -> tuple[str, str] | None:
         """(the module that defines ``name``, its name there), seen from module ``path``: its own, or through
-        ``from … import`` (a package's re-exports too), or None."""
+        ``from … import`` (a package's re-exports too), or None. The caller's own imports may sit in a function
+        (bound 0 times at module level); a re-export must be bound once."""
         mod = self.module(path)
         if mod is None:
             return None
         if name in mod.defs or name in mod.callables:
             return (path, name) if mod.bound.get(name, 0) == 1 else None
         got = mod.imports.get(name)
-        if got is None or hops <= 0 or mod.bound.get(name, 0) != 1:
+        if got is None or hops <= 0 or mod.bound.get(name, 0) > 1 or (not caller and mod.bound.get(name, 0) != 1):
             return None
         target = self.module_file(path, got[0])
-        return self.locate(target, got[1], hops - 1) if target is not None else None
+        return self.locate(target, got[1], hops - 1, caller=False) if target is not None else None
 
     def callee(self, path: str, name: str) -> tuple[Sig, str] | None:
         """The signature of the callable ``name`` means in module ``path``, and the file that defines it."""
@@ -480,20 +470,10 @@ class Resolver:
             return self.module_file(mod.path, src + orig if src.endswith(".") else f"{src}.{orig}")
         return None
 
-    def resolve_call(self, mod: Module, fn: ts.Node) -> tuple[str, str] | None:
-        """(module path, name) a call's function node names (a re-export not yet followed), or None."""
+    def resolve_call(self, mod: Module, fn: ts.Node) -> tuple[Sig, str] | None:
+        """The signature a call's function node names, and the file that defines it, or None."""
         if fn.type == "identifier":
-            name = syntax.text(fn)
-            if name in mod.callables or name in mod.pending:
-                return mod.path, name
-            got = mod.imports.get(name)
-            if got is None or mod.bound.get(name, 0) > 1:
-                return None
-            target = self.module_file(mod.path, got[0])
-            if target is None:
-                return None
-            sub = self.module_file(target, "." + got[1]) if target.endswith("__init__.py") else None
-            return None if sub else (target, got[1])  # a submodule is not called
+            return self.callee(mod.path, syntax.text(fn))
         if fn.type == "attribute":
             obj, attr = fn.child_by_field_name("object"), fn.child_by_field_name("attribute")
             if obj is None or attr is None:
@@ -503,10 +483,10 @@ class Resolver:
             if not re.fullmatch(r"[\w.]+", syntax.text(obj)):
                 return None
             target = self._module_of(mod, syntax.text(obj))
-            return (target, syntax.text(attr)) if target else None
+            return self.callee(target, syntax.text(attr)) if target else None
         return None
 
-    def _base_class(self, mod: Module, fn: ts.Node) -> tuple[str, str] | None:
+    def _base_class(self, mod: Module, fn: ts.Node) -> tuple[Sig, str] | None:
         """``super().__init__`` in the undecorated ``__init__`` of a class with one plain base: that base, as a call
         names it. (In a classmethod, ``super().__init__`` is the unbound function and takes ``self`` itself.)"""
         method = fn.parent
@@ -633,19 +613,16 @@ def _is_super(node: ts.Node) -> bool:
             and not [a for a in args.named_children if a.type != "comment"])
 
 
-def _misfit(res: Resolver, target: tuple[str, str], call: Call) -> tuple[Sig, str] | None:
-    """(the callee's signature, why the call cannot bind to it), or None where it fits or is unknown. A class
-    call binds to its ``__init__`` and ``__new__``; ``super().__init__(...)`` to the base's ``__init__`` alone."""
-    got = res.callee(*target)
-    if got is None:
-        return None
+def _misfit(res: Resolver, got: tuple[Sig, str], call: Call) -> str | None:
+    """Why the call cannot bind to its callee ``got`` (signature, file), or None where it fits. A class call binds
+    to its ``__init__`` and ``__new__``; ``super().__init__(...)`` to the base's ``__init__`` alone."""
     sig, path = got
     why = sig.misfit(call.npos, call.keywords)
     if why is None and not call.func.endswith(".__init__"):
         mod = res.module(path)
         new = mod.callables.get(sig.name + ".__new__") if mod is not None else None
         why = new.misfit(call.npos, call.keywords) if new is not None else None
-    return (sig, why) if why else None
+    return why
 
 
 # --------------------------------------------------------------------------- the check
@@ -653,9 +630,16 @@ def _misfit(res: Resolver, target: tuple[str, str], call: Call) -> tuple[Sig, st
 
 def _fits(res: Resolver, mod: Module, call: Call, fn: ts.Node) -> bool:
     """The call fitted its callee at base (an unresolvable callee there counts as not)."""
-    target = res.resolve_call(mod, fn)
-    got = res.callee(*target) if target is not None else None
-    return got is not None and _misfit(res, (got[1], got[0].name), call) is None
+    got = res.resolve_call(mod, fn)
+    return got is not None and _misfit(res, got, call) is None
+
+
+def _by_key(mod: Module | None) -> dict[bytes, list[tuple[Call, ts.Node]]]:
+    """A module's calls by their whitespace-free source."""
+    out: dict[bytes, list[tuple[Call, ts.Node]]] = {}
+    for c, f in calls_in(mod) if mod is not None else ():
+        out.setdefault(c.key, []).append((c, f))
+    return out
 
 
 def _copied_misfit(base: Resolver, path: str, call: Call, most: int = 20) -> bool:
@@ -721,9 +705,7 @@ def findings(repo_path: str, changes: ChangeSet, base_sha: str, head_sha: str, *
         if mod is None:
             continue
         bmod = base.module(old_path[caller]) if caller in old_path else None
-        base_calls: dict[bytes, list[tuple[Call, ts.Node]]] = {}
-        for c, f in calls_in(bmod) if bmod is not None else ():
-            base_calls.setdefault(c.key, []).append((c, f))
+        base_calls = _by_key(bmod)
         lines_here = added.get(caller, set())
         # a file this PR does not touch is read for the calls of the changed signatures' names only
         for call, fn in calls_in(mod, names=None if caller in touched_files else want):
@@ -733,21 +715,19 @@ def findings(repo_path: str, changes: ChangeSet, base_sha: str, head_sha: str, *
                 call.key not in base_calls or any(ln in lines_here for ln in range(call.line, call.end_line + 1)))
             if not edited and caller not in follow:
                 continue
-            target = head.resolve_call(mod, fn)
-            got = head.callee(*target) if target is not None else None
+            got = head.resolve_call(mod, fn)
             if got is None:
                 continue
-            target = (got[1], got[0].name)  # where it is defined, through re-exports
+            sig = got[0]
+            target = (got[1], sig.name)  # where it is defined, through re-exports
             if target not in changed and not edited:
                 continue
-            bad = _misfit(head, target, call)
-            if bad is None or _shadowed(fn, call.func.split(".", 1)[0]):
+            why = _misfit(head, got, call)
+            if why is None or _shadowed(fn, call.func.split(".", 1)[0]):
                 continue
-            sig, why = bad
             if bmod is None and caller in follow:  # a caller this PR does not change: its base is its head's path
                 bmod = base.module(caller)
-                for c, f in calls_in(bmod) if bmod is not None else ():
-                    base_calls.setdefault(c.key, []).append((c, f))
+                base_calls = _by_key(bmod)
             # the same call at base, else the calls of the same function from the same place (an edited call)
             before = base_calls.get(call.key) or [
                 (c, f) for cs in base_calls.values() for c, f in cs
@@ -768,7 +748,7 @@ def _finding(call: Call, sig: Sig, why: str, old: Sig | None, ident: str, pillar
              severity: str) -> Finding:
     changed = ", whose parameters this PR changes" if old is not None else ""
     then = f" At the base it took `{old.render()}`." if old is not None else ""
-    message = (f"the call `{_clip(call.text)}` ({call.path}:{call.line}) does not fit `{sig.label}`: it {why}. "
+    message = (f"the call `{clip(call.text, 80)}` ({call.path}:{call.line}) does not fit `{sig.label}`: it {why}. "
                f"`{sig.label}` takes `{sig.render()}` ({sig.path}:{sig.line}{changed}).{then} Fix: pass what it "
                "takes now, or keep the parameters its callers pass.")
     return Finding(
@@ -785,10 +765,6 @@ def _finding(call: Call, sig: Sig, why: str, old: Sig | None, ident: str, pillar
         evidence=[f"{sig.path}:{sig.line} def {sig.label}{sig.text}"]
         + ([f"base: {old.path}:{old.line} def {old.label}{old.text}"] if old else []),
     )
-
-
-def _clip(text: str, n: int = 80) -> str:
-    return text if len(text) <= n else text[: n - 1] + "…"
 
 
 __all__ = ["RULE_ID", "findings", "read_module", "Resolver", "Sig", "Param"]

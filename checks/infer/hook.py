@@ -15,7 +15,7 @@ from dataclasses import replace
 from typing import Any
 
 from checks.config import COCHANGE_RULE, Config
-from checks.infer.calls import RULE_ID as CALL_RULE
+from checks.infer import calls
 from checks.model import ChangeSet, Checkout, Findings, Unchecked
 
 RunChecks = Callable[[Checkout, Config, ChangeSet], Findings]
@@ -97,7 +97,7 @@ def with_inference(run: RunChecks) -> RunChecks:
         found.inferred += _gone(inferred, ran, changes)
         if infer_on and not any(p.entry.startswith("inference") for p in problems):
             found.inference = base_sha  # the report can tell "nothing inferred" from "inference off"
-        if infer_on and changes is not None and changes.files and CALL_RULE not in s.disable:
+        if infer_on and changes is not None and changes.files and calls.RULE_ID not in s.disable:
             found.findings += _calls(checkout, config, changes, base_sha, found)
         if cochange_on and changes is not None and changes.files:
             found.findings += _cochange(checkout, config, changes, base_sha, cache_dir, found)
@@ -135,7 +135,6 @@ def _gone(inferred: Any, ran: set[str], changes: ChangeSet | None) -> list[str]:
 
 
 def _calls(checkout: Checkout, config: Config, changes: ChangeSet, base_sha: str, found: Findings) -> list:
-    from checks.infer import calls
     from checks.infer.rules import pillar_of
 
     try:

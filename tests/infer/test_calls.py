@@ -134,14 +134,24 @@ def run(x, w, args, rms_norm=None):
 def splat(x, args, kw):
     from engine.ops import rms_norm as norm
     return norm(*args, **kw)
+
+
+def control(x):
+    return rms_norm(x)
 '''
     head = r.commit_files({"engine/other.py": shadow}, "callers the check cannot judge")
-    assert calls_found(audit(r.path, base, head)) == []
-    # a decorated callee (a decorator may change what the name takes) and a name bound twice are not judged
+    # only the control call, which nothing shadows, is judged
+    assert [(f.locations[0].path, f.locations[0].line) for f in calls_found(audit(r.path, base, head))] == [
+        ("engine/other.py", 14)]
+    # a decorated callee (a decorator may change what the name takes) and a name bound twice are not judged; the
+    # control beside them (a function-level import of an undecorated class) is
     deco = OPS.replace("def rms_norm(", "@register('rms')\ndef rms_norm(") + "\n\nfused_add = wrap(fused_add)\n"
-    head = r.commit_files({"engine/ops.py": deco, "engine/user.py": USER.replace("1e-5)", "1e-5, 4)") +
-                           "\n\ndef f(x):\n    from engine.ops import fused_add\n    return fused_add(x)\n"}, "deco")
-    assert calls_found(audit(r.path, base, head)) == []
+    head = r.commit_files({"engine/ops.py": deco, "engine/other.py": None,
+                           "engine/user.py": USER.replace("1e-5)", "1e-5, 4)")
+                           + "\n\ndef f(x):\n    from engine.ops import fused_add\n    return fused_add(x)\n"
+                           + "\n\ndef q():\n    from engine.ops import Quantizer\n    return Quantizer()\n"}, "deco")
+    assert [(f.locations[0].path, f.locations[0].line) for f in calls_found(audit(r.path, base, head))] == [
+        ("engine/user.py", 15)]
 
 
 GUARD = '''import functools
@@ -205,9 +215,12 @@ def test_a_misfit_the_base_already_had_is_not_this_prs(tmp_path):
     base = r.commit_files({"engine/__init__.py": "", "engine/ops.py": OPS, "engine/layers.py": bad}, "old misfit")
     head = r.commit_files({"engine/ops.py": OPS.replace("eps=1e-6", "eps=1e-5")}, "unrelated change")
     assert calls_found(audit(r.path, base, head)) == []
-    # the PR changing the signature again keeps the old misfit the base's own
-    head2 = r.commit_files({"engine/ops.py": OPS.replace("weight, eps", "weight, bias, eps")}, "bias")
-    assert calls_found(audit(r.path, base, head2)) == []
+    # the PR changing the signature again keeps the old misfit the base's own; a new caller it adds is its own
+    head2 = r.commit_files({"engine/ops.py": OPS.replace("weight, eps", "weight, bias, eps"),
+                            "engine/new.py": "from engine.ops import fused_add\n\n\ndef g(x):\n    return fused_add(x)\n"},
+                           "bias")
+    assert [(f.locations[0].path, f.locations[0].line) for f in calls_found(audit(r.path, base, head2))] == [
+        ("engine/new.py", 5)]
 
 
 def test_a_copied_file_brings_its_own_misfits_without_a_finding(tmp_path):
